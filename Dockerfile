@@ -1,0 +1,12 @@
+# Custom worker image for Dataflow (or any portable Beam runner): the Beam SDK image of the same
+# version as setup.py pins, with this package and its dependencies installed.
+#   docker build -t REGION-docker.pkg.dev/PROJECT/REPO/xarray-tfrecords:0.1.0 .
+#   python -m pipelines.build ... --runner=DataflowRunner --sdk_container_image=<that tag>
+FROM apache/beam_python3.11_sdk:2.77.0
+
+WORKDIR /opt/xarray-tfrecords
+COPY setup.py pyproject.toml README.md ./
+COPY pipelines/ pipelines/
+COPY transforms/ transforms/
+COPY schemas/ schemas/
+RUN pip install --no-cache-dir . && python -c "import pipelines, transforms, schemas"

@@ -1,0 +1,123 @@
+"""Command line: build shuffled, sharded TFRecords from NetCDF files (``python -m pipelines.build``).
+
+With no arguments it runs the built-in demo. Flags it does not know go to Beam's
+PipelineOptions (``--runner``, ``--direct_num_workers``, ``--project``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from schemas.errors import UserError
+
+if TYPE_CHECKING:
+    from schemas.schema import Schema
+    from transforms.plan import BuildPlan
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.build",
+        description=(
+            "Turn NetCDF files into fully shuffled, sharded TFRecords of tf.train.Example, with "
+            "schema.json, a generated tf.data parser.py and stats.json beside them. "
+            "Without --config, runs the built-in demo. Unknown flags go to Beam (e.g. --runner)."
+        ),
+    )
+    parser.add_argument("--config", help="YAML build config (see configs/ and the README)")
+    parser.add_argument("--input", nargs="+", metavar="GLOB", help="input files or globs (overrides input.paths)")
+    parser.add_argument("--output", help="output directory (overrides output.path)")
+    parser.add_argument("--seed", type=int, help="shuffle seed (overrides shuffle.seed)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--verbose", action="store_true", help="log progress details; show tracebacks on errors")
+    return parser.parse_known_args(argv)
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The one-line message of a UserError raised anywhere, including inside a Beam worker."""
+    message = None
+    seen = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, UserError):
+            message = str(cause)
+            break
+        cause = cause.__cause__ or cause.__context__
+    if message is None:
+        # Worker processes send their exceptions back as text; ours follows the type name.
+        marker = f"{UserError.__name__}: "
+        text = str(error)
+        if marker not in text:
+            return None
+        message = text.split(marker, 1)[1].splitlines()[0]
+    return re.sub(r" \[while running '[^']*'\]$", "", message.strip())
+
+
+def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
+    shards = schema.splits["data"]
+    size = sum(s.bytes for s in shards)
+    print(
+        f"Wrote {schema.num_records():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
+        f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
+    )
+    print("Load it in TensorFlow:")
+    print(f"    import sys; sys.path.insert(0, {plan.output!r})")
+    print("    from parser import make_dataset")
+    print('    ds = make_dataset("data", batch_size=32)')
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, beam_args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not args.verbose:
+        # Beam logs worker failures as walls of text; the failure comes back as an exception,
+        # which is reported below in one line.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    started = time.monotonic()
+    try:
+        # Imported here so that --help answers without loading Beam, xarray or numpy.
+        from pipelines.graph import run_build
+        from transforms.config import load_config
+
+        overwrite = args.overwrite
+        if args.config is None:
+            from pipelines import demo
+
+            if args.input is None:
+                demo.ensure_demo_data()
+            if args.output is None:
+                overwrite = True  # the demo replaces its own earlier output (never foreign files)
+            config = load_config(data=demo.DEMO_CONFIG, input=args.input, output=args.output, seed=args.seed)
+            print(f"No --config given: running the demo on {config.input.paths[0]} (see configs/demo.yaml).")
+        else:
+            config = load_config(args.config, input=args.input, output=args.output, seed=args.seed)
+        plan, schema = run_build(config, beam_args, overwrite)
+    except KeyboardInterrupt:
+        print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)
+        return 130
+    except Exception as error:
+        message = user_error_message(error)
+        if message is None or args.verbose:
+            traceback.print_exc()
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+        print(f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", file=sys.stderr)
+        return 1
+    _print_summary(plan, schema, time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The tf.train.Example wire format for a schema: a compiled encoder and a numpy decoder.
+
+No TensorFlow here (DESIGN.md, decision 1). Every float feature has a fixed length, so its
+protobuf headers are the same bytes in every record: they are computed once per schema and
+each record is a join of constant headers and raw little-endian payloads. int64 values are
+varints of varying length; they are encoded for a whole block at once with numpy.
+
+Wire format: Example.features = 1 (Features); Features.feature = 1, a map entry
+{key = 1: string, value = 2: Feature}; Feature.float_list = 2 / int64_list = 3;
+FloatList.value / Int64List.value = 1, packed. Every field here is length-delimited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from schemas.schema import Feature
+
+_FLOAT_LIST = 2
+_INT64_LIST = 3
+_MAX_VARINT_BYTES = 10
+
+
+def varint(value: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int (negative int64s as their uint64)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload_len: int) -> bytes:
+    """Tag and length of a length-delimited field, without its payload."""
+    return bytes([(number << 3) | 2]) + varint(payload_len)
+
+
+def _entry_header(name: bytes, list_field: int, payload_len: int) -> bytes:
+    """Bytes of one Features map entry up to (excluding) the packed values."""
+    value_list = _field(1, payload_len)  # FloatList/Int64List.value, packed
+    feature = _field(list_field, len(value_list) + payload_len)
+    key = _field(1, len(name)) + name
+    value = _field(2, len(feature) + len(value_list) + payload_len)
+    entry_len = len(key) + len(value) + len(feature) + len(value_list) + payload_len
+    return _field(1, entry_len) + key + value + feature + value_list
+
+
+def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Varint-encode a (rows, k) int64 array: all rows' bytes back to back, and each row's length."""
+    unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
+    nbytes = np.ones(unsigned.shape, dtype=np.int64)
+    for i in range(1, _MAX_VARINT_BYTES):
+        nbytes += (unsigned >> np.uint64(7 * i)) != 0
+    groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)
+    for i in range(_MAX_VARINT_BYTES):
+        more = (nbytes > i + 1).astype(np.uint8) << 7
+        groups[..., i] = ((unsigned >> np.uint64(7 * i)) & np.uint64(0x7F)).astype(np.uint8) | more
+    used = np.arange(_MAX_VARINT_BYTES) < nbytes[..., None]
+    return groups[used].tobytes(), nbytes.reshape(len(values), -1).sum(axis=1)
+
+
+class ExampleEncoder:
+    """Serialises blocks of samples into tf.train.Example bytes for a fixed list of features."""
+
+    def __init__(self, features: Sequence[Feature]):
+        self.features = tuple(features)
+        self._floats = [f for f in self.features if f.dtype == "float32"]
+        self._ints = [f for f in self.features if f.dtype == "int64"]
+        # Float features: one constant header each, laid out back to back with their payloads.
+        self._float_layout = []
+        offset = 0
+        for feature in self._floats:
+            header = _entry_header(feature.name.encode(), _FLOAT_LIST, 4 * feature.size)
+            self._float_layout.append((feature, np.frombuffer(header, np.uint8), offset))
+            offset += len(header) + 4 * feature.size
+        self._fixed_len = offset
+        # int64 features: the header depends only on the payload length; cache per length.
+        self._int_headers: list[dict[int, bytes]] = [{} for _ in self._ints]
+        self._example_headers: dict[int, bytes] = {}
+
+    def encode(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
+        """One serialized Example per sample; ``columns[name]`` has shape (samples, *feature.shape)."""
+        n = len(columns[self.features[0].name]) if self.features else 0
+        fixed = np.empty((n, self._fixed_len), dtype=np.uint8)
+        for feature, header, offset in self._float_layout:
+            values = np.ascontiguousarray(columns[feature.name], dtype="<f4").reshape(n, feature.size)
+            fixed[:, offset : offset + len(header)] = header
+            start = offset + len(header)
+            fixed[:, start : start + 4 * feature.size] = values.view(np.uint8)
+        varint_columns = []
+        for feature in self._ints:
+            values = np.asarray(columns[feature.name]).reshape(n, feature.size)
+            data, lengths = varints_by_row(values)
+            starts = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths, out=starts[1:])
+            varint_columns.append((data, starts.tolist()))
+
+        fixed_rows = memoryview(fixed.reshape(-1))
+        width = self._fixed_len
+        records = []
+        pieces: list = []
+        for i in range(n):
+            pieces.clear()
+            pieces.append(b"")  # the Example header, once the length is known
+            pieces.append(fixed_rows[i * width : (i + 1) * width])
+            length = width
+            for feature, headers, (data, starts) in zip(self._ints, self._int_headers, varint_columns):
+                payload = data[starts[i] : starts[i + 1]]
+                header = headers.get(len(payload))
+                if header is None:
+                    header = _entry_header(feature.name.encode(), _INT64_LIST, len(payload))
+                    headers[len(payload)] = header
+                pieces.append(header)
+                pieces.append(payload)
+                length += len(header) + len(payload)
+            head = self._example_headers.get(length)
+            if head is None:
+                head = self._example_headers[length] = _field(1, length)
+            pieces[0] = head
+            records.append(b"".join(pieces))
+        return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding, for readers without TensorFlow and for verification.
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("varint too long")
+
+
+def _fields(buf: bytes, start: int, end: int):
+    """Yield (field number, payload start, payload end) of the length-delimited fields in buf."""
+    pos = start
+    while pos < end:
+        tag, pos = _read_varint(buf, pos)
+        if tag & 7 != 2:
+            raise ValueError(f"unexpected wire type {tag & 7} in tf.Example")
+        length, pos = _read_varint(buf, pos)
+        if pos + length > end:
+            raise ValueError("truncated field in tf.Example")
+        yield tag >> 3, pos, pos + length
+        pos += length
+
+
+def _decode_varints(buf: bytes, start: int, end: int) -> np.ndarray:
+    raw = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start)
+    last = np.flatnonzero(raw < 0x80)  # the final byte of each varint
+    values = np.zeros(len(last), dtype=np.uint64)
+    first = np.concatenate(([0], last[:-1] + 1))
+    for i in range(_MAX_VARINT_BYTES):
+        pos = first + i
+        live = pos <= last
+        if not live.any():
+            break
+        values[live] |= (raw[pos[live]] & np.uint8(0x7F)).astype(np.uint64) << np.uint64(7 * i)
+    return values.view(np.int64)
+
+
+def parse_example(record: bytes) -> dict[str, np.ndarray]:
+    """Decode a serialized tf.train.Example into {feature name: flat values} (float and int64 lists)."""
+    out: dict[str, np.ndarray] = {}
+    for number, start, end in _fields(record, 0, len(record)):
+        if number != 1:
+            continue
+        for entry_number, entry_start, entry_end in _fields(record, start, end):
+            if entry_number != 1:
+                continue
+            name, feature = None, None
+            for key, s, e in _fields(record, entry_start, entry_end):
+                if key == 1:
+                    name = record[s:e].decode()
+                elif key == 2:
+                    feature = (s, e)
+            if name is None or feature is None:
+                raise ValueError("tf.Example map entry without key or value")
+            values = np.zeros(0, np.float32)
+            for kind, s, e in _fields(record, *feature):
+                if kind not in (_FLOAT_LIST, _INT64_LIST):
+                    raise ValueError(f"feature {name!r} is not a float or int64 list")
+                for value_field, vs, ve in _fields(record, s, e):
+                    if value_field != 1:
+                        continue
+                    if kind == _FLOAT_LIST:
+                        values = np.frombuffer(record, dtype="<f4", count=(ve - vs) // 4, offset=vs)
+                    else:
+                        values = _decode_varints(record, vs, ve)
+            out[name] = values
+    return out
+
+
+class ExampleDecoder:
+    """Decodes records into {name: array of the feature's shape and dtype}, checking both."""
+
+    def __init__(self, features: Sequence[Feature]):
+        self.features = tuple(features)
+
+    def decode(self, record: bytes) -> dict[str, np.ndarray]:
+        raw = parse_example(record)
+        out = {}
+        for feature in self.features:
+            if feature.name not in raw:
+                raise ValueError(f"record has no feature {feature.name!r}")
+            values = np.asarray(raw[feature.name])
+            if values.size != feature.size:
+                raise ValueError(f"feature {feature.name!r} has {values.size} values, schema says {feature.size}")
+            out[feature.name] = values.astype(feature.dtype, copy=False).reshape(feature.shape)
+        return out
+
+    def decode_batch(self, records: Sequence[bytes]) -> dict[str, np.ndarray]:
+        """Decode many records into arrays with a leading record dim."""
+        decoded = [self.decode(r) for r in records]
+        return {
+            f.name: np.stack([d[f.name] for d in decoded]) if decoded else np.zeros((0, *f.shape), f.dtype)
+            for f in self.features
+        }

@@ -1,0 +1,91 @@
+"""Reads an xarray-tfrecords output with TensorFlow alone (the template of every generated parser.py).
+
+Usage:
+    import parser                       # this file, beside the shards (or anywhere, with data_dir=)
+    ds = parser.make_dataset("data", batch_size=32)
+    for batch in ds.take(1):
+        print({name: value.shape for name, value in batch.items()})
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+# The generator replaces the next two lines with this output's schema and location. They are
+# data, not code: a JSON document and a path, each written as one quoted string literal.
+SCHEMA = None
+OUTPUT_URL = None
+
+_DTYPES = {"float32": tf.float32, "int64": tf.int64}
+_COMPRESSION = {None: "", "gzip": "GZIP"}
+
+
+def feature_spec(schema):
+    """{feature name: tf.io.FixedLenFeature} for every feature of the schema."""
+    return {f["name"]: tf.io.FixedLenFeature(shape=f["shape"], dtype=_DTYPES[f["dtype"]]) for f in schema["features"]}
+
+
+def shard_paths(schema, data_dir, split):
+    """The shard files of one split, in written order."""
+    splits = schema["splits"]
+    if split not in splits:
+        raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
+    return [os.path.join(data_dir, shard["file"]) for shard in splits[split]["shards"]]
+
+
+def build_dataset(
+    schema,
+    data_dir,
+    split="data",
+    batch_size=32,
+    shuffle_buffer=0,
+    num_parallel_reads=tf.data.AUTOTUNE,
+    drop_remainder=False,
+    repeat=False,
+    seed=None,
+):
+    """A tf.data.Dataset of batches: dicts of tensors shaped (batch, *feature shape).
+
+    The records are already fully shuffled on disk; ``shuffle_buffer`` > 0 adds a fresh
+    shuffle of shard order and records for each epoch.
+    """
+    files = shard_paths(schema, data_dir, split)
+    files_ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle_buffer:
+        files_ds = files_ds.shuffle(len(files), seed=seed)
+    compression = _COMPRESSION[schema.get("compression")]
+    dataset = files_ds.interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
+        cycle_length=num_parallel_reads,
+        num_parallel_calls=num_parallel_reads,
+        deterministic=not shuffle_buffer,
+    )
+    if shuffle_buffer:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    if repeat:
+        dataset = dataset.repeat()
+    spec = feature_spec(schema)
+    # Batch before parsing: parse_example on a batch is far cheaper than per-record parsing.
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _default_data_dir():
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.exists(os.path.join(here, "schema.json")):
+        return here
+    return OUTPUT_URL
+
+
+if SCHEMA is not None:
+    SCHEMA = json.loads(SCHEMA)
+    FEATURES = feature_spec(SCHEMA)
+
+    def make_dataset(split="data", batch_size=32, data_dir=None, **options):
+        """Batches of this dataset's split; ``data_dir`` defaults to where the shards were written.
+
+        Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed.
+        """
+        return build_dataset(SCHEMA, data_dir or _default_data_dir(), split, batch_size, **options)

@@ -1,0 +1,157 @@
+"""The dataset schema: each feature's name, dtype, shape, dims and provenance, and its JSON form."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Literal
+
+FORMAT = "xarray-tfrecords/1"
+SCHEMA_FILE = "schema.json"
+STATS_FILE = "stats.json"
+PARSER_FILE = "parser.py"
+
+#: What a tf.train.Example can hold; every feature is stored as one of these.
+RecordDtype = Literal["float32", "int64"]
+#: variable: a data variable's values; index: a sample's start index along a dim of the
+#: virtual dataset; coord: the coordinate values the sample covers along that dim.
+FeatureRole = Literal["variable", "index", "coord"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One feature of every record: fixed dtype and shape, named dims, where it came from."""
+
+    name: str
+    dtype: RecordDtype
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    role: FeatureRole
+    #: provenance: the source variable or coordinate, its dtype in the files, its attrs
+    source: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "int64"):
+            raise ValueError(f"feature {self.name!r}: dtype {self.dtype!r} is not float32 or int64")
+        if len(self.shape) != len(self.dims):
+            raise ValueError(f"feature {self.name!r}: shape {self.shape} does not match dims {self.dims}")
+
+    @property
+    def size(self) -> int:
+        """Number of values in one sample of this feature."""
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "dims": list(self.dims),
+            "role": self.role,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Feature:
+        return cls(
+            name=obj["name"],
+            dtype=obj["dtype"],
+            shape=tuple(obj["shape"]),
+            dims=tuple(obj["dims"]),
+            role=obj["role"],
+            source=obj.get("source", {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One written TFRecord file of a split."""
+
+    file: str
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """Everything a reader needs: features, the shard files per split and how they were made.
+
+    ``splits`` is empty until the shards are written; the ``schema.json`` that holds it is the
+    output's commit marker, written last.
+    """
+
+    features: tuple[Feature, ...]
+    splits: dict[str, tuple[Shard, ...]] = dataclasses.field(default_factory=dict)
+    compression: str | None = None
+    #: how samples were cut: the dims and their roles, the grid of sample positions
+    sample: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: coordinate values of the dims kept whole in every sample
+    coords: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the input files in virtual-dataset order, with their range along the concat dim
+    sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: counts beyond the per-split record counts (samples cut, dropped)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    created_by: str = ""
+
+    def feature(self, name: str) -> Feature:
+        for feature in self.features:
+            if feature.name == name:
+                return feature
+        raise KeyError(name)
+
+    @property
+    def variable_features(self) -> tuple[Feature, ...]:
+        return tuple(f for f in self.features if f.role == "variable")
+
+    def num_records(self, split: str | None = None) -> int:
+        splits = [split] if split else list(self.splits)
+        return sum(shard.records for name in splits for shard in self.splits[name])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "created_by": self.created_by,
+            "features": [f.to_json() for f in self.features],
+            "splits": {
+                name: {
+                    "records": sum(s.records for s in shards),
+                    "shards": [dataclasses.asdict(s) for s in shards],
+                }
+                for name, shards in self.splits.items()
+            },
+            "num_records": self.num_records() if self.splits else 0,
+            "compression": self.compression,
+            "seed": self.seed,
+            "counts": self.counts,
+            "sample": self.sample,
+            "coords": self.coords,
+            "sources": self.sources,
+            "config": self.config,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Schema:
+        if obj.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} schema (format: {obj.get('format')!r})")
+        return cls(
+            features=tuple(Feature.from_json(f) for f in obj["features"]),
+            splits={name: tuple(Shard(**s) for s in split["shards"]) for name, split in obj.get("splits", {}).items()},
+            compression=obj.get("compression"),
+            sample=obj.get("sample", {}),
+            coords=obj.get("coords", {}),
+            sources=obj.get("sources", []),
+            counts=obj.get("counts", {}),
+            seed=obj.get("seed", 0),
+            config=obj.get("config", {}),
+            created_by=obj.get("created_by", ""),
+        )
+
+    @classmethod
+    def loads(cls, text: str) -> Schema:
+        return cls.from_json(json.loads(text))

@@ -1,0 +1,63 @@
+"""TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C of the data."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+import google_crc32c
+
+_MASK_DELTA = 0xA282EAD8
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _LENGTH.size + _CRC.size
+FOOTER_BYTES = _CRC.size
+
+
+class CorruptRecordError(ValueError):
+    """A TFRecord file whose framing or checksums are wrong."""
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC32C (hardware-accelerated by google-crc32c)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(record: bytes) -> bytes:
+    """One record with its TFRecord header and footer."""
+    length = _LENGTH.pack(len(record))
+    return b"".join((length, _CRC.pack(masked_crc(length)), record, _CRC.pack(masked_crc(record))))
+
+
+def write_records(stream: BinaryIO, records: Iterable[bytes]) -> int:
+    """Frame and write records; returns the number written."""
+    count = 0
+    for record in records:
+        stream.write(frame(record))
+        count += 1
+    return count
+
+
+def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") -> Iterator[bytes]:
+    """Yield the records of a TFRecord stream, checking both CRCs unless ``verify`` is false."""
+    index = 0
+    while True:
+        header = stream.read(HEADER_BYTES)
+        if not header:
+            return
+        if len(header) < HEADER_BYTES:
+            raise CorruptRecordError(f"{name}: record {index}: truncated header")
+        length_bytes = header[: _LENGTH.size]
+        (length,) = _LENGTH.unpack(length_bytes)
+        if verify and _CRC.unpack(header[_LENGTH.size :])[0] != masked_crc(length_bytes):
+            raise CorruptRecordError(f"{name}: record {index}: length CRC mismatch")
+        data = stream.read(length)
+        footer = stream.read(FOOTER_BYTES)
+        if len(data) < length or len(footer) < FOOTER_BYTES:
+            raise CorruptRecordError(f"{name}: record {index}: truncated data")
+        if verify and _CRC.unpack(footer)[0] != masked_crc(data):
+            raise CorruptRecordError(f"{name}: record {index}: data CRC mismatch")
+        yield data
+        index += 1

@@ -1,0 +1,38 @@
+"""Installs xarray-tfrecords: the pipelines, transforms and schemas packages (also shipped to Beam workers)."""
+
+from setuptools import setup
+
+BEAM_VERSION = "2.77.0"  # the Dockerfile's worker image must use the same version (a test checks)
+TENSORFLOW = "tensorflow-cpu==2.21.0"
+
+setup(
+    name="xarray-tfrecords",
+    version="0.1.0",
+    description="NetCDF archives -> fully shuffled, sharded TFRecords with schema, parser and stats (Apache Beam)",
+    python_requires=">=3.11,<3.12",
+    packages=["pipelines", "transforms", "schemas"],
+    package_data={"schemas": ["parser_template.py"]},
+    install_requires=[
+        f"apache-beam[gcp]=={BEAM_VERSION}",
+        "protobuf==6.33.6",
+        "xarray==2026.9.0",
+        "netCDF4==1.7.5.1.post1",
+        "h5netcdf==1.8.2",
+        "gcsfs==2026.10.1",
+        "fsspec==2026.9.0",
+        "numpy>=2.0,<2.5",
+        "pandas>=2.2",
+        "pydantic>=2.10,<3",
+        "PyYAML>=6.0",
+        "google-crc32c>=1.6",
+    ],
+    extras_require={
+        "tf": [TENSORFLOW],
+        "test": [
+            TENSORFLOW,
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "ruff==0.17.6",
+        ],
+    },
+)

@@ -1,0 +1,252 @@
+"""End to end: the command line on real and synthetic NetCDF files, read back with TensorFlow."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import xarray as xr
+import yaml
+from conftest import REPO, shared_file
+from helpers import (
+    expected_feature,
+    load_virtual_dataset,
+    parse_with_generated_parser,
+    read_all_records,
+)
+from scipy import stats
+
+from pipelines.build import main
+from schemas import load_schema, load_stats
+
+
+def build(config: dict, tmp_path: Path, *flags: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), *flags]) == 0
+    return Path(config["output"]["path"]) if "--output" not in flags else Path(flags[flags.index("--output") + 1])
+
+
+def check_output(output: Path, sources: list[Path], concat_dim: str) -> dict[str, np.ndarray]:
+    """Everything issue 2 promises about one output, checked against the source files."""
+    schema = load_schema(str(output))
+    parsed = parse_with_generated_parser(output)
+    first = schema.features[0].name
+    assert schema.num_records() == len(parsed[first]) == schema.sample["num_samples"] == schema.counts["samples_cut"]
+    assert [s.records for s in schema.splits["data"]] == [
+        sum(1 for _ in tf.data.TFRecordDataset(str(output / s.file))) for s in schema.splits["data"]
+    ]
+    # Our TensorFlow-free reader sees the same records (and checks every CRC).
+    ours = read_all_records(output, schema)
+    for name, values in parsed.items():
+        np.testing.assert_array_equal(ours[name], values)
+    # Each sample appears once, and equals exactly the slice of the sources its index/* names.
+    index_names = [f.name for f in schema.features if f.role == "index"]
+    positions = np.stack([parsed[n] for n in index_names], axis=1)
+    assert len(np.unique(positions, axis=0)) == len(positions)
+    source = load_virtual_dataset(sources, concat_dim)
+    for i in range(len(positions)):
+        record = {name: values[i] for name, values in parsed.items()}
+        for feature in schema.variable_features:
+            np.testing.assert_array_equal(record[feature.name], expected_feature(source, schema, feature.name, record))
+    # Statistics equal numpy float64 over the written samples.
+    written_stats = load_stats(str(output))["variables"]
+    for feature in schema.variable_features:
+        values = parsed[feature.name].astype(np.float64)
+        finite = values[~np.isnan(values)]
+        got = written_stats[feature.name]
+        assert got["count"] == finite.size and got["nan_count"] == values.size - finite.size
+        assert got["mean"] == pytest.approx(finite.mean(), rel=1e-9)
+        assert got["variance"] == pytest.approx(finite.var(), rel=1e-9)
+        assert (got["min"], got["max"]) == (finite.min(), finite.max())
+    return parsed
+
+
+def patch_config(paths, output, **sample) -> dict:
+    return {
+        "input": {"paths": [str(p) for p in paths], "concat_dim": "time"},
+        "variables": ["t", "u", "v", "q", "z"],
+        "sample": sample or {"window": {"lat": 9, "lon": 9}, "keep": ["level"]},
+        "output": {"path": str(output), "num_shards": 3},
+    }
+
+
+@pytest.fixture(scope="module")
+def patches(small_archive, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("patches")
+    return build(patch_config([small_archive / "*.nc"], tmp / "out"), tmp)
+
+
+def test_demo_runs_from_a_fresh_directory(tmp_path):
+    command = [sys.executable, "-m", "pipelines.build"]
+    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "from parser import make_dataset" in first.stdout
+    output = tmp_path / "demo" / "patches"
+    parsed = check_output(output, sorted((tmp_path / "demo" / "era5").glob("*.nc")), "time")
+    assert parsed["t"].shape[1:] == (7, 9, 9)
+    before = {p.name: p.read_bytes() for p in output.glob("*.tfrecord")}
+    second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr  # the demo replaces its own output
+    assert {p.name: p.read_bytes() for p in output.glob("*.tfrecord")} == before
+
+
+def test_patches_from_a_multi_file_archive(patches, small_archive):
+    parsed = check_output(patches, sorted(small_archive.glob("*.nc")), "time")
+    schema = load_schema(str(patches))
+    assert parsed["t"].shape[1:] == (3, 9, 9) and schema.feature("t").dims == ("level", "lat", "lon")
+    assert schema.feature("t").source["attrs"]["units"] == "K"
+    assert parsed["coord/time"].dtype == np.int64 and parsed["coord/lat"].shape[1:] == (9,)
+    # Times are seconds since 1970: the first step of the archive is 2020-01-01T00.
+    assert parsed["coord/time"].min() == np.datetime64("2020-01-01T00", "s").astype(np.int64)
+    # Shuffled: written order is unrelated to archive order.
+    assert abs(stats.spearmanr(np.arange(len(parsed["index/time"])), parsed["index/time"]).statistic) < 0.25
+    assert len({s.records for s in schema.splits["data"]}) > 1 or len(schema.splits["data"]) == 1
+
+
+def test_pairs_one_step_apart_span_file_boundaries(small_archive, tmp_path):
+    config = patch_config(
+        [small_archive / "*.nc"],
+        tmp_path / "pairs",
+        window={"lat": 9, "lon": 9},
+        offsets={"time": [0, 1]},
+        keep=["level"],
+    )
+    output = build(config, tmp_path)
+    parsed = check_output(output, sorted(small_archive.glob("*.nc")), "time")
+    assert parsed["t"].shape[1:] == (2, 3, 9, 9)
+    # 12 steps in files of 4: pairs starting at steps 3 and 7 cross a file boundary.
+    assert {3, 7} <= set(parsed["index/time"].tolist())
+    assert np.all(np.diff(parsed["coord/time"], axis=1) == 6 * 3600)
+    assert len(parsed["t"]) == 11 * 2 * 2
+
+
+def split_along_time(path: Path, directory: Path, sizes: list[int]) -> list[Path]:
+    directory.mkdir(parents=True)
+    with xr.open_dataset(path) as ds:
+        assert sum(sizes) == ds.sizes["time"]
+        paths, start = [], 0
+        for i, size in enumerate(sizes):
+            part = directory / f"part{len(sizes) - i}.nc"  # names out of time order on purpose
+            ds.isel(time=slice(start, start + size)).to_netcdf(part)
+            paths.append(part)
+            start += size
+    return paths
+
+
+def test_point_time_series_across_files_equals_one_file(tmp_path):
+    trefht = shared_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    parts = split_along_time(trefht, tmp_path / "parts", [30, 30, 27, 23])
+
+    def config(paths, output):
+        return {
+            "input": {"paths": [str(p) for p in paths]},
+            "sample": {"window": {"time": {"size": 16, "stride": 5}}},
+            "output": {"path": str(output), "num_shards": 2},
+        }
+
+    whole = build(config([trefht], tmp_path / "whole"), tmp_path, name="a.yaml")
+    split = build(config([tmp_path / "parts" / "*.nc"], tmp_path / "split"), tmp_path, name="b.yaml")
+    schema = load_schema(str(split))
+    assert schema.feature("TREFHT").shape == (16,) and schema.feature("TREFHT").dims == ("time",)
+    assert schema.num_records() == ((110 - 16) // 5 + 1) * 64 * 128 == load_schema(str(whole)).num_records()
+    # Same data, same seed: the same bytes, whether the data came in one file or four.
+    for shard in schema.splits["data"]:
+        assert filecmp.cmp(whole / shard.file, split / shard.file, shallow=False)
+    parsed = parse_with_generated_parser(split)
+    crossing = parsed["index/time"] == 25  # steps 25..40 span the first two files
+    assert crossing.any()
+    source = xr.open_dataset(trefht)
+    for i in np.flatnonzero(crossing)[:50]:
+        record = {name: values[i] for name, values in parsed.items()}
+        np.testing.assert_array_equal(record["TREFHT"], expected_feature(source, schema, "TREFHT", record))
+    assert sorted(p.name for p in parts) == ["part1.nc", "part2.nc", "part3.nc", "part4.nc"]
+
+
+@pytest.mark.parametrize(
+    ("name", "concat_dim", "sample", "variables", "shape"),
+    [
+        (
+            "eraint_uvz.nc",
+            "month",
+            {"window": {"latitude": 9, "longitude": 9}, "keep": ["level"]},
+            ["z", "u", "v"],
+            (3, 9, 9),
+        ),
+        ("uvt.nc", "time", {"window": {"lat": 8, "lon": 8}, "keep": ["lev"]}, ["U", "V", "T"], (14, 8, 8)),
+        (
+            "nc4uvt.nc",
+            "time",
+            {"window": {"lat": 16, "lon": {"size": 16, "stride": 8}}, "keep": ["lev"]},
+            ["T", "U", "V"],
+            (14, 16, 16),
+        ),
+    ],
+)
+def test_real_files(tmp_path, name, concat_dim, sample, variables, shape):
+    path = shared_file(name)
+    config = {
+        "input": {"paths": str(path), "concat_dim": concat_dim},
+        "sample": sample,
+        "output": {"path": str(tmp_path / "o")},
+    }
+    output = build(config, tmp_path)
+    schema = load_schema(str(output))
+    # Default variables: every numeric data variable with all the sample dims (not uvt's gw or date).
+    assert [f.name for f in schema.variable_features] == variables
+    parsed = check_output(output, [path], concat_dim)
+    assert parsed[variables[0]].shape[1:] == shape
+
+
+def test_packed_era_interim_is_decoded_then_stored_as_float32(tmp_path):
+    config = yaml.safe_load((REPO / "configs" / "erainterim_patches.yaml").read_text())
+    config["input"]["paths"] = str(shared_file("eraint_uvz.nc"))
+    config["output"]["path"] = str(tmp_path / "eraint")
+    output = build(config, tmp_path)
+    z = load_schema(str(output)).feature("z")
+    assert (z.source["dtype"], z.source["file_dtype"], z.dtype) == ("float64", "int16", "float32")
+    assert "float32" in z.source["stored_as"]
+    # 241 latitudes in windows of 9: 26 windows; 480 longitudes: 53; 2 months.
+    assert load_schema(str(output)).num_records() == 2 * 26 * 53
+
+
+def test_reruns_and_runner_modes_give_identical_bytes_and_seeds_reorder(patches, small_archive, tmp_path):
+    config = patch_config([small_archive / "*.nc"], tmp_path / "again")
+    again = build(config, tmp_path)
+    multi = build(
+        config,
+        tmp_path,
+        "--output",
+        str(tmp_path / "multi"),
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    )
+    reseeded = build(config, tmp_path, "--output", str(tmp_path / "seed1"), "--seed", "1")
+    names = [s.file for s in load_schema(str(patches)).splits["data"]]
+    for name in names:
+        assert (again / name).read_bytes() == (patches / name).read_bytes()
+        assert (multi / name).read_bytes() == (patches / name).read_bytes()
+    a = read_all_records(patches, load_schema(str(patches)))
+    b = read_all_records(reseeded, load_schema(str(reseeded)))
+    key = ("index/time", "index/lat", "index/lon")
+    order_a = [tuple(a[k][i] for k in key) for i in range(len(a["t"]))]
+    order_b = [tuple(b[k][i] for k in key) for i in range(len(b["t"]))]
+    assert sorted(order_a) == sorted(order_b) and order_a != order_b
+    assert load_schema(str(reseeded)).seed == 1
+
+
+def test_existing_output_is_refused_without_overwrite(patches, small_archive, tmp_path, capsys):
+    config = patch_config([small_archive / "*.nc"], patches)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: output: {patches} already exists; pass --overwrite to replace it, or choose another path"
+    assert main(["--config", str(path), "--overwrite"]) == 0
+    assert not (patches / "_tmp").exists()
+    assert load_schema(str(patches)).num_records() == 12 * 2 * 2

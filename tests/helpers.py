@@ -1,0 +1,71 @@
+"""Test helpers: an independent reference for what each record must contain, and readers."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from schemas.example_codec import ExampleDecoder
+from schemas.schema import Schema
+from schemas.tfrecord import read_records
+
+
+def load_virtual_dataset(paths, concat_dim: str) -> xr.Dataset:
+    """All files joined along concat_dim, ordered by its coordinate (the reference, via xarray)."""
+    datasets = [xr.open_dataset(p).load() for p in paths]
+    if concat_dim in datasets[0].coords:
+        datasets.sort(key=lambda d: d[concat_dim].values[0])
+    return xr.concat(datasets, dim=concat_dim) if len(datasets) > 1 else datasets[0]
+
+
+def expected_feature(source: xr.Dataset, schema: Schema, name: str, record: dict) -> np.ndarray:
+    """The slice of ``source`` a record's variable feature must equal, found from its index/* features.
+
+    Written from the schema's description of each dim's role, independently of the sampling code.
+    """
+    feature = schema.feature(name)
+    axes = {a["dim"]: a for a in schema.sample["axes"]}
+    selection = {}
+    for dim in source[name].dims:
+        axis = axes[dim]
+        if axis["role"] == "keep":
+            continue
+        start = int(np.asarray(record[f"index/{dim}"]).reshape(()))
+        if axis["role"] == "iterate":
+            selection[dim] = start
+        elif axis["role"] == "window":
+            selection[dim] = slice(start, start + axis["size"])
+        else:
+            steps = axis["steps"]
+            selection[dim] = [start - steps[0] + s for s in steps]
+    values = source[name].isel(selection).transpose(*feature.dims).values
+    return values.astype(feature.dtype)
+
+
+def import_generated_parser(output: Path):
+    """Import an output's parser.py as a fresh module."""
+    spec = importlib.util.spec_from_file_location(f"parser_{uuid.uuid4().hex}", Path(output) / "parser.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_all_records(output: Path, schema: Schema, split: str = "data") -> dict[str, np.ndarray]:
+    """Every record of a split decoded without TensorFlow, in file order, CRCs checked."""
+    decoder = ExampleDecoder(schema.features)
+    records = []
+    for shard in schema.splits[split]:
+        with open(Path(output) / shard.file, "rb") as stream:
+            records.extend(read_records(stream, name=shard.file))
+    return decoder.decode_batch(records)
+
+
+def parse_with_generated_parser(output: Path, split: str = "data") -> dict[str, np.ndarray]:
+    """Every record of a split through the output's own parser.py (TensorFlow), concatenated."""
+    parser = import_generated_parser(output)
+    batches = list(parser.make_dataset(split, batch_size=256).as_numpy_iterator())
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

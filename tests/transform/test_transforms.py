@@ -1,0 +1,119 @@
+"""The Beam stages in TestPipelines on the local FnApiRunner, and both shuffle paths of the graph."""
+
+from __future__ import annotations
+
+import io
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines.graph import build_pipeline
+from schemas import load_schema
+from schemas.example_codec import ExampleDecoder, ExampleEncoder
+from schemas.tfrecord import read_records
+from transforms.config import parse_config
+from transforms.cut import CutSamples, cut_unit
+from transforms.encode import bucket_block
+from transforms.output import prepare_output
+from transforms.plan import make_plan
+from transforms.shards import sorted_records
+from transforms.stats import ComputeStats, Moments
+
+
+def local_pipeline() -> test_pipeline.TestPipeline:
+    # TestPipeline's default DirectRunner would first try to download Prism.
+    return test_pipeline.TestPipeline(runner=fn_runner.FnApiRunner())
+
+
+@pytest.fixture
+def plan(small_archive, tmp_path):
+    config = parse_config(
+        {
+            "input": {"paths": str(small_archive / "*.nc")},
+            "variables": ["t", "q"],
+            "sample": {"window": {"lat": 5, "lon": {"size": 6, "stride": 3}}, "keep": ["level"]},
+            "output": {"path": str(tmp_path / "out"), "num_shards": 3},
+        }
+    )
+    return make_plan(config)
+
+
+def test_cut_samples_covers_every_sample_once(plan):
+    assert len(plan.units) >= 1
+    with local_pipeline() as p:
+        ids = (
+            p
+            | beam.Create(list(plan.units))
+            | CutSamples(plan)
+            | beam.FlatMap(lambda block: block["sample_id"].values.tolist())
+        )
+        assert_that(ids, equal_to(list(range(plan.num_samples))))
+
+
+def test_compute_stats_equals_numpy_over_the_blocks(plan):
+    blocks = [cut_unit(plan, unit) for unit in plan.units]
+    expected = np.concatenate([b["q"].values.reshape(-1) for b in blocks]).astype(np.float64)
+
+    def check(results):
+        (moments,) = results
+        q = moments["q"]
+        assert q.count == expected.size
+        assert q.mean == pytest.approx(expected.mean(), rel=1e-12)
+        assert q.m2 / q.count == pytest.approx(expected.var(), rel=1e-9)
+
+    with local_pipeline() as p:
+        merged = p | beam.Create(blocks) | ComputeStats(["t", "q"])
+        assert_that(merged, check)
+
+
+def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
+    encoder = ExampleEncoder(plan.schema.features)
+    by_shard: dict[int, list[bytes]] = {}
+    for unit in plan.units:
+        for shard, blob in bucket_block(plan, encoder, cut_unit(plan, unit)):
+            by_shard.setdefault(shard, []).append(blob)
+    decoder = ExampleDecoder(plan.schema.features)
+    seen = []
+    for blobs in by_shard.values():
+        records, keys = sorted_records(blobs)
+        assert np.all(np.diff(keys.astype(np.float64)) > 0)
+        for framed in records:
+            (record,) = list(read_records(io.BytesIO(bytes(framed))))
+            seen.append(tuple(int(decoder.decode(record)[f"index/{d}"]) for d in ("time", "lat", "lon")))
+    assert len(seen) == len(set(seen)) == plan.num_samples
+
+
+def test_sorted_records_refuses_a_duplicate_sample(plan):
+    encoder = ExampleEncoder(plan.schema.features)
+    _shard, blob = bucket_block(plan, encoder, cut_unit(plan, plan.units[0]))[0]
+    with pytest.raises(RuntimeError, match="duplicate shuffle key"):
+        sorted_records([blob, blob])
+
+
+def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
+    """The local-runner path (bucket files) and the distributed path (blobs through GroupByKey)."""
+    outputs = {}
+    for local in (True, False):
+        output = str(tmp_path / f"local_{local}")
+        config = plan.config.model_copy(update={"output": plan.config.output.model_copy(update={"path": output})})
+        this_plan = make_plan(config)
+        prepare_output(output, overwrite=False)
+        with local_pipeline() as p:
+            schemas = build_pipeline(p, this_plan, local=local)
+            assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
+        outputs[local] = {
+            name: (tmp_path / f"local_{local}" / name).read_bytes()
+            for name in (s.file for s in load_schema(output).splits["data"])
+        }
+    assert outputs[True] == outputs[False]
+    assert not (tmp_path / "local_True" / "_tmp").exists()
+
+
+def test_moments_of_an_all_nan_block():
+    m = Moments.of(np.full(4, np.nan, np.float32))
+    assert (m.count, m.nan_count) == (0, 4)
+    assert m.to_json()["mean"] is None

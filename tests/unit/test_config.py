@@ -1,0 +1,80 @@
+"""Config validation: each mistake gives one line naming the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import REPO
+
+from pipelines.demo import DEMO_CONFIG
+from schemas.errors import UserError
+from transforms.config import load_config, parse_config
+
+BASE = {"input": {"paths": "x/*.nc"}, "output": {"path": "out"}}
+
+
+def _error(data) -> str:
+    with pytest.raises(UserError) as info:
+        parse_config(data, "c.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"sampel": {}}, "c.yaml: sampel: unknown key"),
+        (
+            {"sample": {"window": {"lat": {"size": 0}}}},
+            "sample.window.lat.size: Input should be greater than 0 (got 0)",
+        ),
+        ({"sample": {"window": {"lat": {"size": 3, "stride": -1}}}}, "sample.window.lat.stride"),
+        ({"sample": {"window": {"lat": 9}, "keep": ["lat"]}}, "dim 'lat' is in both sample.window and sample.keep"),
+        ({"sample": {"offsets": {"time": [0, 1], "lat": [0, 1]}}}, "offsets are allowed along one dim only"),
+        ({"sample": {"offsets": {"time": [0, 0]}}}, "offsets [0, 0] repeat a step"),
+        ({"shuffle": {"seed": "abc"}}, "shuffle.seed"),
+        ({"variables": []}, "variables: Value error"),
+        ({"output": {}}, "output.path: required key is missing"),
+    ],
+)
+def test_mistakes_name_the_key(change, expected):
+    message = _error({**BASE, **change})
+    assert expected.replace("Value error", "") in message
+
+
+def test_window_size_shorthand_and_default_stride():
+    config = parse_config({**BASE, "sample": {"window": {"lat": 9, "time": {"size": 4, "stride": 2}}}})
+    assert (config.sample.window["lat"].size, config.sample.window["lat"].step) == (9, 9)
+    assert config.sample.window["time"].step == 2
+    assert config.input.paths == ["x/*.nc"]
+
+
+def test_command_line_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    config = load_config(path, input=["a.nc", "b.nc"], output="elsewhere", seed=5)
+    assert (config.input.paths, config.output.path, config.shuffle.seed) == (["a.nc", "b.nc"], "elsewhere", 5)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("input:\n  paths: [a\noutput: {path: o}\n")
+    with pytest.raises(UserError, match=r"bad.yaml: YAML syntax error at line 3"):
+        load_config(path)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("input: !!python/object/apply:os.system ['echo pwned']\noutput: {path: o}\n")
+    with pytest.raises(UserError, match=r"evil\.yaml: YAML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_shipped_configs_are_valid(name):
+    load_config(REPO / "configs" / name)
+
+
+def test_demo_yaml_is_the_built_in_demo():
+    assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEMO_CONFIG

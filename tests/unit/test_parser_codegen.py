@@ -1,0 +1,46 @@
+"""The generated parser.py: data from the files enters it only as string literals."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from schemas import parser_codegen
+from schemas.parser_codegen import render_parser
+from schemas.schema import Feature, Schema, Shard
+
+HOSTILE = "x'); import os; os.system('touch pwned') #\n\"\"\"\\"
+
+
+def _schema() -> Schema:
+    return Schema(
+        features=(
+            Feature(HOSTILE, "float32", (2,), ("d",), "variable", {"attrs": {"units": "'''\n__import__('os')"}}),
+            Feature("index/time", "int64", (), (), "index"),
+        ),
+        splits={"data": (Shard("data-00000-of-00001.tfrecord", 3, 100),)},
+    )
+
+
+def test_generated_code_has_the_templates_statements_and_two_string_constants(tmp_path):
+    source = render_parser(_schema(), str(tmp_path / HOSTILE))
+    template = ast.parse(Path(parser_codegen.__file__).with_name("parser_template.py").read_text())
+    generated = ast.parse(source)
+    assert len(generated.body) == len(template.body)
+    for old, new in zip(template.body, generated.body):
+        if ast.dump(old) != ast.dump(new):
+            # Only the two placeholder assignments differ, and only by a string constant.
+            assert isinstance(new, ast.Assign) and new.targets[0].id in ("SCHEMA", "OUTPUT_URL")
+            assert isinstance(new.value, ast.Constant) and isinstance(new.value.value, str)
+
+
+def test_hostile_names_survive_as_data(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "parser.py").write_text(render_parser(_schema(), str(output)))
+    from helpers import import_generated_parser
+
+    parser = import_generated_parser(output)
+    assert list(parser.FEATURES) == [HOSTILE, "index/time"]
+    assert parser.SCHEMA["features"][0]["source"]["attrs"]["units"] == "'''\n__import__('os')"
+    assert not (tmp_path / "pwned").exists()

@@ -1,0 +1,184 @@
+"""The build configuration: a YAML file plus command-line overrides, validated with pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from schemas.errors import UserError
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a misspelt key silently ignored is a dataset built wrong.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Strict):
+    """Where the NetCDF files are and how they join into one virtual dataset."""
+
+    paths: list[str] = Field(description="a glob or a list of globs (local paths or gs:// URLs)")
+    concat_dim: str = Field(
+        "time", description="the dim the files are split along; files are ordered by its coordinate"
+    )
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("paths")
+    @classmethod
+    def _not_empty(cls, value: list[str]) -> list[str]:
+        if not value or any(not p for p in value):
+            raise ValueError("give at least one non-empty path or glob")
+        return value
+
+
+class WindowConfig(_Strict):
+    """A dim cut into windows of ``size`` steps, one every ``stride`` steps."""
+
+    size: PositiveInt = Field(1, description="window length along the dim")
+    stride: PositiveInt | None = Field(None, description="steps between window starts (default: size, no overlap)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_shorthand(cls, value: Any) -> Any:
+        return {"size": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @property
+    def step(self) -> int:
+        return self.stride or self.size
+
+
+class SampleConfig(_Strict):
+    """What one sample is. Dims not named here are iterated: one sample per index, dim dropped."""
+
+    window: dict[str, WindowConfig] = Field(default_factory=dict, description="dims cut into windows")
+    offsets: dict[str, list[int]] = Field(
+        default_factory=dict, description="steps along one dim taken together in one sample, e.g. time: [0, 1]"
+    )
+    keep: list[str] = Field(default_factory=list, description="dims kept whole in every sample")
+
+    @field_validator("offsets")
+    @classmethod
+    def _offsets(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        if len(value) > 1:
+            raise ValueError(f"offsets are allowed along one dim only, got {sorted(value)}")
+        for dim, steps in value.items():
+            if not steps:
+                raise ValueError(f"{dim}: give at least one offset, e.g. [0, 1]")
+            if len(set(steps)) != len(steps):
+                raise ValueError(f"{dim}: offsets {steps} repeat a step")
+        return value
+
+    @model_validator(mode="after")
+    def _roles_disjoint(self) -> SampleConfig:
+        roles = {"window": set(self.window), "offsets": set(self.offsets), "keep": set(self.keep)}
+        if len(self.keep) != len(roles["keep"]):
+            raise ValueError(f"keep lists a dim twice: {self.keep}")
+        names = list(roles)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                both = roles[a] & roles[b]
+                if both:
+                    raise ValueError(f"dim {sorted(both)[0]!r} is in both sample.{a} and sample.{b}; give it one role")
+        return self
+
+
+class ShuffleConfig(_Strict):
+    seed: int = Field(
+        0, ge=0, description="same seed and inputs give byte-identical shards; another seed, another order"
+    )
+
+
+class OutputConfig(_Strict):
+    path: str = Field(description="output directory (local path or gs:// URL)")
+    num_shards: PositiveInt | None = Field(None, description="default: enough shards for about target_shard_mb each")
+    target_shard_mb: float = Field(256.0, gt=0, le=1024, description="shard size to aim for when num_shards is not set")
+
+
+class BuildConfig(_Strict):
+    """The whole build: input files, variables, sample geometry, shuffle and output."""
+
+    input: InputConfig
+    variables: list[str] | None = Field(None, description="default: every data variable that has all the sample dims")
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+    shuffle: ShuffleConfig = Field(default_factory=ShuffleConfig)
+    output: OutputConfig
+
+    @field_validator("variables")
+    @classmethod
+    def _variables(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("an empty list selects nothing; leave it out to take every variable")
+            if len(set(value)) != len(value):
+                raise ValueError(f"a variable is listed twice: {value}")
+        return value
+
+
+def _location(error: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "(top level)"
+
+
+def format_validation_error(error: pydantic.ValidationError, source: str) -> str:
+    """One line per problem, each naming the key, what is wrong and the value given."""
+    problems = []
+    for item in error.errors():
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling and the config reference in the README)"
+        elif item["type"] == "missing":
+            message = "required key is missing"
+        elif "input" in item and not isinstance(item["input"], dict):
+            message += f" (got {item['input']!r})"
+        problems.append(f"{_location(item)}: {message}")
+    return f"{source}: " + "; ".join(problems)
+
+
+def parse_config(data: Any, source: str = "config") -> BuildConfig:
+    """Validate a config given as plain data (as loaded from YAML)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping of keys (input, sample, output, ...), got {type(data).__name__}")
+    try:
+        return BuildConfig.model_validate(data)
+    except pydantic.ValidationError as error:
+        raise UserError(format_validation_error(error, source)) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Load a YAML file with the safe loader; errors name the file and line."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: config file not found; pass an existing file to --config") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise UserError(f"{path}: YAML syntax error at {where}: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"{path}: YAML error: {error}") from None
+
+
+def load_config(path: str | Path | None = None, data: dict | None = None, **overrides: Any) -> BuildConfig:
+    """Read the config file (or take ``data``) and apply command-line overrides.
+
+    Overrides: ``input`` (paths), ``output``, ``seed``; a ``None`` value leaves the key as is.
+    """
+    raw = read_yaml(path) if path is not None else data
+    source = str(path) if path is not None else "config"
+    raw = dict(raw) if isinstance(raw, dict) else raw
+    if isinstance(raw, dict):
+        if overrides.get("input") is not None:
+            raw["input"] = {**(raw.get("input") or {}), "paths": overrides["input"]}
+        if overrides.get("output") is not None:
+            raw["output"] = {**(raw.get("output") or {}), "path": overrides["output"]}
+        if overrides.get("seed") is not None:
+            raw["shuffle"] = {**(raw.get("shuffle") or {}), "seed": overrides["seed"]}
+    return parse_config(raw, source)

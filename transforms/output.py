@@ -1,0 +1,101 @@
+"""The output directory: file names, refusing or clearing an existing output, atomic writes.
+
+All I/O goes through Beam's ``FileSystems``, so local paths and ``gs://`` behave the same.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import uuid
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.errors import UserError
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
+
+TMP_DIR = "_tmp"
+_SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
+_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, _SHARD_GLOB)
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(base, *parts)
+
+
+def bucket_dir(output: str, run_id: str) -> str:
+    return join(output, TMP_DIR, run_id)
+
+
+def _relative(base: str, path: str) -> str:
+    return posixpath.relpath(path, base) if "://" not in base else path[len(base.rstrip("/")) + 1 :]
+
+
+def _is_ours(relative: str) -> bool:
+    if relative.split("/", 1)[0] == TMP_DIR:
+        return True
+    return "/" not in relative and any(fnmatch.fnmatch(relative, pattern) for pattern in _OURS)
+
+
+def _is_file(path: str) -> bool:
+    if "://" not in path:
+        return os.path.isfile(path)
+    return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
+
+
+def prepare_output(path: str, overwrite: bool) -> None:
+    """Refuse an existing output unless ``overwrite``; then remove what an earlier build wrote.
+
+    The old schema.json goes first, so an interrupted clean-up never leaves a directory that
+    looks complete. Files this tool did not write are never deleted: their presence is an error.
+    """
+    if _is_file(path):
+        raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
+    existing = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
+    if not existing:
+        return
+    if not overwrite:
+        raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
+    foreign = [p for p in existing if not _is_ours(_relative(path, p))]
+    if foreign:
+        raise UserError(
+            f"output: {path} holds files this tool did not write (e.g. {foreign[0]}); "
+            "--overwrite only replaces an earlier output: choose an empty or new directory"
+        )
+    schema = join(path, SCHEMA_FILE)
+    if FileSystems.exists(schema):
+        FileSystems.delete([schema])
+    rest = [p for p in existing if p != schema]
+    if rest:
+        FileSystems.delete(rest)
+
+
+def write_atomically(path: str, chunks) -> int:
+    """Write bytes chunks to a temporary name beside ``path``, then rename; returns bytes written."""
+    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    written = 0
+    stream = FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
+        for chunk in chunks:
+            stream.write(chunk)
+            written += len(chunk)
+    except BaseException:
+        stream.close()
+        FileSystems.delete([temporary])
+        raise
+    stream.close()
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([temporary], [path])
+    return written
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        return stream.read()

@@ -1,0 +1,233 @@
+"""Sample geometry: which positions of the virtual dataset make samples, and cutting them out.
+
+Every dim a sample touches has an ``Axis``: its role (iterate, window, offsets, keep), the
+steps a sample takes along it and the stride between consecutive samples. The non-kept axes
+form the *grid*: one sample per grid point, numbered row-major (its sample id). A *unit* is a
+box of grid positions; ``cut`` turns an array holding that box's source slab into a block of
+samples with a leading sample axis, in sample-id order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+Role = Literal["iterate", "window", "offsets", "keep"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """How one dim of the virtual dataset is cut into samples."""
+
+    dim: str
+    length: int  # along the virtual dataset
+    role: Role
+    steps: tuple[int, ...]  # element offsets within one sample, relative to the sample's start
+    stride: int = 1  # between the starts of consecutive samples
+
+    @classmethod
+    def iterate(cls, dim: str, length: int) -> Axis:
+        return cls(dim, length, "iterate", (0,), 1)
+
+    @classmethod
+    def window(cls, dim: str, length: int, size: int, stride: int) -> Axis:
+        return cls(dim, length, "window", tuple(range(size)), stride)
+
+    @classmethod
+    def offsets(cls, dim: str, length: int, offsets: Sequence[int]) -> Axis:
+        low = min(offsets)
+        return cls(dim, length, "offsets", tuple(o - low for o in offsets), 1)
+
+    @classmethod
+    def keep(cls, dim: str, length: int) -> Axis:
+        return cls(dim, length, "keep", tuple(range(length)), 1)
+
+    @property
+    def span(self) -> int:
+        """Source steps one sample covers, first to last."""
+        return max(self.steps) + 1
+
+    @property
+    def count(self) -> int:
+        """Number of sample positions along this dim."""
+        if self.length < self.span:
+            return 0
+        return (self.length - self.span) // self.stride + 1
+
+    @property
+    def extent(self) -> int | None:
+        """Length of the feature along this dim; None where the dim is dropped (iterated)."""
+        return None if self.role == "iterate" else len(self.steps)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return self.steps == tuple(range(len(self.steps)))
+
+    def source_range(self, start: int, stop: int) -> tuple[int, int]:
+        """Source indices [begin, end) that positions [start, stop) read."""
+        if self.role == "keep":
+            return 0, self.length
+        return start * self.stride, (stop - 1) * self.stride + self.span
+
+    def first_index(self, positions: np.ndarray) -> np.ndarray:
+        """Source index of each sample's first element along this dim."""
+        return positions * self.stride + self.steps[0]
+
+    def element_indices(self, positions: np.ndarray) -> np.ndarray:
+        """Source indices (samples, elements) of every element each sample takes."""
+        return positions[:, None] * self.stride + np.asarray(self.steps)[None, :]
+
+    def to_json(self) -> dict:
+        out: dict = {"dim": self.dim, "role": self.role, "length": self.length, "positions": self.count}
+        if self.role == "window":
+            out.update(size=len(self.steps), stride=self.stride)
+        elif self.role == "offsets":
+            out.update(steps=list(self.steps))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """A box of grid positions that one worker cuts in one go: [start, stop) per grid dim."""
+
+    index: int
+    ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def num_samples(self) -> int:
+        return math.prod(stop - start for start, stop in self.ranges)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleGrid:
+    """All the axes of a build; the non-kept ones, in order, are the grid of sample positions."""
+
+    axes: tuple[Axis, ...]
+
+    def __post_init__(self):
+        names = [a.dim for a in self.axes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate dims in sample grid: {names}")
+
+    def axis(self, dim: str) -> Axis:
+        for axis in self.axes:
+            if axis.dim == dim:
+                return axis
+        raise KeyError(dim)
+
+    @property
+    def grid_axes(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self.axes if a.role != "keep")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(a.count for a in self.grid_axes)
+
+    @property
+    def num_samples(self) -> int:
+        return math.prod(self.shape)
+
+    def feature_shape(self, dims: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Shape and dims of a variable's feature, in the variable's own dim order."""
+        kept = [(self.axis(d).extent, d) for d in dims if self.axis(d).extent is not None]
+        return tuple(e for e, _ in kept), tuple(d for _, d in kept)
+
+    def unit_positions(self, unit: Unit) -> list[np.ndarray]:
+        """Per grid dim, every sample's position in the unit (row-major, sample-id order)."""
+        ranges = [np.arange(start, stop) for start, stop in unit.ranges]
+        mesh = np.meshgrid(*ranges, indexing="ij") if ranges else []
+        return [m.reshape(-1) for m in mesh]
+
+    def sample_ids(self, unit: Unit) -> np.ndarray:
+        positions = self.unit_positions(unit)
+        if not positions:
+            return np.zeros(1, dtype=np.int64)
+        return np.ravel_multi_index(positions, self.shape).astype(np.int64)
+
+    def source_box(self, unit: Unit) -> dict[str, tuple[int, int]]:
+        """Source index range along every dim that the unit's samples read."""
+        box = {a.dim: (0, a.length) for a in self.axes}
+        for axis, (start, stop) in zip(self.grid_axes, unit.ranges):
+            box[axis.dim] = axis.source_range(start, stop)
+        return box
+
+    def cut(self, slab: np.ndarray, dims: Sequence[str], unit: Unit) -> np.ndarray:
+        """Cut the unit's samples out of ``slab`` (a variable's data over ``source_box(unit)``).
+
+        Returns (samples, *feature shape), samples in sample-id order. Windows are strided
+        views; the single copy is the final reshape into sample order.
+        """
+        ranges = dict(zip((a.dim for a in self.grid_axes), unit.ranges))
+        view = slab
+        position_axis: dict[str, int] = {}
+        element_axis: dict[str, int] = {}
+        for i, dim in enumerate(dims):
+            axis = self.axis(dim)
+            if axis.role == "keep":
+                continue
+            start, stop = ranges[dim]
+            if axis.role == "iterate":
+                view = _take_every(view, i, axis.stride, stop - start)
+            else:
+                view = sliding_window_view(view, axis.span, axis=i)
+                view = _take_every(view, i, axis.stride, stop - start)
+                element_axis[dim] = view.ndim - 1
+                if not axis.is_contiguous:
+                    view = np.take(view, axis.steps, axis=view.ndim - 1)
+            position_axis[dim] = i
+        grid_dims = [a.dim for a in self.grid_axes]
+        missing = [d for d in grid_dims if d not in position_axis]
+        if missing:
+            raise ValueError(f"variable with dims {tuple(dims)} lacks sample dims {missing}")
+        order = [position_axis[d] for d in grid_dims]
+        order += [element_axis.get(d, i) for i, d in enumerate(dims) if self.axis(d).role != "iterate"]
+        shape, _ = self.feature_shape(dims)
+        return np.ascontiguousarray(view.transpose(order)).reshape((unit.num_samples, *shape))
+
+
+def _take_every(array: np.ndarray, axis: int, stride: int, count: int) -> np.ndarray:
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(0, (count - 1) * stride + 1, stride)
+    return array[tuple(index)]
+
+
+def plan_units(
+    grid: SampleGrid,
+    split_dim: str,
+    bytes_per_position: float,
+    budget_bytes: float,
+    preferred_breaks: Sequence[int] = (),
+) -> list[Unit]:
+    """Cut the grid into units along ``split_dim``, about ``budget_bytes`` each.
+
+    ``bytes_per_position`` is what one position along split_dim costs (source slab and cut
+    samples). Units end at ``preferred_breaks`` (positions where a file starts) when one fits
+    the budget, so most units open whole files and no halo.
+    """
+    if grid.num_samples == 0:
+        return []
+    dims = [a.dim for a in grid.grid_axes]
+    full = [(0, a.count) for a in grid.grid_axes]
+    if split_dim not in dims:
+        return [Unit(0, tuple(full))]
+    which = dims.index(split_dim)
+    count = grid.grid_axes[which].count
+    per_unit = max(1, int(budget_bytes // max(bytes_per_position, 1.0)))
+    breaks = sorted({b for b in preferred_breaks if 0 < b < count})
+    bounds = [0]
+    while bounds[-1] < count:
+        start = bounds[-1]
+        limit = min(count, start + per_unit)
+        fitting = [b for b in breaks if start < b <= limit]
+        bounds.append(fitting[-1] if fitting and limit < count else limit)
+    units = []
+    for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        ranges = list(full)
+        ranges[which] = (start, stop)
+        units.append(Unit(index, tuple(ranges)))
+    return units

@@ -1,0 +1,168 @@
+"""The input NetCDF files: listing them, reading their metadata, and reading slabs of variables."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+import numpy as np
+import xarray as xr
+from fsspec.implementations.local import LocalFileSystem
+
+from schemas.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def expand_paths(patterns: Sequence[str]) -> list[str]:
+    """Every file the globs match, each once, sorted; an error names a pattern that matches none."""
+    found: list[str] = []
+    for pattern in patterns:
+        fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        paths = [p for p in paths if fs.exists(p)]
+        if not paths:
+            raise UserError(f"input: {pattern!r} matches no file; check the path or glob (quote it in the shell)")
+        files = [p for p in paths if not fs.isdir(p)]
+        if not files:
+            raise UserError(f"input: {pattern!r} matches only directories; add a file glob such as '/*.nc'")
+        local = isinstance(fs, LocalFileSystem)
+        found.extend(p if local else fs.unstrip_protocol(p) for p in files)
+    return sorted(dict.fromkeys(found))
+
+
+@contextlib.contextmanager
+def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
+    """Open one NetCDF file lazily (nothing is read until a variable's values are asked for)."""
+    try:
+        with warnings.catch_warnings():
+            # Packed files often carry a NaN _FillValue on integer data, which xarray rightly
+            # drops (NaN cannot be an integer fill); its warning says nothing the user can act on.
+            warnings.simplefilter("ignore", xr.SerializationWarning)
+            dataset = xr.open_dataset(path, decode_times=decode_times, cache=False)
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+    except Exception as error:  # netCDF4, h5netcdf and scipy each raise their own types
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(
+            f"{path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file, or narrow the input glob"
+        ) from None
+    try:
+        yield dataset
+    finally:
+        dataset.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableInfo:
+    """A data variable as the files describe it (dtype after CF decoding: scale, offset, fill)."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str
+    source_dtype: str
+    attrs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """What planning needs from one file: dim sizes, coordinates and variables."""
+
+    path: str
+    sizes: dict[str, int]
+    coords: dict[str, np.ndarray]  # decoded values of every dim coordinate
+    coord_attrs: dict[str, dict[str, Any]]
+    variables: dict[str, VariableInfo]
+
+
+def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
+    """Attributes as JSON-ready values, plus the CF encoding keys that decoding consumed."""
+    out = {}
+    merged = {**variable.attrs}
+    for key in ("units", "calendar"):
+        if key in variable.encoding:
+            merged.setdefault(key, variable.encoding[key])
+    for key, value in merged.items():
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, bytes):
+            value = value.decode(errors="replace")
+        if isinstance(value, float) and not np.isfinite(value):
+            value = str(value)
+        out[str(key)] = value
+    return out
+
+
+def inspect_file(path: str) -> FileInfo:
+    """Read one file's metadata and its dim coordinates (no data variables are loaded)."""
+    with open_netcdf(path) as ds:
+        coords = {}
+        coord_attrs = {}
+        for dim in ds.dims:
+            if dim in ds.variables:
+                coords[dim] = ds[dim].values
+                coord_attrs[dim] = _attrs(ds[dim])
+        variables = {
+            str(name): VariableInfo(
+                name=str(name),
+                dims=tuple(str(d) for d in var.dims),
+                dtype=str(var.dtype),
+                source_dtype=str(var.encoding.get("dtype", var.dtype)),
+                attrs=_attrs(var),
+            )
+            for name, var in ds.data_vars.items()
+        }
+        return FileInfo(path, {str(k): int(v) for k, v in ds.sizes.items()}, coords, coord_attrs, variables)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    """One input file and the range [start, stop) it covers along the concat dim."""
+
+    path: str
+    start: int
+    stop: int
+
+
+def read_slabs(
+    files: Sequence[SourceFile], concat_dim: str, variables: Sequence[str], box: dict[str, tuple[int, int]]
+) -> dict[str, np.ndarray]:
+    """Each variable's values over ``box`` (source index ranges on the virtual dataset).
+
+    The range along the concat dim may span several files: each overlapping file is opened
+    once and its part of every variable read, then the parts are joined.
+    """
+    begin, end = box[concat_dim]
+    parts: dict[str, list[np.ndarray]] = {v: [] for v in variables}
+    dims_of: dict[str, tuple[str, ...]] = {}
+    for source in files:
+        if source.stop <= begin or source.start >= end:
+            continue
+        local = {d: slice(*r) for d, r in box.items() if d != concat_dim}
+        local[concat_dim] = slice(max(begin, source.start) - source.start, min(end, source.stop) - source.start)
+        with open_netcdf(source.path, decode_times=False) as ds:
+            for name in variables:
+                if name not in ds.variables:
+                    raise UserError(f"{source.path}: variable {name!r} is missing; every input file needs it")
+                var = ds[name]
+                dims_of[name] = var.dims
+                try:
+                    parts[name].append(var.isel({d: s for d, s in local.items() if d in var.dims}).values)
+                except Exception as error:
+                    raise UserError(
+                        f"{source.path}: reading {name!r} failed ({str(error).splitlines()[0][:200]}); "
+                        "the file may be truncated or corrupt"
+                    ) from None
+    out = {}
+    for name, pieces in parts.items():
+        if not pieces:
+            raise ValueError(f"no input file covers {concat_dim} range {begin}:{end}")
+        axis = dims_of[name].index(concat_dim)
+        out[name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
+    return out
