@@ -32,6 +32,7 @@ setup(
             TENSORFLOW,
             "pytest>=8",
             "hypothesis>=6.100",
+            "scipy>=1.13",
             "ruff==0.17.6",
         ],
     },
