@@ -83,9 +83,29 @@ if SCHEMA is not None:
     SCHEMA = json.loads(SCHEMA)
     FEATURES = feature_spec(SCHEMA)
 
-    def make_dataset(split="data", batch_size=32, data_dir=None, **options):
-        """Batches of this dataset's split; ``data_dir`` defaults to where the shards were written.
+    def make_dataset(
+        split="data",
+        batch_size=32,
+        shuffle_buffer=0,
+        num_parallel_reads=tf.data.AUTOTUNE,
+        drop_remainder=False,
+        repeat=False,
+        seed=None,
+        data_dir=None,
+    ):
+        """Batches of one split of this dataset: dicts of tensors shaped (batch, *feature shape).
 
-        Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed.
+        ``data_dir`` defaults to this file's directory if the shards are beside it, else to the
+        output URL the dataset was written to (e.g. gs://...).
         """
-        return build_dataset(SCHEMA, data_dir or _default_data_dir(), split, batch_size, **options)
+        return build_dataset(
+            SCHEMA,
+            data_dir or _default_data_dir(),
+            split,
+            batch_size,
+            shuffle_buffer=shuffle_buffer,
+            num_parallel_reads=num_parallel_reads,
+            drop_remainder=drop_remainder,
+            repeat=repeat,
+            seed=seed,
+        )

@@ -15,8 +15,11 @@ PARSER_FILE = "parser.py"
 #: What a tf.train.Example can hold; every feature is stored as one of these.
 RecordDtype = Literal["float32", "int64"]
 #: variable: a data variable's values; index: a sample's start index along a dim of the
-#: virtual dataset; coord: the coordinate values the sample covers along that dim.
-FeatureRole = Literal["variable", "index", "coord"]
+#: virtual dataset; coord: the coordinate values the sample covers along that dim; count: how
+#: many samples a packed record holds.
+FeatureRole = Literal["variable", "index", "coord", "count"]
+#: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
+RECORD_COUNT = "record/count"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,10 @@ class Schema:
     features: tuple[Feature, ...]
     splits: dict[str, tuple[Shard, ...]] = dataclasses.field(default_factory=dict)
     compression: str | None = None
+    #: samples packed into one record; above 1, every feature is stored with a leading axis of
+    #: this length and RECORD_COUNT says how many of those rows are real (the last record of a
+    #: shard may be partly empty)
+    examples_per_record: int = 1
     #: how samples were cut: the dims and their roles, the grid of sample positions
     sample: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: coordinate values of the dims kept whole in every sample
@@ -95,6 +102,14 @@ class Schema:
     seed: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     created_by: str = ""
+
+    def record_features(self) -> tuple[Feature, ...]:
+        """The features as a record stores them (packed records add a leading axis and a count)."""
+        n = self.examples_per_record
+        if n == 1:
+            return self.features
+        packed = tuple(dataclasses.replace(f, shape=(n, *f.shape), dims=("example", *f.dims)) for f in self.features)
+        return (*packed, Feature(RECORD_COUNT, "int64", (), (), "count"))
 
     def feature(self, name: str) -> Feature:
         for feature in self.features:
@@ -124,6 +139,7 @@ class Schema:
             },
             "num_records": self.num_records() if self.splits else 0,
             "compression": self.compression,
+            "examples_per_record": self.examples_per_record,
             "seed": self.seed,
             "counts": self.counts,
             "sample": self.sample,
@@ -143,6 +159,7 @@ class Schema:
             features=tuple(Feature.from_json(f) for f in obj["features"]),
             splits={name: tuple(Shard(**s) for s in split["shards"]) for name, split in obj.get("splits", {}).items()},
             compression=obj.get("compression"),
+            examples_per_record=obj.get("examples_per_record", 1),
             sample=obj.get("sample", {}),
             coords=obj.get("coords", {}),
             sources=obj.get("sources", []),
