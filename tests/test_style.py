@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO
 
 LAYERS = ["schemas", "transforms", "pipelines"]  # each may import only those before it

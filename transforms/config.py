@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 import yaml
@@ -23,6 +23,13 @@ class InputConfig(_Strict):
     paths: list[str] = Field(description="a glob or a list of globs (local paths or gs:// URLs)")
     concat_dim: str = Field(
         "time", description="the dim the files are split along; files are ordered by its coordinate"
+    )
+    gaps: Literal["error", "skip"] = Field(
+        "error",
+        description=(
+            "a window or pair along concat_dim that would join steps not one regular step apart: "
+            "`error` stops the build, `skip` drops those samples (counted in schema.json)"
+        ),
     )
 
     @field_validator("paths", mode="before")
@@ -99,6 +106,10 @@ class OutputConfig(_Strict):
     path: str = Field(description="output directory (local path or gs:// URL)")
     num_shards: PositiveInt | None = Field(None, description="default: enough shards for about target_shard_mb each")
     target_shard_mb: float = Field(256.0, gt=0, le=1024, description="shard size to aim for when num_shards is not set")
+    allow_float32_overflow: bool = Field(
+        False,
+        description="store float64 values beyond float32's range as +-inf (counted in stats.json) instead of failing",
+    )
 
 
 class BuildConfig(_Strict):

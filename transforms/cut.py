@@ -20,7 +20,7 @@ from transforms.sources import read_slabs
 METRICS_NAMESPACE = "xarray_tfrecords"
 
 
-def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit) -> np.ndarray:
+def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
     """Cast to what the record holds; float values too large for float32 are an error, not inf."""
     if variable.feature.dtype == "int64":
         return values.astype(np.int64)
@@ -28,14 +28,26 @@ def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit) -> n
         return values
     with np.errstate(over="ignore"):
         cast = values.astype(np.float32)
+    if allow_overflow:
+        return cast
     overflow = np.isinf(cast) & ~np.isinf(values)
     if overflow.any():
         raise UserError(
             f"variable {variable.name!r}: {int(overflow.sum())} value(s) exceed float32's range "
             f"(largest {np.nanmax(np.abs(values[overflow])):.6g}) in unit {unit.index}; "
-            "tf.Example stores float32: rescale the variable (e.g. change its units) before building"
+            "tf.Example stores float32: rescale the variable (e.g. change its units) before building, "
+            "or set output.allow_float32_overflow: true to store them as inf"
         )
     return cast
+
+
+def _samples_off_gaps(plan: BuildPlan, unit: Unit) -> np.ndarray | None:
+    """Which of the unit's samples to keep when some would cross a gap (None: all)."""
+    if plan.valid_positions is None:
+        return None
+    which = [a.dim for a in plan.grid.grid_axes].index(plan.concat_dim)
+    positions = plan.grid.unit_positions(unit)[which]
+    return plan.valid_positions[positions]
 
 
 def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
@@ -43,12 +55,24 @@ def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
     grid = plan.grid
     box = grid.source_box(unit)
     slabs = read_slabs(plan.files, plan.concat_dim, [v.name for v in plan.variables], box)
+    keep = _samples_off_gaps(plan, unit)
+    allow_overflow = plan.config.output.allow_float32_overflow
     data_vars = {}
     for variable in plan.variables:
         samples = grid.cut(slabs.pop(variable.name), variable.dims, unit)
-        data_vars[variable.name] = (("sample", *variable.feature.dims), to_record_dtype(samples, variable, unit))
-    coords: dict[str, tuple] = {"sample_id": ("sample", grid.sample_ids(unit))}
-    for axis, positions in zip(grid.grid_axes, grid.unit_positions(unit)):
+        if keep is not None:
+            samples = samples[keep]
+        data_vars[variable.name] = (
+            ("sample", *variable.feature.dims),
+            to_record_dtype(samples, variable, unit, allow_overflow),
+        )
+    ids = grid.sample_ids(unit)
+    all_positions = grid.unit_positions(unit)
+    if keep is not None:
+        ids = ids[keep]
+        all_positions = [p[keep] for p in all_positions]
+    coords: dict[str, tuple] = {"sample_id": ("sample", ids)}
+    for axis, positions in zip(grid.grid_axes, all_positions):
         coords[f"index/{axis.dim}"] = ("sample", axis.first_index(positions).astype(np.int64))
         if axis.dim in plan.coords:
             values = plan.coords[axis.dim]

@@ -51,7 +51,12 @@ def finalize_output(plan: BuildPlan, results: list[ShardResult], moments: dict[s
     schema = dataclasses.replace(
         plan.schema,
         splits={"data": shards},
-        counts={"samples_cut": plan.num_samples, "samples_dropped": 0, "records_written": written},
+        counts={
+            **plan.schema.counts,
+            "samples_cut": plan.num_samples,
+            "samples_dropped": plan.schema.counts.get("samples_dropped_at_gaps", 0),
+            "records_written": written,
+        },
     )
     variables = [v.name for v in plan.variables]
     write_atomically(join(plan.output, STATS_FILE), [json.dumps(stats_document(moments, variables), indent=2).encode()])

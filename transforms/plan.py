@@ -62,6 +62,8 @@ class BuildPlan:
     num_shards: int
     schema: Schema
     run_id: str
+    #: per position along the concat dim, False where the sample would cross a gap (input.gaps: skip)
+    valid_positions: np.ndarray | None = None
 
     @property
     def output(self) -> str:
@@ -73,7 +75,8 @@ class BuildPlan:
 
     @property
     def num_samples(self) -> int:
-        return self.grid.num_samples
+        """Samples the build writes: every grid position, less those dropped at gaps."""
+        return self.grid.num_samples - self.schema.counts.get("samples_dropped_at_gaps", 0)
 
     @property
     def record_bytes(self) -> int:
@@ -121,7 +124,8 @@ def _order_files(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo]
         if after.coords[concat_dim][0] <= before.coords[concat_dim][-1]:
             raise UserError(
                 f"{after.path}: its {concat_dim} range overlaps {before.path} "
-                f"(starts at {after.coords[concat_dim][0]}, the other ends at {before.coords[concat_dim][-1]}); "
+                f"(starts at {_format_coord(after.coords[concat_dim][0])}, "
+                f"the other ends at {_format_coord(before.coords[concat_dim][-1])}); "
                 "the same steps twice would duplicate samples: remove one of the files"
             )
     return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
@@ -235,6 +239,64 @@ def _json_values(values: np.ndarray) -> list:
     return values.tolist()
 
 
+def _steps_in_seconds_or_units(values: np.ndarray) -> np.ndarray | None:
+    if values.dtype.kind == "f":
+        return values.astype(np.float64)
+    converted = coord_record_values(values, {})
+    return None if converted is None else converted[0].astype(np.float64)
+
+
+def irregular_steps(values: np.ndarray) -> np.ndarray:
+    """Per consecutive pair of concat steps, True where the step is not the typical one.
+
+    Typical = the median step; a step over 1.5x (a gap) or under 0.5x of it is irregular.
+    The tolerance lets calendar months (28 to 31 days) count as regular.
+    """
+    numeric = _steps_in_seconds_or_units(values)
+    if numeric is None or len(numeric) < 2:
+        return np.zeros(max(len(values) - 1, 0), dtype=bool)
+    diffs = np.diff(numeric)
+    typical = np.median(diffs)
+    return (diffs > 1.5 * typical) | (diffs < 0.5 * typical)
+
+
+def _format_coord(value) -> str:
+    if isinstance(value, np.datetime64):
+        return str(value.astype("datetime64[s]"))
+    return str(value)
+
+
+def _check_gaps(
+    config: BuildConfig, grid: SampleGrid, concat_values: np.ndarray, files: list[SourceFile]
+) -> np.ndarray | None:
+    """Valid positions along the concat dim (None if all are); an error for a gap unless gaps: skip."""
+    concat_dim = config.input.concat_dim
+    axis = grid.axis(concat_dim)
+    if axis.role not in ("window", "offsets") or axis.span < 2:
+        return None
+    irregular = irregular_steps(concat_values)
+    if not irregular.any():
+        return None
+    crossings = np.concatenate(([0], np.cumsum(irregular)))
+    starts = np.arange(axis.count) * axis.stride
+    valid = crossings[starts + axis.span - 1] - crossings[starts] == 0
+    if valid.all():
+        return None
+    if config.input.gaps == "error":
+        step = int(np.flatnonzero(irregular)[0])
+        before = next(f for f in files if f.start <= step < f.stop)
+        after = next(f for f in files if f.start <= step + 1 < f.stop)
+        where = f"inside {before.path}" if before is after else f"between {before.path} and {after.path}"
+        raise UserError(
+            f"input: {concat_dim} is not regular {where}: {_format_coord(concat_values[step])} is followed by "
+            f"{_format_coord(concat_values[step + 1])}, so {int((~valid).sum())} sample(s) would join steps that are "
+            "not consecutive; add the missing data, or set input.gaps: skip to drop those samples"
+        )
+    if not valid.any():
+        raise UserError(f"input: every sample along {concat_dim} crosses a gap in the data; there is nothing to write")
+    return valid
+
+
 def _build_axes(config: BuildConfig, reference: VariableInfo, sizes: dict[str, int]) -> SampleGrid:
     sample = config.sample
     axes = []
@@ -292,7 +354,9 @@ def _features(
     return plans, features
 
 
-def make_plan(config: BuildConfig, run_id: str | None = None) -> BuildPlan:
+def make_plan(
+    config: BuildConfig, run_id: str | None = None, unit_budget_bytes: float = UNIT_BUDGET_BYTES
+) -> BuildPlan:
     """Inspect the input files and decide everything the workers will do."""
     concat_dim = config.input.concat_dim
     paths = expand_paths(config.input.paths)
@@ -325,16 +389,19 @@ def make_plan(config: BuildConfig, run_id: str | None = None) -> BuildPlan:
 
     files, start = [], 0
     for info in ordered:
-        files.append(SourceFile(info.path, start, start + info.sizes[concat_dim]))
+        files.append(SourceFile(info.path, start, start + info.sizes[concat_dim], info.nbytes))
         start += info.sizes[concat_dim]
+    valid_positions = _check_gaps(config, grid, concat_values, files)
+    dropped = 0
+    if valid_positions is not None:
+        dropped = int((~valid_positions).sum()) * grid.num_samples // grid.axis(concat_dim).count
 
     record_bytes = _record_bytes(tuple(features))
-    num_shards = config.output.num_shards or math.ceil(
-        grid.num_samples * record_bytes / (config.output.target_shard_mb * 1e6)
-    )
-    num_shards = max(1, min(num_shards, grid.num_samples))
+    to_write = grid.num_samples - dropped
+    num_shards = config.output.num_shards or math.ceil(to_write * record_bytes / (config.output.target_shard_mb * 1e6))
+    num_shards = max(1, min(num_shards, to_write))
 
-    units = _plan_units(grid, variables, sizes, files, concat_dim, record_bytes)
+    units = _plan_units(grid, variables, sizes, files, concat_dim, record_bytes, unit_budget_bytes)
     kept = {
         a.dim: _json_values(reference.coords[a.dim])
         for a in grid.axes
@@ -347,10 +414,11 @@ def make_plan(config: BuildConfig, run_id: str | None = None) -> BuildPlan:
             "axes": [a.to_json() for a in grid.axes],
             "grid_dims": [a.dim for a in grid.grid_axes],
             "grid_shape": list(grid.shape),
-            "num_samples": grid.num_samples,
+            "num_samples": to_write,
         },
         coords=kept,
         sources=[dataclasses.asdict(f) for f in files],
+        counts={"grid_positions": grid.num_samples, "samples_dropped_at_gaps": dropped},
         seed=config.shuffle.seed,
         config=config.model_dump(mode="json"),
         created_by=f"xarray-tfrecords {package_version()}",
@@ -366,6 +434,7 @@ def make_plan(config: BuildConfig, run_id: str | None = None) -> BuildPlan:
         num_shards=num_shards,
         schema=schema,
         run_id=run_id or uuid.uuid4().hex[:12],
+        valid_positions=valid_positions,
     )
 
 
@@ -376,6 +445,7 @@ def _plan_units(
     files: list[SourceFile],
     concat_dim: str,
     record_bytes: int,
+    budget_bytes: float,
 ) -> list[Unit]:
     grid_dims = [a.dim for a in grid.grid_axes]
     split_dim = concat_dim if concat_dim in grid_dims else max(grid.grid_axes, key=lambda a: a.count).dim
@@ -388,4 +458,4 @@ def _plan_units(
     # Samples are held about three times over: cut, encoded, and in buckets.
     per_position = step_bytes * axis.stride + 3 * samples_per_position * record_bytes
     breaks = [-(-f.start // axis.stride) for f in files] if split_dim == concat_dim else []
-    return plan_units(grid, split_dim, per_position, UNIT_BUDGET_BYTES, breaks)
+    return plan_units(grid, split_dim, per_position, budget_bytes, breaks)

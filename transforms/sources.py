@@ -15,6 +15,7 @@ import xarray as xr
 from fsspec.implementations.local import LocalFileSystem
 
 from schemas.errors import UserError
+from transforms.netcdf3 import expected_size
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,27 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(found))
 
 
+def file_size(path: str) -> int:
+    fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
+    return int(fs.size(resolved))
+
+
+def check_not_truncated(path: str) -> int:
+    """The file's size, after checking a classic NetCDF file holds all the bytes its header declares."""
+    size = file_size(path)
+    with fsspec.open(path, "rb") as stream:
+        try:
+            expected = expected_size(stream)
+        except (EOFError, ValueError) as error:
+            raise UserError(f"{path}: corrupt NetCDF header ({error}); fix or remove the file") from None
+    if expected is not None and size < expected:
+        raise UserError(
+            f"{path}: truncated: {size} bytes but its header needs {expected} "
+            "(the netCDF library would read the missing part as zeros); copy the file again"
+        )
+    return size
+
+
 @contextlib.contextmanager
 def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
     """Open one NetCDF file lazily (nothing is read until a variable's values are asked for)."""
@@ -48,6 +70,8 @@ def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
         raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
     except Exception as error:  # netCDF4, h5netcdf and scipy each raise their own types
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if "did not find a match in any of xarray's currently installed IO backends" in reason:
+            reason = "not a NetCDF file"
         raise UserError(
             f"{path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file, or narrow the input glob"
         ) from None
@@ -73,6 +97,7 @@ class FileInfo:
     """What planning needs from one file: dim sizes, coordinates and variables."""
 
     path: str
+    nbytes: int
     sizes: dict[str, int]
     coords: dict[str, np.ndarray]  # decoded values of every dim coordinate
     coord_attrs: dict[str, dict[str, Any]]
@@ -101,6 +126,7 @@ def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
 
 def inspect_file(path: str) -> FileInfo:
     """Read one file's metadata and its dim coordinates (no data variables are loaded)."""
+    nbytes = check_not_truncated(path)
     with open_netcdf(path) as ds:
         coords = {}
         coord_attrs = {}
@@ -118,16 +144,18 @@ def inspect_file(path: str) -> FileInfo:
             )
             for name, var in ds.data_vars.items()
         }
-        return FileInfo(path, {str(k): int(v) for k, v in ds.sizes.items()}, coords, coord_attrs, variables)
+        sizes = {str(k): int(v) for k, v in ds.sizes.items()}
+        return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceFile:
-    """One input file and the range [start, stop) it covers along the concat dim."""
+    """One input file, its size when planned, and the range [start, stop) it covers along the concat dim."""
 
     path: str
     start: int
     stop: int
+    nbytes: int
 
 
 def read_slabs(
@@ -146,6 +174,11 @@ def read_slabs(
             continue
         local = {d: slice(*r) for d, r in box.items() if d != concat_dim}
         local[concat_dim] = slice(max(begin, source.start) - source.start, min(end, source.stop) - source.start)
+        if file_size(source.path) != source.nbytes:
+            raise UserError(
+                f"{source.path}: changed size since the build was planned ({source.nbytes} bytes then); "
+                "do not modify input files during a build: run it again"
+            )
         with open_netcdf(source.path, decode_times=False) as ds:
             for name in variables:
                 if name not in ds.variables:

@@ -27,25 +27,33 @@ class Moments:
     minimum: float = math.inf
     maximum: float = -math.inf
     nan_count: int = 0
+    #: infinite values (float64 beyond float32's range, with output.allow_float32_overflow)
+    inf_count: int = 0
 
     @classmethod
     def of(cls, values: np.ndarray) -> Moments:
+        """Moments of the finite values; NaN and inf are counted apart."""
         x = np.asarray(values, dtype=np.float64).reshape(-1)
-        nans = np.isnan(x)
-        nan_count = int(nans.sum())
-        if nan_count:
-            x = x[~nans]
+        finite = np.isfinite(x)
+        nan_count = inf_count = 0
+        if not finite.all():
+            nan_count = int(np.isnan(x).sum())
+            inf_count = len(x) - int(finite.sum()) - nan_count
+            x = x[finite]
         if not len(x):
-            return cls(nan_count=nan_count)
+            return cls(nan_count=nan_count, inf_count=inf_count)
         mean = float(x.mean())
         centred = x - mean
-        return cls(len(x), mean, float(np.dot(centred, centred)), float(x.min()), float(x.max()), nan_count)
+        m2 = float(np.dot(centred, centred))
+        return cls(len(x), mean, m2, float(x.min()), float(x.max()), nan_count, inf_count)
 
     def merge(self, other: Moments) -> Moments:
+        nan_count = self.nan_count + other.nan_count
+        inf_count = self.inf_count + other.inf_count
         if not other.count:
-            return dataclasses.replace(self, nan_count=self.nan_count + other.nan_count)
+            return dataclasses.replace(self, nan_count=nan_count, inf_count=inf_count)
         if not self.count:
-            return dataclasses.replace(other, nan_count=self.nan_count + other.nan_count)
+            return dataclasses.replace(other, nan_count=nan_count, inf_count=inf_count)
         count = self.count + other.count
         delta = other.mean - self.mean
         return Moments(
@@ -54,7 +62,8 @@ class Moments:
             m2=self.m2 + other.m2 + delta * delta * self.count * other.count / count,
             minimum=min(self.minimum, other.minimum),
             maximum=max(self.maximum, other.maximum),
-            nan_count=self.nan_count + other.nan_count,
+            nan_count=nan_count,
+            inf_count=inf_count,
         )
 
     def to_json(self) -> dict:
@@ -67,6 +76,7 @@ class Moments:
             "min": self.minimum if self.count else None,
             "max": self.maximum if self.count else None,
             "nan_count": self.nan_count,
+            "inf_count": self.inf_count,
         }
 
 
@@ -86,8 +96,9 @@ def stats_document(moments: Mapping[str, Moments], variables: list[str]) -> dict
     """The content of stats.json."""
     return {
         "description": (
-            "population statistics (ddof=0) of the stored values over all written samples, "
-            "accumulated in float64; a value in overlapping samples counts once per sample"
+            "population statistics (ddof=0) of the finite stored values over all written samples, "
+            "accumulated in float64; a value in overlapping samples counts once per sample; "
+            "NaN and inf values are counted apart"
         ),
         "variables": {name: moments.get(name, Moments()).to_json() for name in variables},
     }

@@ -12,6 +12,11 @@ import pytest
 import tensorflow as tf
 import xarray as xr
 import yaml
+from scipy import stats
+
+from pipelines.build import main
+from schemas import load_schema, load_stats
+
 from conftest import REPO, shared_file
 from helpers import (
     expected_feature,
@@ -19,10 +24,6 @@ from helpers import (
     parse_with_generated_parser,
     read_all_records,
 )
-from scipy import stats
-
-from pipelines.build import main
-from schemas import load_schema, load_stats
 
 
 def build(config: dict, tmp_path: Path, *flags: str, name: str = "config.yaml") -> Path:
@@ -226,11 +227,20 @@ def test_reruns_and_runner_modes_give_identical_bytes_and_seeds_reorder(patches,
         "--direct_num_workers=2",
         "--direct_running_mode=multi_processing",
     )
+    threads = build(
+        config,
+        tmp_path,
+        "--output",
+        str(tmp_path / "threads"),
+        "--direct_num_workers=3",
+        "--direct_running_mode=multi_threading",
+    )
     reseeded = build(config, tmp_path, "--output", str(tmp_path / "seed1"), "--seed", "1")
     names = [s.file for s in load_schema(str(patches)).splits["data"]]
     for name in names:
         assert (again / name).read_bytes() == (patches / name).read_bytes()
         assert (multi / name).read_bytes() == (patches / name).read_bytes()
+        assert (threads / name).read_bytes() == (patches / name).read_bytes()
     a = read_all_records(patches, load_schema(str(patches)))
     b = read_all_records(reseeded, load_schema(str(reseeded)))
     key = ("index/time", "index/lat", "index/lon")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import REPO
 
 from pipelines.demo import DEMO_CONFIG
 from schemas.errors import UserError
 from transforms.config import load_config, parse_config
+
+from conftest import REPO
 
 BASE = {"input": {"paths": "x/*.nc"}, "output": {"path": "out"}}
 

@@ -1,0 +1,244 @@
+"""Bad input fails early and clearly: one line naming the file, variable or key and the fix, no schema.json."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import yaml
+
+from pipelines import graph
+from pipelines.build import main
+from schemas import load_schema, load_stats
+
+from conftest import shared_file
+
+
+def make_file(
+    path: Path, start: str, steps: int, freq: str = "6h", lat=None, variables=("t", "q"), dtype="f4", **extra
+):
+    """A small (time, lat, lon) file with realistic names."""
+    time = pd.date_range(start, periods=steps, freq=freq)
+    lat = np.linspace(-30, 30, 12) if lat is None else lat
+    lon = np.linspace(0, 90, 10)
+    rng = np.random.default_rng(abs(hash((str(path), start))) % 2**32)
+    shape = (steps, len(lat), len(lon))
+    data = {v: (("time", "lat", "lon"), (250 + rng.normal(size=shape)).astype(dtype)) for v in variables}
+    data.update(extra)
+    xr.Dataset(data, coords={"time": time, "lat": lat, "lon": lon}).to_netcdf(path)
+    return path
+
+
+@pytest.fixture
+def archive(tmp_path) -> Path:
+    directory = tmp_path / "in"
+    directory.mkdir()
+    make_file(directory / "a.nc", "2020-01-01T00", 4)
+    make_file(directory / "b.nc", "2020-01-02T00", 4)
+    return directory
+
+
+def config_for(inputs, output, **sample) -> dict:
+    return {
+        "input": {"paths": [str(p) for p in inputs]},
+        "sample": sample or {"window": {"lat": 4, "lon": 5}},
+        "output": {"path": str(output)},
+    }
+
+
+def run(config: dict, tmp_path: Path, capsys, *flags: str) -> tuple[int, str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    status = main(["--config", str(path), *flags])
+    err = capsys.readouterr().err
+    return status, err
+
+
+def assert_fails(config, tmp_path, capsys, *expected: str, flags=()):
+    status, err = run(config, tmp_path, capsys, *flags)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in lines[0], lines[0]
+    output = Path(config["output"]["path"])
+    assert not (output / "schema.json").exists()
+    return lines[0]
+
+
+def test_a_pattern_that_matches_nothing(tmp_path, capsys):
+    assert_fails(config_for([tmp_path / "nope" / "*.nc"], tmp_path / "o"), tmp_path, capsys, "matches no file", "nope")
+
+
+def test_a_path_that_does_not_exist(tmp_path, capsys):
+    assert_fails(
+        config_for([tmp_path / "missing.nc"], tmp_path / "o"), tmp_path, capsys, "missing.nc", "matches no file"
+    )
+
+
+def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
+    (tmp_path / "o").write_text("x")
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "is an existing file")
+
+
+def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
+    (archive / "notes.nc").write_text("not a netcdf file")
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "notes.nc", "not a NetCDF file")
+
+
+@pytest.mark.parametrize("name", ["uvt.nc", "nc4uvt.nc"])
+def test_a_truncated_file_is_found_while_planning(tmp_path, capsys, name):
+    data = shared_file(name).read_bytes()
+    (tmp_path / name).write_bytes(data[: len(data) // 2])
+    config = config_for([tmp_path / name], tmp_path / "o", window={"lat": 8, "lon": 8})
+    assert_fails(config, tmp_path, capsys, name)
+
+
+def test_a_file_corrupted_inside_its_data_fails_on_the_worker(tmp_path, capsys):
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon"), np.random.default_rng(0).normal(size=(4, 30, 30)).astype("f4"))},
+        coords={"time": pd.date_range("2020", periods=4, freq="D"), "lat": np.arange(30.0), "lon": np.arange(30.0)},
+    )
+    path = tmp_path / "zipped.nc"
+    ds.to_netcdf(path, encoding={"t": {"zlib": True, "chunksizes": (1, 30, 30)}})
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 200] = bytes(b ^ 0xFF for b in data[middle : middle + 200])
+    path.write_bytes(bytes(data))
+    assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "zipped.nc", "reading 't' failed", "corrupt")
+
+
+def test_a_file_changed_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):
+    plan_then_change = graph.make_plan
+
+    def make_plan(config):
+        plan = plan_then_change(config)
+        make_file(archive / "b.nc", "2020-01-02T00", 3)  # rewritten, shorter, mid-build
+        return plan
+
+    monkeypatch.setattr(graph, "make_plan", make_plan)
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "b.nc", "changed size")
+
+
+def test_a_variable_missing_from_one_file(archive, tmp_path, capsys):
+    make_file(archive / "c.nc", "2020-01-03T00", 4, variables=("t",))
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "'q' is missing")
+
+
+def test_a_variable_whose_dtype_differs_between_files(archive, tmp_path, capsys):
+    make_file(archive / "c.nc", "2020-01-03T00", 4, dtype="f8")
+    assert_fails(
+        config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "float64", "all files must agree"
+    )
+
+
+def test_a_non_numeric_variable(archive, tmp_path, capsys):
+    make_file(archive / "a.nc", "2020-01-01T00", 4, label=(("time",), np.array(["x"] * 4, dtype=object)))
+    config = config_for([archive / "a.nc"], tmp_path / "o", window={"time": 2})
+    config["variables"] = ["label"]
+    assert_fails(config, tmp_path, capsys, "variables: 'label'", "remove it")
+
+
+def test_files_whose_grids_disagree(archive, tmp_path, capsys):
+    make_file(archive / "c.nc", "2020-01-03T00", 4, lat=np.linspace(-31, 31, 12))
+    assert_fails(
+        config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "'lat' coordinate values differ"
+    )
+    make_file(archive / "c.nc", "2020-01-03T00", 4, lat=np.linspace(-30, 30, 13))
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "dim 'lat' has size 13")
+
+
+def test_files_that_overlap_in_time(archive, tmp_path, capsys):
+    make_file(archive / "c.nc", "2020-01-01T18", 4)  # repeats a.nc's last step
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "overlaps", "a.nc")
+
+
+def test_a_gap_inside_a_pair_is_an_error_or_skipped(archive, tmp_path, capsys):
+    make_file(archive / "d.nc", "2020-01-04T00", 4)  # no 2020-01-03: a day is missing
+    pairs = config_for([archive / "*.nc"], tmp_path / "o", window={"lat": 4, "lon": 5}, offsets={"time": [0, 1]})
+    assert_fails(pairs, tmp_path, capsys, "between", "b.nc", "d.nc", "input.gaps: skip")
+    # Patches at single times do not care about gaps.
+    assert run(config_for([archive / "*.nc"], tmp_path / "single"), tmp_path, capsys)[0] == 0
+    pairs["input"]["gaps"] = "skip"
+    assert run(pairs, tmp_path, capsys)[0] == 0
+    schema = load_schema(pairs["output"]["path"])
+    per_time = 3 * 2  # 12 lats / 4, 10 lons / 5
+    assert schema.counts["samples_dropped_at_gaps"] == per_time  # the pair (b's last step, d's first)
+    assert schema.num_records() == (12 - 1 - 1) * per_time
+    from helpers import read_all_records
+
+    records = read_all_records(Path(pairs["output"]["path"]), schema)
+    assert np.all(np.diff(records["coord/time"], axis=1) == 6 * 3600)  # every pair is one step apart
+
+
+def test_every_sample_crossing_a_gap_leaves_nothing_to_write(tmp_path, capsys):
+    make_file(tmp_path / "a.nc", "2020-01-01", 1)
+    make_file(tmp_path / "b.nc", "2020-01-05", 1)
+    make_file(tmp_path / "c.nc", "2020-01-05T06", 1)
+    config = config_for([tmp_path / "*.nc"], tmp_path / "o", window={"time": 3})
+    config["input"]["gaps"] = "skip"
+    assert_fails(config, tmp_path, capsys, "every sample along time crosses a gap")
+
+
+@pytest.mark.parametrize(
+    ("sample", "expected"),
+    [
+        ({"window": {"lat": 13}}, "sample.window.lat.size: 13 is larger than dim 'lat' (12)"),
+        ({"window": {"latitude": 3}}, "sample.window.latitude: no variable"),
+        ({"keep": ["level"]}, "sample.keep.level: no variable"),
+        ({"offsets": {"time": [0, 20]}}, "sample.offsets.time: [0, 20] spans 21 steps"),
+        ({"window": {"lat": 3}, "keep": ["lat"]}, "dim 'lat' is in both sample.window and sample.keep"),
+        ({"window": {"lat": {"size": 3, "strid": 1}}}, "sample.window.lat.strid: unknown key"),
+    ],
+)
+def test_sample_config_errors(archive, tmp_path, capsys, sample, expected):
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o", **sample), tmp_path, capsys, expected)
+
+
+def test_a_yaml_syntax_error_names_the_line(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("input:\n  paths: ['a.nc'\noutput:\n  path: o\n")
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "broken.yaml: YAML syntax error at line 3" in err
+
+
+def test_float64_beyond_float32_fails_unless_allowed(tmp_path, capsys):
+    values = np.ones((2, 12, 10))
+    values[1, 3, 4] = 1e39
+    make_file(tmp_path / "big.nc", "2020-01-01", 2, variables=(), p=(("time", "lat", "lon"), values))
+    config = config_for([tmp_path / "big.nc"], tmp_path / "o")
+    assert_fails(config, tmp_path, capsys, "'p'", "1 value(s) exceed float32", "allow_float32_overflow")
+    config["output"]["allow_float32_overflow"] = True
+    assert run(config, tmp_path, capsys)[0] == 0
+    stats = load_stats(config["output"]["path"])["variables"]["p"]
+    assert stats["inf_count"] == 1 and stats["max"] == 1.0
+
+
+def test_verbose_shows_the_traceback(tmp_path, capsys):
+    status, err = run(config_for([tmp_path / "nope.nc"], tmp_path / "o"), tmp_path, capsys, "--verbose")
+    assert status == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_copied_real_file_with_hostile_variable_name_builds_a_safe_parser(tmp_path, capsys):
+    hostile = 'x"); import os; os.system("touch pwned") #'
+    with xr.open_dataset(shared_file("uvt.nc")) as ds:
+        ds = ds[["T"]].rename({"T": hostile})
+        ds[hostile].attrs["long_name"] = "'''\n\"\"\"\\"
+        ds.to_netcdf(tmp_path / "hostile.nc")
+    shutil.copy(tmp_path / "hostile.nc", tmp_path / "h'quote.nc")
+    output = tmp_path / "out \"'quoted"
+    config = config_for([tmp_path / "h'quote.nc"], output, window={"lat": 16, "lon": 16}, keep=["lev"])
+    assert run(config, tmp_path, capsys)[0] == 0
+    from helpers import import_generated_parser
+
+    parser = import_generated_parser(output)
+    assert hostile in parser.FEATURES and str(output) == parser.OUTPUT_URL
+    batch = next(iter(parser.make_dataset(batch_size=4)))
+    assert batch[hostile].shape == (4, 14, 16, 16)
+    assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
