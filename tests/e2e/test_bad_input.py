@@ -99,7 +99,8 @@ def test_a_truncated_file_is_found_while_planning(tmp_path, capsys, name):
     assert_fails(config, tmp_path, capsys, name)
 
 
-def test_a_file_corrupted_inside_its_data_fails_on_the_worker(tmp_path, capsys):
+@pytest.mark.parametrize("runner", [(), ("--direct_num_workers=2", "--direct_running_mode=multi_processing")])
+def test_a_file_corrupted_inside_its_data_fails_on_the_worker(tmp_path, capsys, runner):
     ds = xr.Dataset(
         {"t": (("time", "lat", "lon"), np.random.default_rng(0).normal(size=(4, 30, 30)).astype("f4"))},
         coords={"time": pd.date_range("2020", periods=4, freq="D"), "lat": np.arange(30.0), "lon": np.arange(30.0)},
@@ -110,7 +111,8 @@ def test_a_file_corrupted_inside_its_data_fails_on_the_worker(tmp_path, capsys):
     middle = len(data) // 2
     data[middle : middle + 200] = bytes(b ^ 0xFF for b in data[middle : middle + 200])
     path.write_bytes(bytes(data))
-    assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "zipped.nc", "reading 't' failed", "corrupt")
+    config = config_for([path], tmp_path / "o")
+    assert_fails(config, tmp_path, capsys, "zipped.nc", "reading 't' failed", "corrupt", flags=runner)
 
 
 def test_a_file_changed_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):
