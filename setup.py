@@ -25,6 +25,7 @@ setup(
         "pydantic>=2.10,<3",
         "PyYAML>=6.0",
         "google-crc32c>=1.6",
+        "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
     ],
     extras_require={
         "tf": [TENSORFLOW],
@@ -33,6 +34,7 @@ setup(
             "pytest>=8",
             "hypothesis>=6.100",
             "scipy>=1.13",
+            "gcp-storage-emulator==2026.7.19",
             "ruff==0.17.6",
         ],
     },

@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", file=sys.stderr)
         return 1
+    if schema is None:
+        print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
+        return 0
     _print_summary(plan, schema, time.monotonic() - started)
     return 0
 

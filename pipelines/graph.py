@@ -3,62 +3,68 @@
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner
 from schemas.dataset import load_schema
+from schemas.errors import UserError
 from schemas.schema import Schema
 from transforms.config import BuildConfig
 from transforms.cut import CutSamples
 from transforms.encode import EncodeAndBucket
 from transforms.finalize import Finalize
+from transforms.gcs_emulator import use_anonymous_credentials_for_emulator
 from transforms.output import bucket_dir, prepare_output
 from transforms.plan import BuildPlan, make_plan
 from transforms.shards import WriteShards
 from transforms.stats import ComputeStats
 
-_LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"}
-
-
-def is_local_runner(options: PipelineOptions) -> bool:
-    return options.view_as(StandardOptions).runner in _LOCAL_RUNNERS
-
-
-def make_runner(options: PipelineOptions):
-    """The runner to use: for local runs the FnApiRunner, chosen directly.
-
-    Beam's DirectRunner first tries to download the Prism runner, which waits on the network
-    (and fails offline) before falling back to the FnApiRunner; choosing it directly makes a
-    local run start at once. It honours --direct_num_workers and --direct_running_mode.
-    """
-    if is_local_runner(options):
-        from apache_beam.runners.portability.fn_api_runner import fn_runner
-
-        return fn_runner.FnApiRunner()
-    return options.view_as(StandardOptions).runner
-
 
 def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
-    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema."""
+    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
+
+    ``local``: bucket files on disk carry the records to the shard writers (local runners);
+    otherwise the bucket bytes go through the runner's shuffle (DESIGN.md, decision 3).
+    """
+    buckets = bucket_dir(plan.output, plan.run_id) if local else None
     blocks = (
         pipeline
         | "EnumerateUnits" >> beam.Create(list(plan.units))
         | "SpreadUnits" >> beam.Reshuffle()
         | "CutSamples" >> CutSamples(plan)
     )
-    shards = (
-        blocks
-        | "EncodeAndBucket" >> EncodeAndBucket(plan, bucket_dir(plan.output, plan.run_id) if local else None)
-        | "WriteShards" >> WriteShards(plan)
-    )
+    shards = blocks | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets) | "WriteShards" >> WriteShards(plan)
     moments = blocks | "ComputeStats" >> ComputeStats([v.name for v in plan.variables])
-    return shards | "Finalize" >> Finalize(plan, moments)
+    return shards | "Finalize" >> Finalize(plan, moments, buckets)
 
 
-def run_build(config: BuildConfig, beam_args: list[str], overwrite: bool = False) -> tuple[BuildPlan, Schema]:
-    """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema."""
-    plan = make_plan(config)
-    prepare_output(plan.output, overwrite)
+def run_build(config: BuildConfig, beam_args: list[str], overwrite: bool = False) -> tuple[BuildPlan, Schema | None]:
+    """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
+
+    A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
+    nothing and returns no schema.
+    """
     options = PipelineOptions(beam_args)
-    with beam.Pipeline(runner=make_runner(options), options=options) as pipeline:
+    use_anonymous_credentials_for_emulator()
+    check_remote_setup(options, config)
+    pipeline = _validated_pipeline(options)
+    FileSystems.set_options(options)
+    plan = make_plan(config)
+    dry_run = is_dry_run(options)
+    if not dry_run:
+        prepare_output(plan.output, overwrite)
+    with pipeline:
         build_pipeline(pipeline, plan, is_local_runner(options))
-    return plan, load_schema(plan.output)
+    return plan, None if dry_run else load_schema(plan.output)
+
+
+def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """The pipeline object; Beam validates the options here, before any planning or submission."""
+    try:
+        return beam.Pipeline(runner=make_runner(options), options=options)
+    except ValueError as error:
+        problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        if not problems:
+            raise
+        raise UserError(f"Beam options: {'; '.join(problems)}") from None

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from schemas.errors import UserError
 
+#: Shards stay well under 1 GiB: a shard writer holds one shard in memory, and readers and
+#: tools handle files of this size well (tensorflow/datasets#10995).
+MAX_SHARD_MB = 512
+
 
 class _Strict(BaseModel):
     # Unknown keys are errors: a misspelt key silently ignored is a dataset built wrong.
@@ -105,7 +109,9 @@ class ShuffleConfig(_Strict):
 class OutputConfig(_Strict):
     path: str = Field(description="output directory (local path or gs:// URL)")
     num_shards: PositiveInt | None = Field(None, description="default: enough shards for about target_shard_mb each")
-    target_shard_mb: float = Field(256.0, gt=0, le=1024, description="shard size to aim for when num_shards is not set")
+    target_shard_mb: float = Field(
+        256.0, gt=0, le=MAX_SHARD_MB, description="shard size to aim for when num_shards is not set"
+    )
     allow_float32_overflow: bool = Field(
         False,
         description="store float64 values beyond float32's range as +-inf (counted in stats.json) instead of failing",

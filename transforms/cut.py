@@ -88,10 +88,12 @@ class _CutUnitFn(beam.DoFn):
         self._plan = plan
         self._units = Metrics.counter(METRICS_NAMESPACE, "units_done")
         self._samples = Metrics.counter(METRICS_NAMESPACE, "samples_cut")
+        self._dropped = Metrics.counter(METRICS_NAMESPACE, "samples_dropped")
 
     def process(self, unit: Unit):
         block = cut_unit(self._plan, unit)
         self._samples.inc(block.sizes["sample"])
+        self._dropped.inc(unit.num_samples - block.sizes["sample"])
         self._units.inc()
         yield block
 

@@ -39,7 +39,9 @@ def complete_splits(plan: BuildPlan, results: Iterable[ShardResult], split: str 
     return tuple(shards)
 
 
-def finalize_output(plan: BuildPlan, results: list[ShardResult], moments: dict[str, Moments]) -> Schema:
+def finalize_output(
+    plan: BuildPlan, results: list[ShardResult], moments: dict[str, Moments], bucket_dir: str | None = None
+) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed."""
     shards = complete_splits(plan, results)
     written = sum(s.records for s in shards)
@@ -62,27 +64,29 @@ def finalize_output(plan: BuildPlan, results: list[ShardResult], moments: dict[s
     write_atomically(join(plan.output, STATS_FILE), [json.dumps(stats_document(moments, variables), indent=2).encode()])
     write_atomically(join(plan.output, PARSER_FILE), [render_parser(schema, plan.output).encode()])
     write_atomically(join(plan.output, SCHEMA_FILE), [schema.dumps().encode()])
-    tmp = join(plan.output, TMP_DIR)
-    if FileSystems.exists(tmp):
-        FileSystems.delete([tmp])
+    for temporary in {join(plan.output, TMP_DIR), bucket_dir} - {None}:
+        if FileSystems.exists(temporary):
+            FileSystems.delete([temporary])
     return schema
 
 
-def _finalize(results: list[ShardResult], plan: BuildPlan, moments: dict[str, Moments]) -> Schema:
-    return finalize_output(plan, results, moments)
+def _finalize(results: list[ShardResult], plan: BuildPlan, moments: dict[str, Moments], bucket_dir) -> Schema:
+    return finalize_output(plan, results, moments, bucket_dir)
 
 
 class Finalize(beam.PTransform):
     """Shard results + the merged statistics -> the written schema (one element)."""
 
-    def __init__(self, plan: BuildPlan, moments):
+    def __init__(self, plan: BuildPlan, moments, bucket_dir: str | None = None):
         super().__init__()
         self._plan = plan
         self._moments = moments
+        self._bucket_dir = bucket_dir
 
     def expand(self, results):
         return (
             results
             | "CollectShards" >> beam.combiners.ToList()
-            | "WriteMetadata" >> beam.Map(_finalize, self._plan, beam.pvalue.AsSingleton(self._moments))
+            | "WriteMetadata"
+            >> beam.Map(_finalize, self._plan, beam.pvalue.AsSingleton(self._moments), self._bucket_dir)
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import tempfile
 import uuid
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -15,6 +16,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas.errors import UserError
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
+from transforms.gcs_emulator import use_anonymous_credentials_for_emulator
+from transforms.urls import is_remote
+
+# Driver and workers both import this module before their first GCS call.
+use_anonymous_credentials_for_emulator()
 
 TMP_DIR = "_tmp"
 _SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
@@ -30,11 +36,14 @@ def join(base: str, *parts: str) -> str:
 
 
 def bucket_dir(output: str, run_id: str) -> str:
+    """Where a local run keeps its bucket files: beside the output, or in local temp for remote outputs."""
+    if is_remote(output):
+        return os.path.join(tempfile.gettempdir(), "xarray-tfrecords", run_id)
     return join(output, TMP_DIR, run_id)
 
 
 def _relative(base: str, path: str) -> str:
-    return posixpath.relpath(path, base) if "://" not in base else path[len(base.rstrip("/")) + 1 :]
+    return posixpath.relpath(path, base) if not is_remote(base) else path[len(base.rstrip("/")) + 1 :]
 
 
 def _is_ours(relative: str) -> bool:
@@ -44,7 +53,7 @@ def _is_ours(relative: str) -> bool:
 
 
 def _is_file(path: str) -> bool:
-    if "://" not in path:
+    if not is_remote(path):
         return os.path.isfile(path)
     return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
 

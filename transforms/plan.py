@@ -18,7 +18,7 @@ import numpy as np
 
 from schemas.errors import UserError
 from schemas.schema import Feature, Schema
-from transforms.config import BuildConfig
+from transforms.config import MAX_SHARD_MB, BuildConfig
 from transforms.sampling import Axis, SampleGrid, Unit, plan_units
 from transforms.sources import FileInfo, SourceFile, VariableInfo, expand_paths, inspect_file
 
@@ -354,6 +354,21 @@ def _features(
     return plans, features
 
 
+def _num_shards(config: BuildConfig, total_bytes: float, records: int) -> int:
+    """The configured shard count, or enough for target_shard_mb; never shards over MAX_SHARD_MB."""
+    needed = math.ceil(total_bytes / (MAX_SHARD_MB * 1e6))
+    wanted = config.output.num_shards or math.ceil(total_bytes / (config.output.target_shard_mb * 1e6))
+    if wanted < needed:
+        logger.warning(
+            "output.num_shards: %d shards would hold about %.0f MB each; writing %d instead (at most %d MB each)",
+            wanted,
+            total_bytes / wanted / 1e6,
+            needed,
+            MAX_SHARD_MB,
+        )
+    return max(1, min(max(wanted, needed), records))
+
+
 def make_plan(
     config: BuildConfig, run_id: str | None = None, unit_budget_bytes: float = UNIT_BUDGET_BYTES
 ) -> BuildPlan:
@@ -398,8 +413,7 @@ def make_plan(
 
     record_bytes = _record_bytes(tuple(features))
     to_write = grid.num_samples - dropped
-    num_shards = config.output.num_shards or math.ceil(to_write * record_bytes / (config.output.target_shard_mb * 1e6))
-    num_shards = max(1, min(num_shards, to_write))
+    num_shards = _num_shards(config, to_write * record_bytes, to_write)
 
     units = _plan_units(grid, variables, sizes, files, concat_dim, record_bytes, unit_budget_bytes)
     kept = {

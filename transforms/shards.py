@@ -65,12 +65,14 @@ class _WriteShardFn(beam.DoFn):
         self._split = split
         self._records = Metrics.counter(METRICS_NAMESPACE, "records_written")
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
+        self._shard_bytes = Metrics.distribution(METRICS_NAMESPACE, "shard_bytes")
 
     def process(self, element):
         shard, buckets = element
         result = write_shard(self._plan, self._split, shard, buckets)
         self._records.inc(result.records)
         self._bytes.inc(result.bytes)
+        self._shard_bytes.update(result.bytes)
         yield result
 
 

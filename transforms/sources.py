@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,8 +18,11 @@ from fsspec.implementations.local import LocalFileSystem
 
 from schemas.errors import UserError
 from transforms.netcdf3 import expected_size
+from transforms.urls import is_remote
 
 logger = logging.getLogger(__name__)
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def expand_paths(patterns: Sequence[str]) -> list[str]:
@@ -57,28 +62,78 @@ def check_not_truncated(path: str) -> int:
     return size
 
 
+def _is_hdf5(path: str) -> bool:
+    with fsspec.open(path, "rb") as stream:
+        return stream.read(8) == _HDF5_MAGIC
+
+
 @contextlib.contextmanager
-def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
-    """Open one NetCDF file lazily (nothing is read until a variable's values are asked for)."""
+def _local_copy(path: str) -> Iterator[str]:
+    """A remote file downloaded to local temp (the netCDF library reads only local files)."""
+    suffix = os.path.splitext(path)[1] or ".nc"
+    handle, local = tempfile.mkstemp(prefix="xtf-", suffix=suffix)
+    os.close(handle)
     try:
-        with warnings.catch_warnings():
-            # Packed files often carry a NaN _FillValue on integer data, which xarray rightly
-            # drops (NaN cannot be an integer fill); its warning says nothing the user can act on.
-            warnings.simplefilter("ignore", xr.SerializationWarning)
-            dataset = xr.open_dataset(path, decode_times=decode_times, cache=False)
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
-    except Exception as error:  # netCDF4, h5netcdf and scipy each raise their own types
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if "did not find a match in any of xarray's currently installed IO backends" in reason:
-            reason = "not a NetCDF file"
-        raise UserError(
-            f"{path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file, or narrow the input glob"
-        ) from None
+        fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
+        fs.get(resolved, local)
+        yield local
+    finally:
+        os.remove(local)
+
+
+@contextlib.contextmanager
+def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
+    with warnings.catch_warnings():
+        # Packed files often carry a NaN _FillValue on integer data, which xarray rightly drops
+        # (NaN cannot be an integer fill); its warning says nothing the user can act on.
+        warnings.simplefilter("ignore", xr.SerializationWarning)
+        dataset = xr.open_dataset(target, cache=False, **kwargs)
     try:
         yield dataset
     finally:
         dataset.close()
+
+
+@contextlib.contextmanager
+def _open_any(path: str, decode_times: bool, download: bool) -> Iterator[xr.Dataset]:
+    if not is_remote(path):
+        with _opened(path, decode_times=decode_times) as dataset:
+            yield dataset
+    elif download or not _is_hdf5(path):
+        # Workers read most of a file, so one download beats many range requests, and the same
+        # engine as for local files reads the same bytes into the same values. Classic NetCDF
+        # (CDF) files can only be read from a local file.
+        with _local_copy(path) as local, _opened(local, decode_times=decode_times) as dataset:
+            yield dataset
+    else:
+        # Planning reads only metadata and coordinates: HDF5 reads them with range requests.
+        with (
+            fsspec.open(path, "rb", cache_type="blockcache", block_size=2**20) as stream,
+            _opened(stream, engine="h5netcdf", decode_times=decode_times) as dataset,
+        ):
+            yield dataset
+
+
+@contextlib.contextmanager
+def open_netcdf(path: str, decode_times: bool = True, download: bool = False) -> Iterator[xr.Dataset]:
+    """Open one NetCDF file lazily (nothing is read until a variable's values are asked for).
+
+    Local paths open in place. Remote files (gs://, any fsspec URL) are downloaded to a local
+    temp file if ``download`` or if they are classic NetCDF; NetCDF-4 metadata is read remotely.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            dataset = stack.enter_context(_open_any(path, decode_times, download))
+        except FileNotFoundError:
+            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+        except Exception as error:  # netCDF4, h5netcdf and scipy each raise their own types
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if "did not find a match in any of xarray's currently installed IO backends" in reason:
+                reason = "not a NetCDF file"
+            raise UserError(
+                f"{path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file, or narrow the input glob"
+            ) from None
+        yield dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +234,7 @@ def read_slabs(
                 f"{source.path}: changed size since the build was planned ({source.nbytes} bytes then); "
                 "do not modify input files during a build: run it again"
             )
-        with open_netcdf(source.path, decode_times=False) as ds:
+        with open_netcdf(source.path, decode_times=False, download=True) as ds:
             for name in variables:
                 if name not in ds.variables:
                     raise UserError(f"{source.path}: variable {name!r} is missing; every input file needs it")

@@ -1,0 +1,65 @@
+"""Choosing the Beam runner, and checking a remote runner's setup before anything is submitted."""
+
+from __future__ import annotations
+
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+
+from schemas.errors import UserError
+from transforms.config import BuildConfig
+from transforms.urls import is_remote
+
+_LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"}
+
+
+def runner_name(options: PipelineOptions) -> str | None:
+    runner = options.view_as(StandardOptions).runner
+    return runner if isinstance(runner, str) or runner is None else type(runner).__name__
+
+
+def is_local_runner(options: PipelineOptions) -> bool:
+    return runner_name(options) in _LOCAL_RUNNERS
+
+
+def is_dry_run(options: PipelineOptions) -> bool:
+    return bool(options.get_all_options().get("dry_run"))
+
+
+def make_runner(options: PipelineOptions):
+    """The runner to use: for local runs the FnApiRunner, chosen directly.
+
+    Beam's DirectRunner first tries to download the Prism runner, which waits on the network
+    (and fails offline) before falling back to the FnApiRunner; choosing it directly makes a
+    local run start at once. It honours --direct_num_workers and --direct_running_mode.
+    """
+    if is_local_runner(options):
+        from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+        return fn_runner.FnApiRunner()
+    return options.view_as(StandardOptions).runner
+
+
+def check_remote_setup(options: PipelineOptions, config: BuildConfig) -> None:
+    """Fail in one line, before submission, on a remote-runner setup that cannot work."""
+    if is_local_runner(options):
+        return
+    runner = runner_name(options)
+    if not is_remote(config.output.path):
+        raise UserError(
+            f"output: {config.output.path} is a local path, but {runner} runs on remote workers that cannot "
+            "write there; use a gs:// output"
+        )
+    local_inputs = [p for p in config.input.paths if not is_remote(p)]
+    if local_inputs:
+        raise UserError(
+            f"input: {local_inputs[0]} is a local path, but {runner} runs on remote workers that cannot read it; "
+            "copy the files to gs:// and give that path"
+        )
+    if runner == "DataflowRunner":
+        cloud = options.view_as(GoogleCloudOptions)
+        if not cloud.temp_location:
+            raise UserError("DataflowRunner needs --temp_location=gs://BUCKET/tmp (where Dataflow stages its files)")
+        if not is_remote(cloud.temp_location):
+            raise UserError(f"--temp_location={cloud.temp_location} is local; DataflowRunner needs a gs:// path")
+        for flag, value in (("--project", cloud.project), ("--region", cloud.region)):
+            if not value:
+                raise UserError(f"DataflowRunner needs {flag} (e.g. --project=my-project --region=us-central1)")

@@ -1,0 +1,205 @@
+"""gs:// in and out through a real GCS JSON API (gcp-storage-emulator), and Dataflow graphs built offline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+import xarray as xr
+import yaml
+
+from pipelines.build import main
+from schemas import load_schema
+
+from conftest import REPO, shared_file
+from helpers import expected_feature, parse_with_generated_parser
+
+BUCKET = "xtf-test"
+DATAFLOW = [
+    "--runner=DataflowRunner",
+    "--project=my-project",
+    "--region=us-central1",
+    f"--temp_location=gs://{BUCKET}/tmp",
+    "--no_auth",
+    "--dry_run=True",
+    "--sdk_location=container",
+]
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the storage emulator exited"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the storage emulator did not start")
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """A GCS emulator on 127.0.0.1 with an empty bucket; the environment points gcsfs and Beam at it."""
+    port = _free_port()
+    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={port}"]
+    process = subprocess.Popen(
+        [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    try:
+        _wait_for(port, process)
+        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs probes the bucket over gRPC for 60 s
+        fsspec.config.conf.pop("gs", None)
+        yield fsspec.filesystem("gs", skip_instance_cache=True)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def uploaded(gcs, tmp_path_factory) -> dict[str, list[Path]]:
+    """Real files in the bucket: a time-split TREFHT archive (classic NetCDF) and NetCDF-4 files."""
+    local = tmp_path_factory.mktemp("upload")
+    with xr.open_dataset(shared_file("TREFHT.B06.57.atm.1890-1999ANN.nc")) as ds:
+        for i, (start, stop) in enumerate([(0, 37), (37, 80), (80, 110)]):
+            ds.isel(time=slice(start, stop)).to_netcdf(local / f"trefht_{i}.nc", format="NETCDF3_64BIT")
+    from pipelines.demo import ArchiveShape, write_archive
+
+    write_archive(local / "era5", ArchiveShape(num_files=3, steps_per_file=2, levels=3, lat=20, lon=24))
+    files = {
+        "trefht": sorted(local.glob("trefht_*.nc")),
+        "era5": sorted((local / "era5").glob("*.nc")),
+        "eraint": [shared_file("eraint_uvz.nc")],
+        "nc4": [shared_file("nc4uvt.nc")],
+    }
+    for name, paths in files.items():
+        for path in paths:
+            gcs.put(str(path), f"{BUCKET}/in/{name}/{path.name}")
+    return files
+
+
+def _config(tmp_path: Path, paths, output: str, sample: dict, concat_dim: str = "time", **output_options) -> Path:
+    config = {
+        "input": {"paths": paths, "concat_dim": concat_dim},
+        "sample": sample,
+        "output": {"path": output, "num_shards": 2, **output_options},
+    }
+    path = tmp_path / f"config-{abs(hash(output))}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+CASES = {
+    "trefht": ({"window": {"time": {"size": 8, "stride": 15}}}, "time"),  # windows at 30 and 75 span files
+    "eraint": ({"window": {"latitude": 9, "longitude": 9}, "keep": ["level"]}, "month"),
+    "nc4": ({"window": {"lat": 16, "lon": 16}, "keep": ["lev"]}, "time"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gs_input_and_output_equal_a_local_build(gcs, uploaded, tmp_path, name):
+    sample, concat_dim = CASES[name]
+    remote_out = f"gs://{BUCKET}/out/{name}"
+    remote = _config(tmp_path, f"gs://{BUCKET}/in/{name}/*.nc", remote_out, sample, concat_dim)
+    local = _config(tmp_path, [str(p) for p in uploaded[name]], str(tmp_path / "local"), sample, concat_dim)
+    assert main(["--config", str(remote)]) == 0
+    assert main(["--config", str(local)]) == 0
+
+    downloaded = tmp_path / "downloaded"
+    gcs.get(remote_out.removeprefix("gs://"), str(downloaded), recursive=True)
+    schema = load_schema(remote_out)  # read through gcsfs
+    assert {p.name for p in downloaded.iterdir()} == {"schema.json", "stats.json", "parser.py"} | {
+        s.file for s in schema.splits["data"]
+    }
+    for shard in schema.splits["data"]:
+        assert (downloaded / shard.file).read_bytes() == (tmp_path / "local" / shard.file).read_bytes()
+    parsed = parse_with_generated_parser(downloaded)
+    source = xr.concat([xr.open_dataset(p) for p in uploaded[name]], dim=concat_dim)
+    variable = schema.variable_features[0].name
+    assert len(parsed[variable]) == schema.num_records() > 0
+    for i in range(0, schema.num_records(), max(1, schema.num_records() // 40)):
+        record = {key: values[i] for key, values in parsed.items()}
+        assert (record[variable] == expected_feature(source, schema, variable, record)).all()
+
+
+def test_multi_process_local_runner_with_gs(gcs, uploaded, tmp_path):
+    """Worker processes unpickle the plan and open their own clients: nothing unpicklable rides along."""
+    sample = {"window": {"lat": 5, "lon": 6}, "offsets": {"time": [0, 1]}, "keep": ["level"]}
+    single = f"gs://{BUCKET}/out/single"
+    multi = f"gs://{BUCKET}/out/multi"
+    paths = f"gs://{BUCKET}/in/era5/*.nc"
+    assert main(["--config", str(_config(tmp_path, paths, single, sample))]) == 0
+    flags = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    assert main(["--config", str(_config(tmp_path, paths, multi, sample)), *flags]) == 0
+    for shard in load_schema(multi).splits["data"]:
+        assert gcs.cat(f"{multi}/{shard.file}") == gcs.cat(f"{single}/{shard.file}")
+    assert not gcs.exists(f"{multi}/_tmp")
+
+
+def _inputs_for(config_name: str) -> tuple[str, str]:
+    if config_name == "erainterim_patches.yaml":
+        return f"gs://{BUCKET}/in/eraint/*.nc", "month"
+    return f"gs://{BUCKET}/in/era5/*.nc", "time"
+
+
+@pytest.mark.parametrize("config_name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_dataflow_graph_builds_offline_for_every_config(uploaded, tmp_path, capsys, config_name):
+    config = yaml.safe_load((REPO / "configs" / config_name).read_text())
+    config["input"]["paths"], config["input"]["concat_dim"] = _inputs_for(config_name)
+    if config_name == "point_timeseries.yaml":
+        config["sample"]["window"]["time"] = {"size": 4, "stride": 2}  # the uploaded archive has 6 steps
+    config["output"]["path"] = f"gs://{BUCKET}/dry/{config_name}"
+    path = tmp_path / config_name
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), *DATAFLOW, f"--setup_file={REPO / 'setup.py'}"]) == 0
+    assert "Dry run: the job graph" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"drop": "--temp_location"}, "DataflowRunner needs --temp_location=gs://"),
+        ({"flag": "--temp_location=/tmp/local"}, "--temp_location=/tmp/local is local"),
+        ({"output": "out/local"}, "output: out/local is a local path, but DataflowRunner runs on remote workers"),
+        ({"input": "/data/*.nc"}, "input: /data/*.nc is a local path"),
+        ({"flag": "--project=P"}, "Beam options: Invalid Project ID (P)"),
+    ],
+)
+def test_bad_dataflow_setups_fail_before_submission(uploaded, tmp_path, capsys, change, expected):
+    flags = [f for f in DATAFLOW if not f.startswith(change.get("drop", "--never"))]
+    if "flag" in change:
+        key = change["flag"].split("=")[0]
+        flags = [f for f in flags if not f.startswith(key)] + [change["flag"]]
+    config = _config(
+        tmp_path,
+        change.get("input", f"gs://{BUCKET}/in/era5/*.nc"),
+        change.get("output", f"gs://{BUCKET}/dry/bad"),
+        {"window": {"lat": 9, "lon": 9}},
+    )
+    assert main(["--config", str(config), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
