@@ -70,6 +70,11 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
         f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
     )
     print("Load it in TensorFlow:")
+    if "://" in plan.output:
+        # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.
+        print("    from schemas import load_dataset")
+        print(f'    ds = load_dataset({plan.output!r}, "data", batch_size=32)')
+        return
     print(f"    import sys; sys.path.insert(0, {plan.output!r})")
     print("    from parser import make_dataset")
     print('    ds = make_dataset("data", batch_size=32)')
