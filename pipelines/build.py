@@ -63,21 +63,34 @@ def user_error_message(error: BaseException) -> str | None:
 
 
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
-    shards = schema.splits["data"]
+    shards = [shard for split in schema.splits.values() for shard in split]
     size = sum(s.bytes for s in shards)
     print(
-        f"Wrote {schema.num_records():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
+        f"Wrote {schema.num_examples():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
         f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
     )
+    if len(schema.splits) > 1:
+        print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
+    counts = schema.counts
+    dropped = [
+        (counts.get("samples_dropped_at_gaps", 0), "crossing gaps"),
+        (counts.get("samples_outside_splits", 0), "outside or across splits"),
+        (counts.get("samples_dropped_nan", 0), "with NaN (nan_policy: drop)"),
+    ]
+    if any(n for n, _ in dropped):
+        print("  dropped: " + ", ".join(f"{n:,} {why}" for n, why in dropped if n))
+    if plan.config.nan_policy == "fill" and counts.get("samples_with_nan"):
+        print(f"  filled NaN with {plan.config.fill_value} in {counts['samples_with_nan']:,} samples")
+    split = next(iter(schema.splits))
     print("Load it in TensorFlow:")
     if "://" in plan.output:
         # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.
         print("    from schemas import load_dataset")
-        print(f'    ds = load_dataset({plan.output!r}, "data", batch_size=32)')
+        print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
         return
     print(f"    import sys; sys.path.insert(0, {plan.output!r})")
     print("    from parser import make_dataset")
-    print('    ds = make_dataset("data", batch_size=32)')
+    print(f"    ds = make_dataset({split!r}, batch_size=32)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,8 +35,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
         | "CutSamples" >> CutSamples(plan)
     )
     shards = blocks | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets) | "WriteShards" >> WriteShards(plan)
-    moments = blocks | "ComputeStats" >> ComputeStats([v.name for v in plan.variables])
-    return shards | "Finalize" >> Finalize(plan, moments, buckets)
+    summaries = blocks | "ComputeStats" >> ComputeStats([s.name for s in plan.splits], plan.config.stats.per)
+    return shards | "Finalize" >> Finalize(plan, summaries, buckets)
 
 
 def run_build(config: BuildConfig, beam_args: list[str], overwrite: bool = False) -> tuple[BuildPlan, Schema | None]:

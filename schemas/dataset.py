@@ -22,7 +22,7 @@ def load_schema(path: str) -> Schema:
     url = posixpath.join(str(path), SCHEMA_FILE)
     try:
         return Schema.loads(_read_text(url))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(
             f"{path}: no {SCHEMA_FILE}, so this is not a complete xarray-tfrecords output "
             "(a run that failed or is still running leaves none); build it again"
@@ -34,9 +34,15 @@ def load_stats(path: str) -> dict[str, Any]:
     return json.loads(_read_text(posixpath.join(str(path), STATS_FILE)))
 
 
-def load_dataset(path: str, split: str = "data", batch_size: int = 32, **options):
-    """The same tf.data pipeline as the output's generated ``parser.make_dataset``."""
+def load_dataset(path: str, split: str = "data", batch_size: int = 32, normalize: bool = False, **options):
+    """The same tf.data pipeline as the output's generated ``parser.make_dataset``.
+
+    Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed.
+    """
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 
     schema = load_schema(path)
-    return parser_template.build_dataset(schema.to_json(), str(path), split, batch_size, **options)
+    normalization = load_stats(path).get("normalization") if normalize else None
+    return parser_template.build_dataset(
+        schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
+    )

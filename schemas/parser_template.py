@@ -2,7 +2,7 @@
 
 Usage:
     import parser                       # this file, beside the shards (or anywhere, with data_dir=)
-    ds = parser.make_dataset("data", batch_size=32)
+    ds = parser.make_dataset("train", batch_size=32)
     for batch in ds.take(1):
         print({name: value.shape for name, value in batch.items()})
 """
@@ -12,18 +12,33 @@ import os
 
 import tensorflow as tf
 
-# The generator replaces the next two lines with this output's schema and location. They are
-# data, not code: a JSON document and a path, each written as one quoted string literal.
+# The generator replaces the next three lines with this output's schema, location and
+# normalisation constants. They are data, not code: each is one quoted string literal.
 SCHEMA = None
 OUTPUT_URL = None
+NORMALIZATION = None
 
 _DTYPES = {"float32": tf.float32, "int64": tf.int64}
 _COMPRESSION = {None: "", "gzip": "GZIP"}
+_RECORD_COUNT = "record/count"
 
 
 def feature_spec(schema):
-    """{feature name: tf.io.FixedLenFeature} for every feature of the schema."""
+    """{feature name: tf.io.FixedLenFeature} of one sample."""
     return {f["name"]: tf.io.FixedLenFeature(shape=f["shape"], dtype=_DTYPES[f["dtype"]]) for f in schema["features"]}
+
+
+def record_spec(schema):
+    """The features as a record stores them: packed records add a leading axis and a count."""
+    per_record = schema.get("examples_per_record", 1)
+    if per_record == 1:
+        return feature_spec(schema)
+    spec = {
+        f["name"]: tf.io.FixedLenFeature(shape=[per_record, *f["shape"]], dtype=_DTYPES[f["dtype"]])
+        for f in schema["features"]
+    }
+    spec[_RECORD_COUNT] = tf.io.FixedLenFeature(shape=[], dtype=tf.int64)
+    return spec
 
 
 def shard_paths(schema, data_dir, split):
@@ -32,6 +47,28 @@ def shard_paths(schema, data_dir, split):
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
     return [os.path.join(data_dir, shard["file"]) for shard in splits[split]["shards"]]
+
+
+def _unpack(parsed, per_record):
+    """Packed records -> their real samples, flattened into one batch."""
+    count = parsed.pop(_RECORD_COUNT)
+    real = tf.sequence_mask(count, per_record)
+    return {name: tf.boolean_mask(values, real) for name, values in parsed.items()}
+
+
+def _normalizer(normalization):
+    constants = {
+        name: (tf.constant(values["mean"], tf.float32), tf.constant(values["std"], tf.float32))
+        for name, values in normalization.items()
+    }
+
+    def normalize(batch):
+        return {
+            name: (value - constants[name][0]) / constants[name][1] if name in constants else value
+            for name, value in batch.items()
+        }
+
+    return normalize
 
 
 def build_dataset(
@@ -44,11 +81,14 @@ def build_dataset(
     drop_remainder=False,
     repeat=False,
     seed=None,
+    normalize=False,
+    normalization=None,
 ):
     """A tf.data.Dataset of batches: dicts of tensors shaped (batch, *feature shape).
 
     The records are already fully shuffled on disk; ``shuffle_buffer`` > 0 adds a fresh
-    shuffle of shard order and records for each epoch.
+    shuffle of shard order and records for each epoch. ``normalize`` applies (x - mean) / std
+    with the statistics of the reference split (stats.json), per variable or per level.
     """
     files = shard_paths(schema, data_dir, split)
     files_ds = tf.data.Dataset.from_tensor_slices(files)
@@ -65,10 +105,23 @@ def build_dataset(
         dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     if repeat:
         dataset = dataset.repeat()
-    spec = feature_spec(schema)
+    spec = record_spec(schema)
+    per_record = schema.get("examples_per_record", 1)
     # Batch before parsing: parse_example on a batch is far cheaper than per-record parsing.
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    if per_record == 1:
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        dataset = dataset.batch(max(1, batch_size // per_record))
+        dataset = dataset.map(
+            lambda records: _unpack(tf.io.parse_example(records, spec), per_record),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
+    if normalize:
+        if not normalization:
+            raise ValueError("normalize=True needs the normalisation constants of stats.json")
+        dataset = dataset.map(_normalizer(normalization), num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -81,6 +134,7 @@ def _default_data_dir():
 
 if SCHEMA is not None:
     SCHEMA = json.loads(SCHEMA)
+    NORMALIZATION = json.loads(NORMALIZATION)
     FEATURES = feature_spec(SCHEMA)
 
     def make_dataset(
@@ -91,12 +145,14 @@ if SCHEMA is not None:
         drop_remainder=False,
         repeat=False,
         seed=None,
+        normalize=False,
         data_dir=None,
     ):
         """Batches of one split of this dataset: dicts of tensors shaped (batch, *feature shape).
 
-        ``data_dir`` defaults to this file's directory if the shards are beside it, else to the
-        output URL the dataset was written to (e.g. gs://...).
+        ``normalize`` applies (x - mean) / std from this output's statistics. ``data_dir``
+        defaults to this file's directory if the shards are beside it, else to the output URL
+        the dataset was written to (e.g. gs://...).
         """
         return build_dataset(
             SCHEMA,
@@ -108,4 +164,6 @@ if SCHEMA is not None:
             drop_remainder=drop_remainder,
             repeat=repeat,
             seed=seed,
+            normalize=normalize,
+            normalization=NORMALIZATION,
         )

@@ -67,13 +67,29 @@ class Feature:
         )
 
 
+SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
+
+
+def shard_name(split: str, index: int, count: int, compression: str | None = None) -> str:
+    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz."""
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Shard:
-    """One written TFRecord file of a split."""
+    """One written TFRecord file of a split: its TFRecord records and the samples they hold.
+
+    ``examples`` equals ``records`` unless samples are packed several to a record.
+    """
 
     file: str
     records: int
     bytes: int
+    examples: int | None = None
+
+    def __post_init__(self):
+        if self.examples is None:
+            object.__setattr__(self, "examples", self.records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +138,14 @@ class Schema:
         return tuple(f for f in self.features if f.role == "variable")
 
     def num_records(self, split: str | None = None) -> int:
+        """TFRecord records in one split or all (fewer than samples when samples are packed)."""
         splits = [split] if split else list(self.splits)
         return sum(shard.records for name in splits for shard in self.splits[name])
+
+    def num_examples(self, split: str | None = None) -> int:
+        """Samples in one split or all."""
+        splits = [split] if split else list(self.splits)
+        return sum(shard.examples for name in splits for shard in self.splits[name])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,12 +154,13 @@ class Schema:
             "features": [f.to_json() for f in self.features],
             "splits": {
                 name: {
+                    "examples": sum(s.examples for s in shards),
                     "records": sum(s.records for s in shards),
                     "shards": [dataclasses.asdict(s) for s in shards],
                 }
                 for name, shards in self.splits.items()
             },
-            "num_records": self.num_records() if self.splits else 0,
+            "num_examples": self.num_examples() if self.splits else 0,
             "compression": self.compression,
             "examples_per_record": self.examples_per_record,
             "seed": self.seed,

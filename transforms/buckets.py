@@ -1,7 +1,9 @@
-"""Bucket blobs: the framed records one unit sends to one shard, with their shuffle keys.
+"""Bucket blobs: what one unit sends to one shard (framed records or raw sample rows) with shuffle keys.
 
-Layout: magic, record count n, n uint64 keys, n uint64 framed lengths, the framed records back
-to back. Keys and lengths sit in front so a shard writer reads them with numpy, not per record.
+Layout: magic, count n, n uint64 keys, n uint64 lengths, the payloads back to back. Keys and
+lengths sit in front so a shard writer reads them with numpy, not per record. A payload is a
+framed TFRecord record, or, when samples are packed several to a record (which can only happen
+after the shard's sort), a raw row: every feature's little-endian values, in ``row_dtype`` layout.
 """
 
 from __future__ import annotations
@@ -11,14 +13,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from schemas.schema import Feature
+
 MAGIC = b"XTFBKT01"
 _COUNT = struct.Struct("<Q")
 
 
-def pack_bucket(keys: np.ndarray, framed: Sequence[bytes]) -> bytes:
-    lengths = np.fromiter((len(r) for r in framed), dtype="<u8", count=len(framed))
-    head = MAGIC + _COUNT.pack(len(framed))
-    return b"".join((head, np.asarray(keys, dtype="<u8").tobytes(), lengths.tobytes(), *framed))
+def pack_bucket(keys: np.ndarray, payloads: Sequence[bytes] | np.ndarray) -> bytes:
+    """A bucket of variable-length payloads (a list of bytes) or fixed-length rows (a structured array)."""
+    if isinstance(payloads, np.ndarray):
+        lengths = np.full(len(payloads), payloads.dtype.itemsize, dtype="<u8")
+        body: Sequence = (payloads.tobytes(),)
+    else:
+        lengths = np.fromiter((len(r) for r in payloads), dtype="<u8", count=len(payloads))
+        body = payloads
+    head = MAGIC + _COUNT.pack(len(lengths))
+    return b"".join((head, np.asarray(keys, dtype="<u8").tobytes(), lengths.tobytes(), *body))
+
+
+def row_dtype(features: Sequence[Feature]) -> np.dtype:
+    """One raw sample row: every feature's values, little-endian, in schema order."""
+    kinds = {"float32": "<f4", "int64": "<i8"}
+    return np.dtype([(f"f{i}", kinds[f.dtype], f.shape) for i, f in enumerate(features)])
 
 
 def unpack_bucket(blob: bytes, name: str = "bucket") -> tuple[np.ndarray, np.ndarray, memoryview]:

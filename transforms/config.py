@@ -106,6 +106,49 @@ class ShuffleConfig(_Strict):
     )
 
 
+class StackConfig(_Strict):
+    """Several variables written as one feature with a channel axis."""
+
+    name: str = Field(description="the stacked feature's name")
+    variables: list[str] = Field(min_length=1, description="the variables, in channel order")
+    axis: Literal[0, -1] = Field(-1, description="-1: channels last (TensorFlow/Keras); 0: channels first (PyTorch)")
+
+    @field_validator("variables")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a variable is stacked twice: {value}")
+        return value
+
+
+class LayoutConfig(_Strict):
+    stack: list[StackConfig] = Field(default_factory=list, description="stacked features (one mapping or a list)")
+
+    @field_validator("stack", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _no_overlap(self) -> LayoutConfig:
+        seen: dict[str, str] = {}
+        for stack in self.stack:
+            for name in stack.variables:
+                if name in seen:
+                    raise ValueError(f"variable {name!r} is in stacks {seen[name]!r} and {stack.name!r}; stack it once")
+                seen[name] = stack.name
+        return self
+
+
+class StatsConfig(_Strict):
+    per: list[str] = Field(
+        default_factory=list, description="kept dims to compute statistics per index of, e.g. [level]"
+    )
+    reference_split: str | None = Field(
+        None, description="split whose statistics normalise (default: train if there is one, else the first split)"
+    )
+
+
 class OutputConfig(_Strict):
     path: str = Field(description="output directory (local path or gs:// URL)")
     num_shards: PositiveInt | None = Field(None, description="default: enough shards for about target_shard_mb each")
@@ -116,16 +159,72 @@ class OutputConfig(_Strict):
         False,
         description="store float64 values beyond float32's range as +-inf (counted in stats.json) instead of failing",
     )
+    dtype: str = Field("float32", description="float storage type: tf.train.Example holds float32 only")
+    compression: Literal["gzip"] | None = Field(None, description="gzip: write .tfrecord.gz shards")
+    examples_per_record: PositiveInt = Field(
+        1, le=4096, description="samples packed into one record (each feature gains a leading axis)"
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _float32_only(cls, value: str) -> str:
+        if value != "float32":
+            raise ValueError(
+                f"tf.train.Example holds floats as float32 only, so {value} cannot be stored; "
+                "remove the key (float32 is the default) and cast after loading if you need it"
+            )
+        return value
+
+
+SplitRange = list[str | float | None]
 
 
 class BuildConfig(_Strict):
-    """The whole build: input files, variables, sample geometry, shuffle and output."""
+    """The whole build: input files, variables, sample geometry, splits, shuffle and output."""
 
     input: InputConfig
-    variables: list[str] | None = Field(None, description="default: every data variable that has all the sample dims")
+    variables: list[str] | None = Field(
+        None,
+        description=(
+            "default: every data variable that has all the sample dims; list lower-dimensional or static "
+            "variables (e.g. orography on lat, lon) explicitly to include them in every sample"
+        ),
+    )
     sample: SampleConfig = Field(default_factory=SampleConfig)
+    splits: dict[str, dict[str, SplitRange]] | None = Field(
+        None,
+        description=(
+            'coordinate ranges along concat_dim, inclusive, e.g. train: {time: ["1979", "2015"]}; '
+            "default: one split named data holding every sample"
+        ),
+    )
+    nan_policy: Literal["keep", "drop", "fill"] = Field(
+        "keep", description="samples with NaN (masked or _FillValue) values: keep them, drop them, or fill them"
+    )
+    fill_value: float | None = Field(None, description="the value NaN becomes with nan_policy: fill")
+    stats: StatsConfig = Field(default_factory=StatsConfig)
+    layout: LayoutConfig = Field(default_factory=LayoutConfig)
     shuffle: ShuffleConfig = Field(default_factory=ShuffleConfig)
     output: OutputConfig
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BuildConfig:
+        if self.nan_policy == "fill" and self.fill_value is None:
+            raise ValueError("nan_policy: fill needs a fill_value, e.g. fill_value: 0.0")
+        if self.nan_policy != "fill" and self.fill_value is not None:
+            raise ValueError(f"fill_value is set but nan_policy is {self.nan_policy}: set nan_policy: fill, or drop it")
+        for name, ranges in (self.splits or {}).items():
+            if not name.isidentifier():
+                raise ValueError(f"splits: {name!r} is not a plain name (letters, digits, _): it names the shard files")
+            if list(ranges) != [self.input.concat_dim]:
+                raise ValueError(
+                    f"splits.{name}: give one range along {self.input.concat_dim!r} (input.concat_dim), "
+                    f"e.g. {self.input.concat_dim}: [start, end]; got keys {list(ranges)}"
+                )
+            bounds = ranges[self.input.concat_dim]
+            if len(bounds) != 2:
+                raise ValueError(f"splits.{name}.{self.input.concat_dim}: give [start, end], got {bounds}")
+        return self
 
     @field_validator("variables")
     @classmethod

@@ -1,8 +1,9 @@
 """CutSamples: read a unit's slab of the virtual dataset and cut it into a block of samples.
 
-A block is an ``xr.Dataset`` with a leading ``sample`` dim: one data variable per feature
-variable (already in its record dtype), and per-sample coordinates ``sample_id``,
-``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid.
+A block is an ``xr.Dataset`` with a leading ``sample`` dim: one data variable per selected
+variable (already in its record dtype), and per-sample coordinates ``sample_id``, ``split``,
+``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid. Its attrs hold
+the unit's index and, per split, how many samples were cut, dropped or filled for NaN.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from schemas.errors import UserError
-from transforms.plan import BuildPlan, VariablePlan
+from transforms.features import VariablePlan
+from transforms.plan import BuildPlan
 from transforms.sampling import Unit
 from transforms.sources import read_slabs
 
@@ -41,46 +43,74 @@ def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allo
     return cast
 
 
-def _samples_off_gaps(plan: BuildPlan, unit: Unit) -> np.ndarray | None:
-    """Which of the unit's samples to keep when some would cross a gap (None: all)."""
-    if plan.valid_positions is None:
-        return None
+def _split_labels(plan: BuildPlan, positions: list[np.ndarray]) -> np.ndarray:
+    """Each sample's split index, or -1 for samples that belong to none."""
+    if plan.position_split is None:
+        return np.zeros(len(positions[0]) if positions else 1, dtype=np.int16)
     which = [a.dim for a in plan.grid.grid_axes].index(plan.concat_dim)
-    positions = plan.grid.unit_positions(unit)[which]
-    return plan.valid_positions[positions]
+    return plan.position_split[positions[which]]
+
+
+def _apply_nan_policy(plan: BuildPlan, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Samples to keep, and which samples had NaN (filled in place with nan_policy: fill)."""
+    n = len(next(iter(data.values())))
+    has_nan = np.zeros(n, dtype=bool)
+    for values in data.values():
+        if values.dtype.kind == "f":
+            has_nan |= np.isnan(values.reshape(n, -1)).any(axis=1)
+    policy = plan.config.nan_policy
+    if policy == "fill" and has_nan.any():
+        for values in data.values():
+            if values.dtype.kind == "f":
+                np.nan_to_num(values, copy=False, nan=plan.config.fill_value, posinf=np.inf, neginf=-np.inf)
+    keep = ~has_nan if policy == "drop" else np.ones(n, dtype=bool)
+    return keep, has_nan
 
 
 def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
     """The block of samples of one unit, in sample-id order."""
     grid = plan.grid
-    box = grid.source_box(unit)
-    slabs = read_slabs(plan.files, plan.concat_dim, [v.name for v in plan.variables], box)
-    keep = _samples_off_gaps(plan, unit)
+    positions = grid.unit_positions(unit)
+    labels = _split_labels(plan, positions)
+    in_split = labels >= 0
+    sources = [(v.name, v.static_path) for v in plan.variables]
+    slabs = read_slabs(plan.files, plan.concat_dim, sources, grid.source_box(unit))
     allow_overflow = plan.config.output.allow_float32_overflow
-    data_vars = {}
+    data = {}
     for variable in plan.variables:
         samples = grid.cut(slabs.pop(variable.name), variable.dims, unit)
-        if keep is not None:
-            samples = samples[keep]
-        data_vars[variable.name] = (
-            ("sample", *variable.feature.dims),
-            to_record_dtype(samples, variable, unit, allow_overflow),
-        )
-    ids = grid.sample_ids(unit)
-    all_positions = grid.unit_positions(unit)
-    if keep is not None:
-        ids = ids[keep]
-        all_positions = [p[keep] for p in all_positions]
-    coords: dict[str, tuple] = {"sample_id": ("sample", ids)}
-    for axis, positions in zip(grid.grid_axes, all_positions):
-        coords[f"index/{axis.dim}"] = ("sample", axis.first_index(positions).astype(np.int64))
+        if not in_split.all():
+            samples = samples[in_split]
+        data[variable.name] = to_record_dtype(samples, variable, unit, allow_overflow)
+    keep, has_nan = _apply_nan_policy(plan, data)
+    labels = labels[in_split]
+    counts = {
+        split.name: {
+            "cut": int((labels == i).sum()),
+            "dropped_nan": int(((labels == i) & ~keep).sum()),
+            "with_nan": int(((labels == i) & has_nan).sum()),
+        }
+        for i, split in enumerate(plan.splits)
+    }
+    if not keep.all():
+        data = {name: values[keep] for name, values in data.items()}
+        labels = labels[keep]
+    chosen = np.flatnonzero(in_split)[keep]
+    coords: dict[str, tuple] = {
+        "sample_id": ("sample", grid.sample_ids(unit)[chosen]),
+        "split": ("sample", labels),
+    }
+    for axis, where in zip(grid.grid_axes, positions):
+        where = where[chosen]
+        coords[f"index/{axis.dim}"] = ("sample", axis.first_index(where).astype(np.int64))
         if axis.dim in plan.coords:
             values = plan.coords[axis.dim]
             if axis.role == "iterate":
-                coords[f"coord/{axis.dim}"] = ("sample", values[axis.first_index(positions)])
+                coords[f"coord/{axis.dim}"] = ("sample", values[axis.first_index(where)])
             else:
-                coords[f"coord/{axis.dim}"] = (("sample", axis.dim), values[axis.element_indices(positions)])
-    return xr.Dataset(data_vars, coords, attrs={"unit": unit.index})
+                coords[f"coord/{axis.dim}"] = (("sample", axis.dim), values[axis.element_indices(where)])
+    data_vars = {v.name: (("sample", *v.feature.dims), data[v.name]) for v in plan.variables}
+    return xr.Dataset(data_vars, coords, attrs={"unit": unit.index, "counts": counts})
 
 
 class _CutUnitFn(beam.DoFn):

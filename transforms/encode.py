@@ -1,8 +1,10 @@
-"""EncodeAndBucket: blocks -> framed tf.Example records, keyed and grouped into per-shard buckets.
+"""EncodeAndBucket: blocks -> records keyed for the shuffle and grouped into per-shard buckets.
 
-On local runners a bucket is written to a file under ``<output>/_tmp/`` and only its path
-travels through the GroupByKey; on distributed runners the bucket bytes themselves do, since
-their shuffle service is built for it (DESIGN.md, decision 3).
+Each sample's key picks its shard within its split. A bucket carries framed tf.Example
+records, or raw sample rows when samples are packed several to a record (packing must wait for
+the shard's sort). On local runners a bucket is written to a file and only its path travels
+through the GroupByKey; on distributed runners the bytes do, as their shuffle is built for it
+(DESIGN.md, decision 3).
 """
 
 from __future__ import annotations
@@ -14,26 +16,58 @@ from apache_beam.metrics import Metrics
 
 from schemas.example_codec import ExampleEncoder
 from schemas.tfrecord import frame
-from transforms.buckets import pack_bucket
+from transforms.buckets import pack_bucket, row_dtype
 from transforms.cut import METRICS_NAMESPACE
 from transforms.keys import sample_keys, shard_of
 from transforms.output import join, write_atomically
 from transforms.plan import BuildPlan
 
 
+def record_columns(plan: BuildPlan, block: xr.Dataset) -> dict[str, np.ndarray]:
+    """Every record feature's values for the block's samples (stacked variables joined on their channel axis)."""
+    columns = {name: block[name].values for name in block.data_vars}
+    for stack in plan.stacks:
+        axis = 1 if stack.axis == 0 else -1  # after the leading sample axis
+        columns[stack.feature.name] = np.stack([columns.pop(name) for name in stack.variables], axis=axis)
+    for name in block.coords:
+        if name.startswith(("index/", "coord/")):
+            columns[name] = block[name].values
+    return columns
+
+
+def global_shards(plan: BuildPlan, keys: np.ndarray, splits: np.ndarray) -> np.ndarray:
+    """Each sample's shard, numbered across splits."""
+    counts = np.array([s.num_shards for s in plan.splits], dtype=np.uint64)
+    firsts = np.array([s.first_shard for s in plan.splits], dtype=np.int64)
+    return firsts[splits] + shard_of(keys, counts[splits])
+
+
+def sample_rows(plan: BuildPlan, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """The samples as raw fixed-size rows (for packing after the shard's sort)."""
+    features = plan.schema.features
+    n = len(columns[features[0].name])
+    rows = np.empty(n, dtype=row_dtype(features))
+    for i, feature in enumerate(features):
+        rows[f"f{i}"] = columns[feature.name]
+    return rows
+
+
 def bucket_block(plan: BuildPlan, encoder: ExampleEncoder, block: xr.Dataset) -> list[tuple[int, bytes]]:
-    """Encode a block's samples and split them by shard: [(shard id, bucket blob)]."""
+    """Encode a block's samples and split them by shard: [(global shard number, bucket blob)]."""
     keys = sample_keys(block["sample_id"].values, plan.seed)
-    shards = shard_of(keys, plan.num_shards)
-    records = encoder.encode({f.name: block[f.name].values for f in encoder.features})
-    framed = [frame(r) for r in records]
+    shards = global_shards(plan, keys, block["split"].values.astype(np.int64))
+    columns = record_columns(plan, block)
+    if plan.config.output.examples_per_record > 1:
+        payloads = sample_rows(plan, columns)
+    else:
+        payloads = [frame(record) for record in encoder.encode(columns)]
     order = np.argsort(shards, kind="stable")
-    sorted_shards = shards[order]
-    bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
+    bounds = np.flatnonzero(np.diff(shards[order])) + 1
     buckets = []
     for chunk in np.split(order, bounds):
         if len(chunk):
-            buckets.append((int(shards[chunk[0]]), pack_bucket(keys[chunk], [framed[i] for i in chunk])))
+            part = payloads[chunk] if isinstance(payloads, np.ndarray) else [payloads[i] for i in chunk]
+            buckets.append((int(shards[chunk[0]]), pack_bucket(keys[chunk], part)))
     return buckets
 
 
@@ -59,7 +93,7 @@ class _EncodeAndBucketFn(beam.DoFn):
 
 
 class EncodeAndBucket(beam.PTransform):
-    """Blocks -> (shard id, bucket): a bucket file path if ``bucket_dir`` is set, else the bytes."""
+    """Blocks -> (shard number, bucket): a bucket file path if ``bucket_dir`` is set, else the bytes."""
 
     def __init__(self, plan: BuildPlan, bucket_dir: str | None):
         super().__init__()

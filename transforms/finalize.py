@@ -1,8 +1,8 @@
 """Finalize: check the counts, then write stats.json, parser.py and, last, schema.json.
 
 schema.json is the output's commit marker (DESIGN.md, decision 5): it is written only after
-every shard is in place and the record count equals the number of samples cut, so a reader
-that finds it finds a complete dataset.
+every shard is in place and each split's written samples equal the samples cut less those
+dropped for NaN, so a reader that finds it finds a complete dataset.
 """
 
 from __future__ import annotations
@@ -13,56 +13,152 @@ import logging
 from collections.abc import Iterable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Schema, Shard
-from transforms.output import TMP_DIR, join, shard_name, write_atomically
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard, shard_name
+from transforms.output import TMP_DIR, join, write_atomically
 from transforms.plan import BuildPlan
 from transforms.shards import ShardResult
-from transforms.stats import Moments, stats_document
+from transforms.splits import SplitPlan
+from transforms.stats import Moments, SplitSummary, per_axes
 
 logger = logging.getLogger(__name__)
 
 
-def complete_splits(plan: BuildPlan, results: Iterable[ShardResult], split: str = "data") -> tuple[Shard, ...]:
+def complete_split(plan: BuildPlan, split: SplitPlan, results: Iterable[ShardResult]) -> tuple[Shard, ...]:
     """Every shard of the split in order; a shard that received no sample is written empty."""
-    by_index = {r.shard: r for r in results if r.split == split}
+    by_number = {r.shard: r for r in results if r.split == split.name}
+    compression = plan.config.output.compression
     shards = []
-    for index in range(plan.num_shards):
-        result = by_index.get(index)
+    for number in range(split.num_shards):
+        result = by_number.get(number)
         if result is None:
-            name = shard_name(split, index, plan.num_shards)
-            write_atomically(join(plan.output, name), [])
-            result = ShardResult(split, index, name, 0, 0)
-        shards.append(Shard(result.file, result.records, result.bytes))
+            name = shard_name(split.name, number, split.num_shards, compression)
+            size = write_atomically(join(plan.output, name), [], compression)
+            result = ShardResult(split.name, number, name, 0, size, 0)
+        shards.append(Shard(result.file, result.records, result.bytes, result.examples))
     return tuple(shards)
 
 
+def reference_split(plan: BuildPlan) -> str:
+    """The split whose statistics normalise: configured, else train if there is one, else the first."""
+    names = [s.name for s in plan.splits]
+    return plan.config.stats.reference_split or ("train" if "train" in names else names[0])
+
+
+def _variables_json(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
+    per = plan.config.stats.per
+    out = {}
+    for variable in plan.variables:
+        _, dims = per_axes(variable.feature.dims, per)
+        m = moments.get(variable.name)
+        out[variable.name] = m.to_json(dims) if m is not None else None
+    return out
+
+
+def _broadcast(feature: Feature, values: np.ndarray, per: list[str]) -> np.ndarray:
+    """Per-dim statistics arranged to broadcast against one sample of the feature."""
+    _, dims = per_axes(feature.dims, per)
+    in_feature_order = [d for d in feature.dims if d in dims]
+    values = np.transpose(values, [dims.index(d) for d in in_feature_order]) if dims else values
+    return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
+
+
+def normalization(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
+    """(x - mean) / std per float feature, as arrays that broadcast against one sample.
+
+    A constant field (std 0) or one without values keeps std 1, so it is only centred.
+    """
+    per = plan.config.stats.per
+
+    def arrays(name: str, feature: Feature) -> tuple[np.ndarray, np.ndarray]:
+        m = moments[name]
+        mean = np.where(m.count > 0, m.mean, 0.0)
+        std = np.sqrt(m.variance)
+        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        return _broadcast(feature, mean, per), _broadcast(feature, std, per)
+
+    out = {}
+    stacked = {name for stack in plan.stacks for name in stack.variables}
+    for variable in plan.variables:
+        if variable.feature.dtype == "float32" and variable.name not in stacked and variable.name in moments:
+            mean, std = arrays(variable.name, variable.feature)
+            out[variable.name] = {"mean": mean.tolist(), "std": std.tolist()}
+    by_name = {v.name: v for v in plan.variables}
+    for stack in plan.stacks:
+        if stack.feature.dtype != "float32" or not all(n in moments for n in stack.variables):
+            continue
+        pairs = [arrays(n, by_name[n].feature) for n in stack.variables]
+        axis = 0 if stack.axis == 0 else -1
+        out[stack.feature.name] = {
+            "mean": np.stack([m for m, _ in pairs], axis=axis).tolist(),
+            "std": np.stack([s for _, s in pairs], axis=axis).tolist(),
+        }
+    return out
+
+
+def stats_document(plan: BuildPlan, summaries: dict[str, SplitSummary]) -> dict:
+    """The content of stats.json."""
+    reference = reference_split(plan)
+    moments = summaries[reference].moments if reference in summaries else {}
+    return {
+        "description": (
+            "population statistics (ddof=0) of the finite stored values of every written sample, "
+            "accumulated in float64; a value in overlapping samples counts once per sample; NaN and inf "
+            "are counted apart. `variables` and `normalization` come from the reference split"
+        ),
+        "reference_split": reference,
+        "variables": _variables_json(plan, moments),
+        "splits": {
+            name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(plan, s.moments)}
+            for name, s in summaries.items()
+        },
+        "normalization": normalization(plan, moments),
+    }
+
+
+def _check_counts(plan: BuildPlan, shards: dict[str, tuple[Shard, ...]], summaries: dict[str, SplitSummary]) -> dict:
+    counts = dict(plan.schema.counts)
+    totals = {"samples_cut": 0, "samples_dropped_nan": 0, "samples_with_nan": 0, "examples_written": 0}
+    for split in plan.splits:
+        summary = summaries.get(split.name, SplitSummary({}))
+        written = sum(s.examples for s in shards[split.name])
+        if summary.cut != split.num_samples or written != summary.cut - summary.dropped_nan:
+            raise RuntimeError(
+                f"{plan.output}: split {split.name}: {split.num_samples} samples planned, {summary.cut} cut, "
+                f"{summary.dropped_nan} dropped for NaN, {written} written; schema.json not written. "
+                "This is a bug, please report it"
+            )
+        totals["samples_cut"] += summary.cut
+        totals["samples_dropped_nan"] += summary.dropped_nan
+        totals["samples_with_nan"] += summary.with_nan
+        totals["examples_written"] += written
+    if totals["examples_written"] == 0:
+        raise UserError(
+            f"{plan.output}: every one of the {totals['samples_cut']} samples had NaN values and nan_policy: drop "
+            "dropped them all; check the data's fill values, or use nan_policy: fill or keep"
+        )
+    counts.update(totals)
+    counts["samples_dropped"] = counts["samples_dropped_at_gaps"] + counts["samples_outside_splits"]
+    counts["samples_dropped"] += totals["samples_dropped_nan"]
+    counts["records_written"] = sum(s.records for split in shards.values() for s in split)
+    return counts
+
+
 def finalize_output(
-    plan: BuildPlan, results: list[ShardResult], moments: dict[str, Moments], bucket_dir: str | None = None
+    plan: BuildPlan, results: list[ShardResult], summaries: dict[str, SplitSummary], bucket_dir: str | None = None
 ) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed."""
-    shards = complete_splits(plan, results)
-    written = sum(s.records for s in shards)
-    if written != plan.num_samples:
-        raise RuntimeError(
-            f"{plan.output}: {written} records written but {plan.num_samples} samples planned; "
-            "schema.json not written. This is a bug, please report it"
-        )
-    schema = dataclasses.replace(
-        plan.schema,
-        splits={"data": shards},
-        counts={
-            **plan.schema.counts,
-            "samples_cut": plan.num_samples,
-            "samples_dropped": plan.schema.counts.get("samples_dropped_at_gaps", 0),
-            "records_written": written,
-        },
-    )
-    variables = [v.name for v in plan.variables]
-    write_atomically(join(plan.output, STATS_FILE), [json.dumps(stats_document(moments, variables), indent=2).encode()])
-    write_atomically(join(plan.output, PARSER_FILE), [render_parser(schema, plan.output).encode()])
+    shards = {split.name: complete_split(plan, split, results) for split in plan.splits}
+    counts = _check_counts(plan, shards, summaries)
+    schema = dataclasses.replace(plan.schema, splits=shards, counts=counts)
+    stats = stats_document(plan, summaries)
+    write_atomically(join(plan.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
+    parser = render_parser(schema, plan.output, stats["normalization"])
+    write_atomically(join(plan.output, PARSER_FILE), [parser.encode()])
     write_atomically(join(plan.output, SCHEMA_FILE), [schema.dumps().encode()])
     for temporary in {join(plan.output, TMP_DIR), bucket_dir} - {None}:
         if FileSystems.exists(temporary):
@@ -70,17 +166,17 @@ def finalize_output(
     return schema
 
 
-def _finalize(results: list[ShardResult], plan: BuildPlan, moments: dict[str, Moments], bucket_dir) -> Schema:
-    return finalize_output(plan, results, moments, bucket_dir)
+def _finalize(results: list[ShardResult], plan: BuildPlan, summaries, bucket_dir) -> Schema:
+    return finalize_output(plan, results, summaries, bucket_dir)
 
 
 class Finalize(beam.PTransform):
-    """Shard results + the merged statistics -> the written schema (one element)."""
+    """Shard results + the merged split summaries -> the written schema (one element)."""
 
-    def __init__(self, plan: BuildPlan, moments, bucket_dir: str | None = None):
+    def __init__(self, plan: BuildPlan, summaries, bucket_dir: str | None = None):
         super().__init__()
         self._plan = plan
-        self._moments = moments
+        self._summaries = summaries
         self._bucket_dir = bucket_dir
 
     def expand(self, results):
@@ -88,5 +184,5 @@ class Finalize(beam.PTransform):
             results
             | "CollectShards" >> beam.combiners.ToList()
             | "WriteMetadata"
-            >> beam.Map(_finalize, self._plan, beam.pvalue.AsSingleton(self._moments), self._bucket_dir)
+            >> beam.Map(_finalize, self._plan, beam.pvalue.AsSingleton(self._summaries), self._bucket_dir)
         )

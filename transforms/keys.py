@@ -30,6 +30,7 @@ def sample_keys(sample_ids: np.ndarray, seed: int) -> np.ndarray:
         return _mix64(_mix64(ids + salt) ^ salt)
 
 
-def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
+def shard_of(keys: np.ndarray, num_shards: int | np.ndarray) -> np.ndarray:
     """Shard index in [0, num_shards) of each key, from its high bits (uniform for any count)."""
-    return ((keys >> np.uint64(32)) * np.uint64(num_shards) >> np.uint64(32)).astype(np.int64)
+    counts = np.asarray(num_shards, dtype=np.uint64)
+    return ((keys >> np.uint64(32)) * counts >> np.uint64(32)).astype(np.int64)

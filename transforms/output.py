@@ -15,7 +15,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.errors import UserError
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE
 from transforms.gcs_emulator import use_anonymous_credentials_for_emulator
 from transforms.urls import is_remote
 
@@ -23,12 +23,7 @@ from transforms.urls import is_remote
 use_anonymous_credentials_for_emulator()
 
 TMP_DIR = "_tmp"
-_SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
-_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, _SHARD_GLOB)
-
-
-def shard_name(split: str, index: int, count: int) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB)
 
 
 def join(base: str, *parts: str) -> str:
@@ -85,11 +80,15 @@ def prepare_output(path: str, overwrite: bool) -> None:
         FileSystems.delete(rest)
 
 
-def write_atomically(path: str, chunks) -> int:
-    """Write bytes chunks to a temporary name beside ``path``, then rename; returns bytes written."""
+def write_atomically(path: str, chunks, compression: str | None = None) -> int:
+    """Write bytes chunks to a temporary name beside ``path``, then rename; returns the file's size.
+
+    ``compression="gzip"`` writes one gzip stream (what TensorFlow's GZIP TFRecord reader expects).
+    """
     temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     written = 0
-    stream = FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED)
+    kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
+    stream = FileSystems.create(temporary, compression_type=kind)
     try:
         for chunk in chunks:
             stream.write(chunk)
@@ -102,7 +101,9 @@ def write_atomically(path: str, chunks) -> int:
     if FileSystems.exists(path):
         FileSystems.delete([path])
     FileSystems.rename([temporary], [path])
-    return written
+    if compression is None:
+        return written
+    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
 
 
 def read_bytes(path: str) -> bytes:

@@ -160,7 +160,9 @@ class SampleGrid:
         """Cut the unit's samples out of ``slab`` (a variable's data over ``source_box(unit)``).
 
         Returns (samples, *feature shape), samples in sample-id order. Windows are strided
-        views; the single copy is the final reshape into sample order.
+        views; the single copy is the final reshape into sample order. A variable that lacks
+        some grid dims (a static field, a surface field) is the same for every position along
+        them: its samples repeat along those dims.
         """
         ranges = dict(zip((a.dim for a in self.grid_axes), unit.ranges))
         view = slab
@@ -180,14 +182,17 @@ class SampleGrid:
                 if not axis.is_contiguous:
                     view = np.take(view, axis.steps, axis=view.ndim - 1)
             position_axis[dim] = i
-        grid_dims = [a.dim for a in self.grid_axes]
-        missing = [d for d in grid_dims if d not in position_axis]
-        if missing:
-            raise ValueError(f"variable with dims {tuple(dims)} lacks sample dims {missing}")
-        order = [position_axis[d] for d in grid_dims]
+        present = [a.dim for a in self.grid_axes if a.dim in position_axis]
+        order = [position_axis[d] for d in present]
         order += [element_axis.get(d, i) for i, d in enumerate(dims) if self.axis(d).role != "iterate"]
         shape, _ = self.feature_shape(dims)
-        return np.ascontiguousarray(view.transpose(order)).reshape((unit.num_samples, *shape))
+        view = view.transpose(order)
+        if len(present) < len(self.grid_axes):
+            # Insert the missing position axes (length 1) and repeat the samples along them.
+            full = tuple(stop - start for start, stop in unit.ranges)
+            expanded = tuple(n if a.dim in position_axis else 1 for a, n in zip(self.grid_axes, full))
+            view = np.broadcast_to(view.reshape(expanded + tuple(shape)), full + tuple(shape))
+        return np.ascontiguousarray(view).reshape((unit.num_samples, *shape))
 
 
 def _take_every(array: np.ndarray, axis: int, stride: int, count: int) -> np.ndarray:

@@ -1,16 +1,16 @@
-"""ComputeStats: per-variable count, mean, variance, min, max and NaN count over the written samples.
+"""ComputeStats: per split and variable, count, mean, variance, min, max, NaN and inf counts; sample counts.
 
-Each block is summarised in float64 (count, mean, M2), and summaries merge pairwise with Chan
+Each block is summarised in float64 (count, mean, M2) and summaries merge pairwise with Chan
 et al.'s update, which stays accurate where a float32 sum of squares loses (mean/std)^2 in
 relative precision (DESIGN.md, decision 4). The values summarised are those stored (after the
-cast to the record dtype), so the statistics describe exactly what a reader will see.
+cast to the record dtype and the NaN policy), so the statistics describe what a reader sees.
+With ``stats.per`` (kept dims such as level) every field is an array over those dims.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -19,116 +19,183 @@ import xarray as xr
 
 @dataclasses.dataclass(frozen=True)
 class Moments:
-    """Summary of a set of values that merges exactly with another."""
+    """Summary of a set of values that merges exactly with another; arrays over the ``per`` dims."""
 
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    minimum: float = math.inf
-    maximum: float = -math.inf
-    nan_count: int = 0
-    #: infinite values (float64 beyond float32's range, with output.allow_float32_overflow)
-    inf_count: int = 0
+    count: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+    nan_count: np.ndarray
+    inf_count: np.ndarray
 
     @classmethod
-    def of(cls, values: np.ndarray) -> Moments:
-        """Moments of the finite values; NaN and inf are counted apart."""
-        x = np.asarray(values, dtype=np.float64).reshape(-1)
+    def of(cls, values: np.ndarray, keep_axes: Sequence[int] = ()) -> Moments:
+        """Moments of the finite values, one per index along ``keep_axes``; NaN and inf counted apart."""
+        x = np.asarray(values, dtype=np.float64)
+        x = np.moveaxis(x, list(keep_axes), list(range(len(keep_axes))))
+        x = x.reshape((*x.shape[: len(keep_axes)], -1))
+        if x.shape[-1] == 0:
+            zeros, none = np.zeros(x.shape[:-1]), np.zeros(x.shape[:-1], dtype=np.int64)
+            return cls(none, zeros, zeros, zeros + np.inf, zeros - np.inf, none, none)
         finite = np.isfinite(x)
-        nan_count = inf_count = 0
-        if not finite.all():
-            nan_count = int(np.isnan(x).sum())
-            inf_count = len(x) - int(finite.sum()) - nan_count
-            x = x[finite]
-        if not len(x):
-            return cls(nan_count=nan_count, inf_count=inf_count)
-        mean = float(x.mean())
-        centred = x - mean
-        m2 = float(np.dot(centred, centred))
-        return cls(len(x), mean, m2, float(x.min()), float(x.max()), nan_count, inf_count)
-
-    def merge(self, other: Moments) -> Moments:
-        nan_count = self.nan_count + other.nan_count
-        inf_count = self.inf_count + other.inf_count
-        if not other.count:
-            return dataclasses.replace(self, nan_count=nan_count, inf_count=inf_count)
-        if not self.count:
-            return dataclasses.replace(other, nan_count=nan_count, inf_count=inf_count)
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        return Moments(
-            count=count,
-            mean=self.mean + delta * other.count / count,
-            m2=self.m2 + other.m2 + delta * delta * self.count * other.count / count,
-            minimum=min(self.minimum, other.minimum),
-            maximum=max(self.maximum, other.maximum),
-            nan_count=nan_count,
-            inf_count=inf_count,
+        if finite.all():
+            count = np.full(x.shape[:-1], x.shape[-1], dtype=np.int64)
+            mean = x.mean(axis=-1)
+            centred = x - mean[..., None]
+            return cls(
+                count,
+                mean,
+                np.einsum("...i,...i->...", centred, centred),
+                x.min(axis=-1, initial=np.inf),
+                x.max(axis=-1, initial=-np.inf),
+                np.zeros_like(count),
+                np.zeros_like(count),
+            )
+        nan = np.isnan(x)
+        count = finite.sum(axis=-1)
+        safe = np.where(finite, x, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, safe.sum(axis=-1) / np.maximum(count, 1), 0.0)
+        centred = np.where(finite, x - mean[..., None], 0.0)
+        return cls(
+            count,
+            mean,
+            np.einsum("...i,...i->...", centred, centred),
+            np.where(finite, x, np.inf).min(axis=-1, initial=np.inf),
+            np.where(finite, x, -np.inf).max(axis=-1, initial=-np.inf),
+            nan.sum(axis=-1),
+            (~finite & ~nan).sum(axis=-1),
         )
 
-    def to_json(self) -> dict:
-        variance = self.m2 / self.count if self.count else None
-        return {
-            "count": self.count,
-            "mean": self.mean if self.count else None,
-            "variance": variance,
-            "std": math.sqrt(variance) if variance is not None else None,
-            "min": self.minimum if self.count else None,
-            "max": self.maximum if self.count else None,
-            "nan_count": self.nan_count,
-            "inf_count": self.inf_count,
+    def merge(self, other: Moments) -> Moments:
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(count > 0, other.count / np.maximum(count, 1), 0.0)
+            cross = np.where(count > 0, self.count * other.count / np.maximum(count, 1), 0.0)
+        return Moments(
+            count=count,
+            mean=self.mean + delta * share,
+            m2=self.m2 + other.m2 + delta * delta * cross,
+            minimum=np.minimum(self.minimum, other.minimum),
+            maximum=np.maximum(self.maximum, other.maximum),
+            nan_count=self.nan_count + other.nan_count,
+            inf_count=self.inf_count + other.inf_count,
+        )
+
+    @property
+    def variance(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.count > 0, self.m2 / np.maximum(self.count, 1), np.nan)
+
+    def to_json(self, dims: Sequence[str] = ()) -> dict:
+        """JSON-ready fields: numbers, or nested lists over ``dims``; null where there is no value."""
+        empty = self.count == 0
+
+        def floats(values) -> float | list | None:
+            return _plain(np.where(empty, np.nan, np.asarray(values, dtype=np.float64)))
+
+        out = {
+            "count": np.asarray(self.count).tolist(),
+            "mean": floats(self.mean),
+            "variance": floats(self.variance),
+            "std": floats(np.sqrt(self.variance)),
+            "min": floats(self.minimum),
+            "max": floats(self.maximum),
+            "nan_count": np.asarray(self.nan_count).tolist(),
+            "inf_count": np.asarray(self.inf_count).tolist(),
         }
+        if dims:
+            out["dims"] = list(dims)
+        return out
 
 
-def block_moments(block: xr.Dataset, variables: list[str]) -> dict[str, Moments]:
-    return {name: Moments.of(block[name].values) for name in variables}
+def _plain(values: np.ndarray) -> float | list | None:
+    """A float array as Python numbers (nested lists), NaN as None (JSON has no NaN)."""
+    if values.ndim == 0:
+        return None if np.isnan(values) else float(values)
+    return [_plain(v) for v in values]
 
 
-def merge_moments(parts: list[Mapping[str, Moments]]) -> dict[str, Moments]:
-    merged: dict[str, Moments] = {}
+@dataclasses.dataclass(frozen=True)
+class SplitSummary:
+    """What one split's samples in some blocks add up to: statistics and sample counts."""
+
+    moments: dict[str, Moments]
+    cut: int = 0
+    dropped_nan: int = 0
+    with_nan: int = 0
+
+    def merge(self, other: SplitSummary) -> SplitSummary:
+        moments = dict(self.moments)
+        for name, m in other.moments.items():
+            moments[name] = moments[name].merge(m) if name in moments else m
+        return SplitSummary(
+            moments,
+            self.cut + other.cut,
+            self.dropped_nan + other.dropped_nan,
+            self.with_nan + other.with_nan,
+        )
+
+
+def per_axes(feature_dims: Sequence[str], per: Sequence[str]) -> tuple[list[int], list[str]]:
+    """Axes of a sample's feature (after the leading sample axis) that statistics keep, and their dims."""
+    dims = [d for d in per if d in feature_dims]
+    return [1 + list(feature_dims).index(d) for d in dims], dims
+
+
+def summarize_block(block: xr.Dataset, split_names: Sequence[str], per: Sequence[str] = ()) -> dict[str, SplitSummary]:
+    """Per split: the moments of every variable over the block's samples, and the sample counts."""
+    labels = block["split"].values
+    out = {}
+    for index, name in enumerate(split_names):
+        counts = block.attrs["counts"][name]
+        if not counts["cut"]:
+            continue
+        mine = labels == index
+        moments = {}
+        for variable in block.data_vars:
+            values = block[variable].values
+            axes, _ = per_axes(block[variable].dims[1:], per)
+            moments[variable] = Moments.of(values if mine.all() else values[mine], axes)
+        out[name] = SplitSummary(moments, counts["cut"], counts["dropped_nan"], counts["with_nan"])
+    return out
+
+
+def merge_summaries(parts: Iterable[Mapping[str, SplitSummary]]) -> dict[str, SplitSummary]:
+    merged: dict[str, SplitSummary] = {}
     for part in parts:
-        for name, moments in part.items():
-            merged[name] = merged[name].merge(moments) if name in merged else moments
+        for name, summary in part.items():
+            merged[name] = merged[name].merge(summary) if name in merged else summary
     return merged
 
 
-def stats_document(moments: Mapping[str, Moments], variables: list[str]) -> dict:
-    """The content of stats.json."""
-    return {
-        "description": (
-            "population statistics (ddof=0) of the finite stored values over all written samples, "
-            "accumulated in float64; a value in overlapping samples counts once per sample; "
-            "NaN and inf values are counted apart"
-        ),
-        "variables": {name: moments.get(name, Moments()).to_json() for name in variables},
-    }
-
-
-class _MergeMomentsFn(beam.CombineFn):
+class _MergeSummariesFn(beam.CombineFn):
     def create_accumulator(self):
         return {}
 
     def add_input(self, accumulator, element):
-        return merge_moments([accumulator, element])
+        return merge_summaries([accumulator, element])
 
     def merge_accumulators(self, accumulators):
-        return merge_moments(list(accumulators))
+        return merge_summaries(accumulators)
 
     def extract_output(self, accumulator):
         return accumulator
 
 
 class ComputeStats(beam.PTransform):
-    """Blocks -> one {variable: Moments} dict over every sample."""
+    """Blocks -> one {split: SplitSummary} dict over every sample."""
 
-    def __init__(self, variables: list[str]):
+    def __init__(self, split_names: Sequence[str], per: Sequence[str] = ()):
         super().__init__()
-        self._variables = list(variables)
+        self._split_names = list(split_names)
+        self._per = list(per)
 
     def expand(self, blocks):
-        variables = self._variables
         return (
             blocks
-            | "BlockMoments" >> beam.Map(block_moments, variables)
-            | "MergeMoments" >> beam.CombineGlobally(_MergeMomentsFn())
+            | "SummarizeBlock" >> beam.Map(summarize_block, self._split_names, self._per)
+            | "MergeSummaries" >> beam.CombineGlobally(_MergeSummariesFn())
         )

@@ -1,13 +1,19 @@
-"""Statistics: pairwise float64 merges equal numpy over all values, where float32 sums fail."""
+"""Statistics: pairwise float64 merges equal numpy over all values, per dim too, where float32 sums fail."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.stats import Moments, merge_moments
+from transforms.stats import Moments
+
+
+def merged(parts, keep_axes=()):
+    return functools.reduce(Moments.merge, (Moments.of(p, keep_axes) for p in parts))
 
 
 @settings(max_examples=60, deadline=None)
@@ -18,26 +24,46 @@ def test_merged_parts_equal_numpy_over_the_whole(sizes, seed):
     for part in parts:
         if len(part) > 2:
             part[::3] = np.nan
-    merged = merge_moments([{"x": Moments.of(p)} for p in parts])["x"].to_json()
+        if len(part) > 4:
+            part[1] = np.inf
+    result = merged(parts).to_json()
     values = np.concatenate(parts).astype(np.float64)
-    finite = values[~np.isnan(values)]
-    assert merged["nan_count"] == int(np.isnan(values).sum())
-    assert merged["count"] == len(finite)
+    finite = values[np.isfinite(values)]
+    assert result["nan_count"] == int(np.isnan(values).sum())
+    assert result["inf_count"] == int(np.isinf(values).sum())
+    assert result["count"] == len(finite)
     if len(finite):
-        assert merged["mean"] == pytest.approx(finite.mean(), rel=1e-12, abs=1e-12)
-        assert merged["variance"] == pytest.approx(finite.var(), rel=1e-9, abs=1e-12)
-        assert (merged["min"], merged["max"]) == (finite.min(), finite.max())
+        assert result["mean"] == pytest.approx(finite.mean(), rel=1e-12, abs=1e-12)
+        assert result["variance"] == pytest.approx(finite.var(), rel=1e-9, abs=1e-12)
+        assert (result["min"], result["max"]) == (finite.min(), finite.max())
     else:
-        assert merged["mean"] is None and merged["std"] is None
+        assert result["mean"] is None and result["std"] is None
+
+
+def test_per_level_statistics_equal_numpy_per_level():
+    rng = np.random.default_rng(1)
+    # blocks of samples shaped (sample, level, lat, lon), each level with its own mean
+    blocks = [rng.normal([[[200.0]], [[250.0]], [[300.0]]], 5.0, (n, 3, 4, 5)) for n in (7, 0, 12)]
+    result = merged(blocks, keep_axes=[1]).to_json(["level"])
+    whole = np.concatenate(blocks)
+    assert result["dims"] == ["level"]
+    np.testing.assert_allclose(result["mean"], whole.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(result["variance"], whole.var(axis=(0, 2, 3)), rtol=1e-9)
+    assert result["count"] == [19 * 20] * 3
 
 
 def test_large_mean_small_spread_keeps_its_precision():
     # Pressure in Pa: mean 1e5, std 1. A float32 sum of squares loses everything here.
     rng = np.random.default_rng(0)
     blocks = [(1e5 + rng.normal(0, 1, 10_000)).astype(np.float32) for _ in range(20)]
-    merged = merge_moments([{"p": Moments.of(b)} for b in blocks])["p"]
     reference = np.concatenate(blocks).astype(np.float64)
-    assert merged.m2 / merged.count == pytest.approx(reference.var(), rel=1e-9)
+    assert float(merged(blocks).variance) == pytest.approx(reference.var(), rel=1e-9)
     x = np.concatenate(blocks)
     naive = np.float32(np.sum(x * x, dtype=np.float32) / len(x)) - np.float32(np.mean(x, dtype=np.float32)) ** 2
     assert abs(naive - reference.var()) / reference.var() > 0.5  # why the float64 pairwise merge is needed
+
+
+def test_moments_of_an_all_nan_block():
+    m = Moments.of(np.full(4, np.nan, np.float32))
+    assert (int(m.count), int(m.nan_count)) == (0, 4)
+    assert m.to_json()["mean"] is None

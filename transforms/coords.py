@@ -1,0 +1,69 @@
+"""Coordinate values: as records store them, as JSON shows them, and whether their steps are regular."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+TIME_UNITS = "seconds since 1970-01-01T00:00:00Z"
+
+
+def record_values(values: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """Coordinate values as a record can hold them, and how to read them back; None if it cannot.
+
+    Times become int64 seconds since 1970 (any calendar, the calendar recorded); integers
+    int64; floats float32.
+    """
+    kind = values.dtype.kind
+    if kind == "M":
+        seconds = values.astype("datetime64[s]").astype(np.int64)
+        return seconds, {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
+    if kind == "O" and len(values) and hasattr(values[0], "calendar"):
+        import cftime
+
+        calendar = values[0].calendar
+        seconds = np.asarray(cftime.date2num(list(values), TIME_UNITS.replace("Z", ""), calendar=calendar))
+        return np.round(seconds).astype(np.int64), {"units": TIME_UNITS, "calendar": calendar}
+    if kind in "iub":
+        return values.astype(np.int64), {k: attrs[k] for k in ("units",) if k in attrs}
+    if kind == "f":
+        return values.astype(np.float32), {k: attrs[k] for k in ("units",) if k in attrs}
+    return None
+
+
+def json_values(values: np.ndarray) -> list:
+    """Coordinate values for schema.json (times as ISO strings)."""
+    if values.dtype.kind == "M":
+        return [str(v) for v in values.astype("datetime64[s]")]
+    if values.dtype.kind == "O":
+        return [str(v) for v in values]
+    return values.tolist()
+
+
+def format_value(value) -> str:
+    """One coordinate value for a message."""
+    if isinstance(value, np.datetime64):
+        return str(value.astype("datetime64[s]"))
+    return str(value)
+
+
+def _numeric(values: np.ndarray) -> np.ndarray | None:
+    if values.dtype.kind == "f":
+        return values.astype(np.float64)
+    converted = record_values(values, {})
+    return None if converted is None else converted[0].astype(np.float64)
+
+
+def irregular_steps(values: np.ndarray) -> np.ndarray:
+    """Per consecutive pair of steps, True where the step is not the typical one.
+
+    Typical = the median step; a step over 1.5x (a gap) or under 0.5x of it is irregular.
+    The tolerance lets calendar months (28 to 31 days) count as regular.
+    """
+    numeric = _numeric(values)
+    if numeric is None or len(numeric) < 2:
+        return np.zeros(max(len(values) - 1, 0), dtype=bool)
+    diffs = np.diff(numeric)
+    typical = np.median(diffs)
+    return (diffs > 1.5 * typical) | (diffs < 0.5 * typical)

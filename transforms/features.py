@@ -1,0 +1,202 @@
+"""What a sample holds: the selected variables, the sample grid, and the features of every record."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from schemas.errors import UserError
+from schemas.schema import Feature
+from transforms.config import BuildConfig
+from transforms.inventory import Inventory
+from transforms.sampling import Axis, SampleGrid
+from transforms.sources import VariableInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class VariablePlan:
+    """A selected data variable: its dims in the files, the feature it becomes, where it is read."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str  # after CF decoding, as read
+    feature: Feature  # its own feature (also when it is written inside a stack)
+    static_path: str | None = None  # variables without the concat dim are read from this file
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPlan:
+    """Variables written together as one feature with a channel axis."""
+
+    feature: Feature
+    variables: tuple[str, ...]
+    axis: int  # 0 (channels first) or -1 (channels last)
+
+
+def _is_numeric(dtype: str) -> bool:
+    return np.dtype(dtype).kind in "fiub"
+
+
+def _mentioned_dims(config: BuildConfig) -> set[str]:
+    sample = config.sample
+    return set(sample.window) | set(sample.offsets) | set(sample.keep) | {config.input.concat_dim}
+
+
+def select_variables(config: BuildConfig, inventory: Inventory) -> list[VariableInfo]:
+    """The configured variables, or by default every numeric one with all the sample dims."""
+    available = inventory.variables
+    all_dims = {d for v in available.values() for d in v.dims} | set(inventory.sizes)
+    where = inventory.reference.path
+    sample = config.sample
+    for key, dims in (("window", sample.window), ("offsets", sample.offsets), ("keep", sample.keep)):
+        for dim in dims:
+            if dim not in all_dims:
+                raise UserError(
+                    f"sample.{key}.{dim}: no variable in {where} has a dim {dim!r} "
+                    f"(dims: {', '.join(sorted(all_dims))}); fix the dim name"
+                )
+    mentioned = _mentioned_dims(config)
+    if config.variables is None:
+        candidates = [v for v in available.values() if mentioned <= set(v.dims) and _is_numeric(v.dtype)]
+        if not candidates:
+            raise UserError(
+                f"{where}: no numeric data variable has all the sample dims ({', '.join(sorted(mentioned))}); "
+                "list the variables under `variables:` or change the sample dims"
+            )
+        widest = set(max(candidates, key=lambda v: len(v.dims)).dims)
+        return [v for v in candidates if set(v.dims) == widest]
+    chosen = []
+    for name in config.variables:
+        if name not in available:
+            raise UserError(
+                f"variables: {name!r} is not a data variable of the input (it has: {', '.join(available) or 'none'})"
+            )
+        var = available[name]
+        if not _is_numeric(var.dtype):
+            raise UserError(
+                f"variables: {name!r} in {where} has dtype {var.dtype}, which a tf.Example cannot hold "
+                "as numbers; remove it from `variables:`"
+            )
+        chosen.append(var)
+    if not any(config.input.concat_dim in v.dims for v in chosen):
+        raise UserError(
+            f"variables: none of {config.variables} has the dim {config.input.concat_dim!r}; "
+            "include at least one variable along input.concat_dim"
+        )
+    return chosen
+
+
+def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[str, int]) -> SampleGrid:
+    """One axis per dim of the selected variables, in the widest variable's dim order."""
+    dims: list[str] = []
+    for var in sorted(variables, key=lambda v: -len(v.dims)):
+        dims.extend(d for d in var.dims if d not in dims)
+    sample = config.sample
+    axes = []
+    for dim in dims:
+        length = sizes[dim]
+        if dim in sample.window:
+            window = sample.window[dim]
+            if window.size > length:
+                raise UserError(
+                    f"sample.window.{dim}.size: {window.size} is larger than dim {dim!r} ({length}); "
+                    f"use at most {length}"
+                )
+            axes.append(Axis.window(dim, length, window.size, window.step))
+        elif dim in sample.offsets:
+            steps = sample.offsets[dim]
+            if max(steps) - min(steps) + 1 > length:
+                raise UserError(
+                    f"sample.offsets.{dim}: {steps} spans {max(steps) - min(steps) + 1} steps "
+                    f"but dim {dim!r} has {length}"
+                )
+            axes.append(Axis.offsets(dim, length, steps))
+        elif dim in sample.keep:
+            axes.append(Axis.keep(dim, length))
+        else:
+            axes.append(Axis.iterate(dim, length))
+    grid = SampleGrid(tuple(axes))
+    for axis in grid.grid_axes:
+        if axis.count == 0:
+            raise UserError(
+                f"input: dim {axis.dim!r} has length {axis.length}, which leaves no sample; "
+                "check the input files and the sample config"
+            )
+    return grid
+
+
+def variable_plans(grid: SampleGrid, variables: list[VariableInfo], inventory: Inventory) -> list[VariablePlan]:
+    plans = []
+    for var in variables:
+        shape, dims = grid.feature_shape(var.dims)
+        dtype = "float32" if np.dtype(var.dtype).kind == "f" else "int64"
+        source = {"variable": var.name, "dtype": var.dtype, "file_dtype": var.source_dtype, "attrs": var.attrs}
+        if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
+            source["stored_as"] = "float32 (tf.Example holds no float64)"
+        static_path = inventory.static_file_of(var.name)
+        if static_path is not None:
+            source["static"] = True
+        feature = Feature(var.name, dtype, shape, dims, "variable", source)
+        plans.append(VariablePlan(var.name, var.dims, var.dtype, feature, static_path))
+    return plans
+
+
+def stack_plans(config: BuildConfig, variables: list[VariablePlan]) -> list[StackPlan]:
+    by_name = {v.name: v for v in variables}
+    stacks = []
+    for stack in config.layout.stack:
+        missing = [name for name in stack.variables if name not in by_name]
+        if missing:
+            raise UserError(
+                f"layout.stack {stack.name!r}: {missing[0]!r} is not among the selected variables; "
+                "add it to `variables:` or remove it from the stack"
+            )
+        members = [by_name[name].feature for name in stack.variables]
+        first = members[0]
+        for other in members[1:]:
+            if (other.shape, other.dims, other.dtype) != (first.shape, first.dims, first.dtype):
+                raise UserError(
+                    f"layout.stack {stack.name!r}: {first.name!r} is {first.dtype} {first.dims} {first.shape} but "
+                    f"{other.name!r} is {other.dtype} {other.dims} {other.shape}; stacked variables need one shape"
+                )
+        channels = len(members)
+        if stack.axis == 0:
+            shape, dims = (channels, *first.shape), ("channel", *first.dims)
+        else:
+            shape, dims = (*first.shape, channels), (*first.dims, "channel")
+        source = {"channels": list(stack.variables), "variables": {f.name: f.source for f in members}}
+        feature = Feature(stack.name, first.dtype, shape, dims, "variable", source)
+        stacks.append(StackPlan(feature, tuple(stack.variables), stack.axis))
+    return stacks
+
+
+def record_features(
+    grid: SampleGrid,
+    variables: list[VariablePlan],
+    stacks: list[StackPlan],
+    coords: dict[str, tuple[np.ndarray, dict]],
+) -> list[Feature]:
+    """Every feature of a record: variables (stacks in place of their first member), index/*, coord/*."""
+    stack_of = {name: stack for stack in stacks for name in stack.variables}
+    features: list[Feature] = []
+    for var in variables:
+        stack = stack_of.get(var.name)
+        if stack is None:
+            features.append(var.feature)
+        elif stack.variables[0] == var.name:
+            features.append(stack.feature)
+    for axis in grid.grid_axes:
+        features.append(Feature(f"index/{axis.dim}", "int64", (), (), "index", {"dim": axis.dim}))
+    for axis in grid.grid_axes:
+        if axis.dim not in coords:
+            continue
+        values, info = coords[axis.dim]
+        dtype = "int64" if values.dtype == np.int64 else "float32"
+        shape, dims = ((), ()) if axis.role == "iterate" else ((len(axis.steps),), (axis.dim,))
+        features.append(Feature(f"coord/{axis.dim}", dtype, shape, dims, "coord", {"dim": axis.dim, **info}))
+    names = [f.name for f in features]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise UserError(f"feature name {clash[0]!r} is used twice (by variables, stacks or positions); rename one")
+    return features

@@ -1,0 +1,160 @@
+"""The input files as one virtual dataset: ordered along the concat dim, checked to agree.
+
+Files that have the concat dim are joined along it in coordinate order; files without it
+(e.g. invariants such as orography or a land-sea mask) hold static variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from schemas.errors import UserError
+from transforms.coords import format_value
+from transforms.sources import FileInfo, SourceFile, VariableInfo, expand_paths, inspect_file
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    concat_dim: str
+    files: tuple[FileInfo, ...]  # files along the concat dim, in coordinate order
+    static_files: tuple[FileInfo, ...]  # files without the concat dim
+    concat_values: np.ndarray  # the virtual dataset's concat coordinate
+
+    @property
+    def reference(self) -> FileInfo:
+        return self.files[0]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Dim sizes of the virtual dataset."""
+        sizes = {d: n for info in self.static_files for d, n in info.sizes.items()}
+        sizes.update(self.reference.sizes)
+        sizes[self.concat_dim] = len(self.concat_values)
+        return sizes
+
+    @property
+    def variables(self) -> dict[str, VariableInfo]:
+        """Every data variable: along the concat dim (from the first file) or static."""
+        found = {name: var for info in self.static_files for name, var in info.variables.items()}
+        found.update(self.reference.variables)
+        return found
+
+    def coordinate(self, dim: str) -> tuple[np.ndarray, dict] | None:
+        """Values and attributes of a dim's coordinate on the virtual dataset, if it has one."""
+        if dim == self.concat_dim:
+            return self.concat_values, self.reference.coord_attrs.get(dim, {})
+        for info in (self.reference, *self.static_files):
+            if dim in info.coords:
+                return info.coords[dim], info.coord_attrs.get(dim, {})
+        return None
+
+    def static_file_of(self, variable: str) -> str | None:
+        """The file a static variable is read from (None for variables along the concat dim)."""
+        if variable in self.reference.variables:
+            return None if self.concat_dim in self.reference.variables[variable].dims else self.reference.path
+        return next(info.path for info in self.static_files if variable in info.variables)
+
+    def source_files(self) -> list[SourceFile]:
+        files, start = [], 0
+        for info in self.files:
+            stop = start + info.sizes[self.concat_dim]
+            files.append(SourceFile(info.path, start, stop, info.nbytes))
+            start = stop
+        return files
+
+
+def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
+    """List, inspect (sequentially: the netCDF and HDF5 C libraries are not thread-safe) and order the files."""
+    infos = [inspect_file(path) for path in expand_paths(patterns)]
+    along = [i for i in infos if concat_dim in i.sizes]
+    static = tuple(i for i in infos if concat_dim not in i.sizes)
+    if not along:
+        info = infos[0]
+        raise UserError(
+            f"{info.path}: has no dim {concat_dim!r} (its dims: {', '.join(info.sizes) or 'none'}); "
+            "set input.concat_dim to the dim the files are split along"
+        )
+    ordered, values = _order(along, concat_dim)
+    inventory = Inventory(concat_dim, tuple(ordered), static, values)
+    _check_static_files(inventory)
+    return inventory
+
+
+def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.ndarray]:
+    if any(concat_dim not in info.coords for info in infos):
+        if len(infos) > 1:
+            missing = next(i.path for i in infos if concat_dim not in i.coords)
+            raise UserError(
+                f"{missing}: dim {concat_dim!r} has no coordinate variable, so the files cannot be put in order; "
+                "add the coordinate or pass a single file"
+            )
+        return infos, np.arange(infos[0].sizes[concat_dim])
+    for info in infos:
+        values = info.coords[concat_dim]
+        if len(values) > 1 and not np.all(values[1:] > values[:-1]):
+            raise UserError(f"{info.path}: {concat_dim!r} is not strictly increasing inside the file")
+    ordered = [i for i in sorted(infos, key=lambda i: (_first(i, concat_dim), i.path)) if i.sizes[concat_dim] > 0]
+    if not ordered:
+        raise UserError(f"input: every file has an empty {concat_dim!r} dim; there is nothing to sample")
+    for before, after in zip(ordered, ordered[1:]):
+        if after.coords[concat_dim][0] <= before.coords[concat_dim][-1]:
+            raise UserError(
+                f"{after.path}: its {concat_dim} range overlaps {before.path} "
+                f"(starts at {format_value(after.coords[concat_dim][0])}, "
+                f"the other ends at {format_value(before.coords[concat_dim][-1])}); "
+                "the same steps twice would duplicate samples: remove one of the files"
+            )
+    return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
+
+
+def _first(info: FileInfo, concat_dim: str):
+    values = info.coords[concat_dim]
+    return values[0] if len(values) else 0
+
+
+def _check_static_files(inventory: Inventory) -> None:
+    seen = dict.fromkeys(inventory.reference.variables, inventory.reference.path)
+    for info in inventory.static_files:
+        for name in info.variables:
+            if name in seen:
+                raise UserError(
+                    f"{info.path}: variable {name!r} is also in {seen[name]}; a static variable must come from one file"
+                )
+            seen[name] = info.path
+        _check_grid(info, inventory.reference, set(info.sizes) & set(inventory.reference.sizes))
+
+
+def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str]) -> None:
+    for dim in dims:
+        if info.sizes.get(dim) != reference.sizes.get(dim):
+            raise UserError(
+                f"{info.path}: dim {dim!r} has size {info.sizes.get(dim)} but {reference.sizes.get(dim)} in "
+                f"{reference.path}; the files' grids must match"
+            )
+        both = dim in reference.coords and dim in info.coords
+        if both and not np.array_equal(info.coords[dim], reference.coords[dim]):
+            raise UserError(
+                f"{info.path}: {dim!r} coordinate values differ from {reference.path}; "
+                "the files' grids must match (regrid them first)"
+            )
+
+
+def check_variables_agree(inventory: Inventory, variables: list[VariableInfo]) -> None:
+    """Every variable along the concat dim is in every file with the same dims and dtype; grids match."""
+    along = [v for v in variables if inventory.concat_dim in v.dims]
+    dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
+    reference = inventory.reference
+    for info in inventory.files[1:]:
+        for var in along:
+            other = info.variables.get(var.name)
+            if other is None:
+                raise UserError(f"{info.path}: variable {var.name!r} is missing; every input file needs it")
+            if other.dims != var.dims or other.dtype != var.dtype:
+                raise UserError(
+                    f"{info.path}: variable {var.name!r} is {other.dtype} ({', '.join(other.dims)}) but "
+                    f"{var.dtype} ({', '.join(var.dims)}) in {reference.path}; all files must agree"
+                )
+        _check_grid(info, reference, sorted(dims & set(reference.sizes)))

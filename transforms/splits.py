@@ -1,0 +1,112 @@
+"""Splits: which positions along the concat dim make samples of which split, and which none.
+
+A sample belongs to a split when every step it takes along the concat dim lies inside the
+split's range, so no window or pair straddles a boundary (nothing leaks from test into
+train). A sample that would join steps across a gap in the data belongs to no split either,
+unless the config makes gaps an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from schemas.errors import UserError
+from transforms.config import BuildConfig
+from transforms.coords import format_value, irregular_steps
+from transforms.sampling import Axis
+from transforms.sources import SourceFile
+
+DEFAULT_SPLIT = "data"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    name: str
+    start: int  # source index range [start, stop) along the concat dim
+    stop: int
+    num_samples: int = 0
+    num_shards: int = 1
+    first_shard: int = 0  # shards are numbered across splits: this split's are first_shard, first_shard + 1, ...
+
+
+def _bound(value, values: np.ndarray):
+    if value is None or values.dtype.kind != "M":
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # YAML reads an unquoted year as a number
+    return str(value)
+
+
+def split_ranges(config: BuildConfig, values: np.ndarray) -> list[SplitPlan]:
+    """Each configured split's index range along the concat dim (inclusive coordinate bounds)."""
+    if not config.splits:
+        return [SplitPlan(DEFAULT_SPLIT, 0, len(values))]
+    dim = config.input.concat_dim
+    splits = []
+    for name, ranges in config.splits.items():
+        low, high = (_bound(v, values) for v in ranges[dim])
+        try:
+            if values.dtype.kind == "M":
+                span = pd.DatetimeIndex(values).slice_indexer(low, high)
+            else:
+                span = slice(
+                    0 if low is None else int(np.searchsorted(values, float(low), side="left")),
+                    len(values) if high is None else int(np.searchsorted(values, float(high), side="right")),
+                )
+        except (ValueError, TypeError, KeyError) as error:
+            raise UserError(f"splits.{name}.{dim}: cannot read [{low}, {high}] as {dim} values ({error})") from None
+        start, stop = span.start or 0, len(values) if span.stop is None else span.stop
+        if stop <= start:
+            raise UserError(
+                f"splits.{name}.{dim}: [{low}, {high}] holds no {dim} step of the input "
+                f"({format_value(values[0])} to {format_value(values[-1])}); fix the range"
+            )
+        splits.append(SplitPlan(name, start, stop))
+    ordered = sorted(splits, key=lambda s: s.start)
+    for before, after in zip(ordered, ordered[1:]):
+        if after.start < before.stop:
+            raise UserError(
+                f"splits: {before.name} and {after.name} overlap at {dim} {format_value(values[after.start])}; "
+                "a sample must not belong to two splits"
+            )
+    return splits
+
+
+def position_splits(
+    config: BuildConfig, axis: Axis, values: np.ndarray, splits: list[SplitPlan], files: list[SourceFile]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per position along the concat dim: its split's index or -1, and whether it crosses a gap.
+
+    -1 marks a position whose samples would straddle a split boundary, lie outside every
+    split, or join steps across a gap in the data.
+    """
+    starts = np.arange(axis.count) * axis.stride
+    ends = starts + axis.span  # exclusive
+    label = np.full(axis.count, -1, dtype=np.int16)
+    for index, split in enumerate(splits):
+        label[(starts >= split.start) & (ends <= split.stop)] = index
+    across_gap = np.zeros(axis.count, dtype=bool)
+    if axis.span > 1:
+        irregular = irregular_steps(values)
+        crossings = np.concatenate(([0], np.cumsum(irregular)))
+        across_gap = crossings[ends - 1] - crossings[starts] > 0
+        if across_gap.any() and config.input.gaps == "error":
+            _raise_gap(config, values, irregular, files, int(across_gap.sum()))
+        label[across_gap] = -1
+    return label, across_gap
+
+
+def _raise_gap(config: BuildConfig, values: np.ndarray, irregular: np.ndarray, files: list[SourceFile], count: int):
+    dim = config.input.concat_dim
+    step = int(np.flatnonzero(irregular)[0])
+    before = next(f for f in files if f.start <= step < f.stop)
+    after = next(f for f in files if f.start <= step + 1 < f.stop)
+    where = f"inside {before.path}" if before is after else f"between {before.path} and {after.path}"
+    raise UserError(
+        f"input: {dim} is not regular {where}: {format_value(values[step])} is followed by "
+        f"{format_value(values[step + 1])}, so {count} sample(s) would join steps that are "
+        "not consecutive; add the missing data, or set input.gaps: skip to drop those samples"
+    )
