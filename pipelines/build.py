@@ -81,7 +81,7 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
         print("  dropped: " + ", ".join(f"{n:,} {why}" for n, why in dropped if n))
     if plan.config.nan_policy == "fill" and counts.get("samples_with_nan"):
         print(f"  filled NaN with {plan.config.fill_value} in {counts['samples_with_nan']:,} samples")
-    split = next(iter(schema.splits))
+    split = "train" if "train" in schema.splits else next(iter(schema.splits))
     print("Load it in TensorFlow:")
     if "://" in plan.output:
         # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.

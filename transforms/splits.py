@@ -58,7 +58,7 @@ def split_ranges(config: BuildConfig, values: np.ndarray) -> list[SplitPlan]:
                 )
         except (ValueError, TypeError, KeyError) as error:
             raise UserError(f"splits.{name}.{dim}: cannot read [{low}, {high}] as {dim} values ({error})") from None
-        start, stop = span.start or 0, len(values) if span.stop is None else span.stop
+        start, stop = int(span.start or 0), len(values) if span.stop is None else int(span.stop)
         if stop <= start:
             raise UserError(
                 f"splits.{name}.{dim}: [{low}, {high}] holds no {dim} step of the input "
@@ -72,7 +72,7 @@ def split_ranges(config: BuildConfig, values: np.ndarray) -> list[SplitPlan]:
                 f"splits: {before.name} and {after.name} overlap at {dim} {format_value(values[after.start])}; "
                 "a sample must not belong to two splits"
             )
-    return splits
+    return ordered  # in time order, whatever the order in the config
 
 
 def position_splits(

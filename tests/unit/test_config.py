@@ -37,6 +37,16 @@ def _error(data) -> str:
         ({"shuffle": {"seed": "abc"}}, "shuffle.seed"),
         ({"variables": []}, "variables: Value error"),
         ({"output": {}}, "output.path: required key is missing"),
+        ({"output": {"path": "o", "dtype": "float16"}}, "holds floats as float32 only, so float16 cannot be stored"),
+        ({"output": {"path": "o", "examples_per_record": 0}}, "output.examples_per_record"),
+        ({"output": {"path": "o", "compression": "zstd"}}, "output.compression"),
+        ({"nan_policy": "fill"}, "nan_policy: fill needs a fill_value"),
+        ({"fill_value": 0}, "fill_value is set but nan_policy is keep"),
+        ({"splits": {"train": {"lat": [0, 10]}}}, "splits.train: give one range along 'time'"),
+        ({"splits": {"a-b": {"time": ["2000", "2001"]}}}, "'a-b' is not a plain name"),
+        ({"splits": {"train": {"time": ["2000"]}}}, "splits.train.time: give [start, end]"),
+        ({"layout": {"stack": [{"name": "x", "variables": ["t"]}, {"name": "y", "variables": ["t"]}]}}, "once"),
+        ({"layout": {"stack": {"name": "x", "variables": ["t"], "axis": 2}}}, "layout.stack.0.axis"),
     ],
 )
 def test_mistakes_name_the_key(change, expected):

@@ -1,0 +1,241 @@
+"""Training-ready outputs: splits, missing data, per-level statistics and normalisation, stacked
+channels, static and surface fields, packed records and gzip, each end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import yaml
+
+from pipelines.build import main
+from schemas import load_dataset, load_schema, load_stats
+
+from helpers import expected_feature, import_generated_parser, parse_with_generated_parser, read_all_records
+
+LEVELS = [1000, 850, 500]
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> Path:
+    """4 daily-split files of 6-hourly data (t on levels, t2m at the surface with masked points) and invariants."""
+    directory = tmp_path_factory.mktemp("training")
+    rng = np.random.default_rng(7)
+    lat, lon = np.linspace(60, 30, 12), np.linspace(0, 27, 10)
+    for day in range(4):
+        time = pd.date_range(f"2021-01-0{day + 1}", periods=4, freq="6h")
+        t = 280 - 30 * (1 - np.array(LEVELS) / 1000)[None, :, None, None] + rng.normal(0, 2, (4, 3, 12, 10))
+        u = rng.normal(10, 5, (4, 3, 12, 10))
+        t2m = 285 + rng.normal(0, 3, (4, 12, 10))
+        t2m[rng.random(t2m.shape) < 0.01] = np.nan  # masked on disk with _FillValue
+        xr.Dataset(
+            {
+                "t": (("time", "level", "lat", "lon"), t.astype("f4"), {"units": "K"}),
+                "u": (("time", "level", "lat", "lon"), u.astype("f4"), {"units": "m s-1"}),
+                "t2m": (("time", "lat", "lon"), t2m.astype("f4"), {"units": "K"}),
+            },
+            coords={"time": time, "level": LEVELS, "lat": lat, "lon": lon},
+        ).to_netcdf(directory / f"day{day}.nc", encoding={"t2m": {"_FillValue": -9999.0}})
+    orography = 500 + 400 * np.sin(np.arange(120) / 9).reshape(12, 10)
+    xr.Dataset(
+        {"orog": (("lat", "lon"), orography.astype("f4"), {"units": "m"})}, coords={"lat": lat, "lon": lon}
+    ).to_netcdf(directory / "invariants.nc")
+    return directory
+
+
+def source(archive: Path) -> xr.Dataset:
+    days = xr.concat([xr.open_dataset(p) for p in sorted(archive.glob("day*.nc"))], dim="time")
+    return xr.merge([days, xr.open_dataset(archive / "invariants.nc")])
+
+
+def build(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path)]) == 0
+    return Path(config["output"]["path"])
+
+
+def base(archive: Path, output: Path, **extra) -> dict:
+    return {
+        "input": {"paths": str(archive / "*.nc")},
+        "variables": ["t", "u"],
+        "sample": {"window": {"lat": 4, "lon": 5}, "keep": ["level"]},
+        "output": {"path": str(output), "num_shards": 2},
+        **extra,
+    }
+
+
+SPLITS = {
+    "train": {"time": ["2021-01-01", "2021-01-02"]},
+    "valid": {"time": ["2021-01-03T00", "2021-01-03T12"]},
+    "test": {"time": ["2021-01-04", None]},
+}
+
+
+def test_splits_never_share_or_straddle(archive, tmp_path):
+    config = base(archive, tmp_path / "out", splits=SPLITS)
+    config["sample"]["offsets"] = {"time": [0, 1]}
+    output = build(tmp_path, config)
+    schema = load_schema(str(output))
+    assert list(schema.splits) == ["train", "valid", "test"]
+    assert all(s.file.startswith(f"{name}-") for name, shards in schema.splits.items() for s in shards)
+    per_time = 3 * 2  # 12 lats / 4, 10 lons / 5
+    # pairs (t, t+1) inside each range: train 8 steps -> 7, valid 3 -> 2, test 4 -> 3; the rest straddle.
+    assert [schema.num_examples(n) for n in ("train", "valid", "test")] == [7 * per_time, 2 * per_time, 3 * per_time]
+    assert schema.counts["samples_outside_splits"] == (15 - 12) * per_time
+    bounds = {
+        "train": ("2021-01-01T00", "2021-01-02T18"),
+        "valid": ("2021-01-03T00", "2021-01-03T12"),
+        "test": ("2021-01-04T00", "2021-01-04T18"),
+    }
+    seen = set()
+    for name, (first, last) in bounds.items():
+        records = parse_with_generated_parser(output, name)
+        times = records["coord/time"]
+        low, high = (np.datetime64(v, "s").astype(np.int64) for v in (first, last))
+        assert times.min() >= low and times.max() <= high  # no pair reaches across a boundary
+        keys = set(zip(records["index/time"].tolist(), records["index/lat"].tolist(), records["index/lon"].tolist()))
+        assert len(keys) == len(times) and not keys & seen
+        seen |= keys
+        assert not np.all(np.diff(records["index/time"]) >= 0)  # each split is shuffled
+    stats = load_stats(str(output))
+    assert stats["reference_split"] == "train" and set(stats["splits"]) == {"train", "valid", "test"}
+    train = parse_with_generated_parser(output, "train")["t"].astype(np.float64)
+    assert stats["variables"]["t"]["mean"] == pytest.approx(train.mean(), rel=1e-9)
+    assert stats["variables"]["t"]["variance"] == pytest.approx(train.var(), rel=1e-9)
+    test = parse_with_generated_parser(output, "test")["t"].astype(np.float64)
+    assert stats["splits"]["test"]["variables"]["t"]["mean"] == pytest.approx(test.mean(), rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop", "fill"])
+def test_nan_policy(archive, tmp_path, policy):
+    config = base(archive, tmp_path / policy, nan_policy=policy, variables=["t", "t2m"])
+    if policy == "fill":
+        config["fill_value"] = -1.0
+    output = build(tmp_path, config)
+    schema = load_schema(str(output))
+    records = read_all_records(output, schema)
+    src = source(archive)
+    per_time, steps = 6, 16
+    with_nan = [
+        np.isnan(src["t2m"].isel(time=i, lat=slice(4 * y, 4 * y + 4), lon=slice(5 * x, 5 * x + 5)).values).any()
+        for i in range(steps)
+        for y in range(3)
+        for x in range(2)
+    ]
+    expected_nan = sum(with_nan)
+    assert 0 < expected_nan < steps * per_time
+    assert schema.counts["samples_with_nan"] == expected_nan
+    t2m = records["t2m"]
+    if policy == "drop":
+        assert schema.num_examples() == steps * per_time - expected_nan == len(t2m)
+        assert schema.counts["samples_dropped_nan"] == expected_nan and not np.isnan(t2m).any()
+    elif policy == "fill":
+        assert len(t2m) == steps * per_time and not np.isnan(t2m).any()
+        assert (t2m == -1.0).sum() == int(np.isnan(src["t2m"].values[:, :12, :10]).sum())
+    else:
+        assert np.isnan(t2m).any(axis=(1, 2)).sum() == expected_nan
+        assert load_stats(str(output))["variables"]["t2m"]["nan_count"] == int(np.isnan(t2m).sum())
+    for i in range(len(t2m)):
+        record = {name: values[i] for name, values in records.items()}
+        expected = expected_feature(src, schema, "t2m", record)
+        if policy == "fill":
+            expected = np.where(np.isnan(expected), -1.0, expected)
+        np.testing.assert_array_equal(record["t2m"], expected)
+
+
+def test_per_level_statistics_and_normalisation(archive, tmp_path):
+    output = build(tmp_path, base(archive, tmp_path / "out", stats={"per": ["level"]}, splits=SPLITS))
+    stats = load_stats(str(output))
+    t = parse_with_generated_parser(output, "train")["t"].astype(np.float64)  # (n, level, lat, lon)
+    assert stats["variables"]["t"]["dims"] == ["level"]
+    np.testing.assert_allclose(stats["variables"]["t"]["mean"], t.mean(axis=(0, 2, 3)), rtol=1e-9)
+    np.testing.assert_allclose(stats["variables"]["t"]["std"], t.std(axis=(0, 2, 3)), rtol=1e-9)
+    parser = import_generated_parser(output)
+    normalized = np.concatenate(
+        [b["t"] for b in parser.make_dataset("train", batch_size=64, normalize=True).as_numpy_iterator()]
+    )
+    np.testing.assert_allclose(normalized.mean(axis=(0, 2, 3)), 0, atol=1e-4)
+    np.testing.assert_allclose(normalized.std(axis=(0, 2, 3)), 1, atol=1e-4)
+    through_package = np.concatenate(
+        [b["t"] for b in load_dataset(str(output), "train", batch_size=64, normalize=True).as_numpy_iterator()]
+    )
+    np.testing.assert_array_equal(through_package, normalized)
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_stacked_channels(archive, tmp_path, axis):
+    config = base(
+        archive, tmp_path / f"stack{axis}", layout={"stack": {"name": "x", "variables": ["u", "t"], "axis": axis}}
+    )
+    output = build(tmp_path, config)
+    schema = load_schema(str(output))
+    x = schema.feature("x")
+    assert x.source["channels"] == ["u", "t"]
+    assert x.shape == ((3, 4, 5, 2) if axis == -1 else (2, 3, 4, 5))
+    assert {f.name for f in schema.variable_features} == {"x"}
+    records = parse_with_generated_parser(output)
+    src = source(archive)
+    for i in range(0, len(records["x"]), 7):
+        record = {name: values[i] for name, values in records.items()}
+        for channel, name in enumerate(["u", "t"]):
+            values = record["x"][..., channel] if axis == -1 else record["x"][channel]
+            reference = src[name].isel(
+                time=int(record["index/time"]),
+                lat=slice(int(record["index/lat"]), int(record["index/lat"]) + 4),
+                lon=slice(int(record["index/lon"]), int(record["index/lon"]) + 5),
+            )
+            np.testing.assert_array_equal(values, reference.transpose("level", "lat", "lon").values)
+    normalized = next(iter(load_dataset(str(output), batch_size=500, normalize=True)))["x"].numpy()
+    channel_axis = normalized.ndim - 1 if axis == -1 else 1
+    other = tuple(a for a in range(normalized.ndim) if a != channel_axis)
+    assert np.all(np.abs(normalized.mean(axis=other)) < 1e-3)
+
+
+def test_static_and_surface_fields_come_with_every_patch(archive, tmp_path):
+    output = build(
+        tmp_path, base(archive, tmp_path / "out", variables=["t", "t2m", "orog"], nan_policy="fill", fill_value=0.0)
+    )
+    schema = load_schema(str(output))
+    assert schema.feature("t").shape == (3, 4, 5)
+    assert (schema.feature("t2m").shape, schema.feature("t2m").dims) == ((4, 5), ("lat", "lon"))
+    assert (schema.feature("orog").shape, schema.feature("orog").dims) == ((4, 5), ("lat", "lon"))
+    assert schema.feature("orog").source["static"] is True
+    records = parse_with_generated_parser(output)
+    src = source(archive)
+    for i in range(len(records["t"])):
+        record = {name: values[i] for name, values in records.items()}
+        for name in ("t", "orog"):
+            np.testing.assert_array_equal(record[name], expected_feature(src, schema, name, record))
+    assert len(records["orog"]) == 16 * 6
+
+
+def test_packed_records_and_gzip_give_the_same_samples(archive, tmp_path):
+    config = base(archive, tmp_path / "plain")
+    config["sample"] = {"window": {"time": 5}}  # small samples: 5 steps at a point and level
+    plain = build(tmp_path, config)
+    config["output"] = {
+        "path": str(tmp_path / "packed"),
+        "num_shards": 2,
+        "examples_per_record": 16,
+        "compression": "gzip",
+    }
+    packed = build(tmp_path, config)
+    schema = load_schema(str(packed))
+    assert all(s.file.endswith(".tfrecord.gz") for s in schema.splits["data"])
+    assert schema.num_examples() == load_schema(str(plain)).num_examples() == 3 * 3 * 12 * 10  # 3 windows of 16 steps
+    assert schema.num_records() == sum(-(-s.examples // 16) for s in schema.splits["data"])
+    a, b = parse_with_generated_parser(plain), parse_with_generated_parser(packed)
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+
+    def by_position(records):
+        order = np.lexsort([records[f"index/{d}"] for d in ("lon", "lat", "level", "time")])
+        return {name: values[order] for name, values in records.items()}
+
+    for name, values in by_position(a).items():
+        np.testing.assert_array_equal(by_position(b)[name], values)
+    # The same samples in the same shuffled order: packing only groups consecutive records.
+    np.testing.assert_array_equal(a["index/time"], b["index/time"])
