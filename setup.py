@@ -26,9 +26,13 @@ setup(
         "PyYAML>=6.0",
         "google-crc32c>=1.6",
         "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
+        "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
     ],
     extras_require={
         "tf": [TENSORFLOW],
+        # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
+        # (pip install torch --index-url https://download.pytorch.org/whl/cpu) to avoid the CUDA wheels.
+        "torch": ["torch>=2.4"],
         "test": [
             TENSORFLOW,
             "pytest>=8",

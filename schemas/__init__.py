@@ -1,7 +1,27 @@
-"""The schema of an xarray-tfrecords output, its record encoder/decoder and its readers (no Beam)."""
+"""The schema of an xarray-tfrecords output, its record encoder/decoder and its readers (no Beam).
 
-from schemas.dataset import load_dataset, load_schema, load_stats
-from schemas.errors import UserError
-from schemas.schema import Feature, Schema, Shard
+Names load on first use, so that importing a submodule (``schemas.errors`` for the command
+line's --help) does not pull in numpy or fsspec.
+"""
 
-__all__ = ["Feature", "Schema", "Shard", "UserError", "load_dataset", "load_schema", "load_stats"]
+import importlib
+
+_EXPORTS = {
+    "Feature": "schemas.schema",
+    "Schema": "schemas.schema",
+    "Shard": "schemas.schema",
+    "UserError": "schemas.errors",
+    "Reader": "schemas.reader",
+    "read_split": "schemas.reader",
+    "load_dataset": "schemas.dataset",
+    "load_schema": "schemas.dataset",
+    "load_stats": "schemas.dataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'schemas' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

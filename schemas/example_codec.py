@@ -1,4 +1,4 @@
-"""The tf.train.Example wire format for a schema: a compiled encoder and a numpy decoder.
+"""The tf.train.Example wire format for a schema: the compiled encoder and the wire-format primitives.
 
 No TensorFlow here (DESIGN.md, decision 1). Every float feature has a fixed length, so its
 protobuf headers are the same bytes in every record: they are computed once per schema and
@@ -18,8 +18,8 @@ import numpy as np
 
 from schemas.schema import Feature
 
-_FLOAT_LIST = 2
-_INT64_LIST = 3
+FLOAT_LIST = 2
+INT64_LIST = 3
 _MAX_VARINT_BYTES = 10
 
 
@@ -34,19 +34,19 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int, payload_len: int) -> bytes:
+def field_header(number: int, payload_len: int) -> bytes:
     """Tag and length of a length-delimited field, without its payload."""
     return bytes([(number << 3) | 2]) + varint(payload_len)
 
 
-def _entry_header(name: bytes, list_field: int, payload_len: int) -> bytes:
+def entry_header(name: bytes, list_field: int, payload_len: int) -> bytes:
     """Bytes of one Features map entry up to (excluding) the packed values."""
-    value_list = _field(1, payload_len)  # FloatList/Int64List.value, packed
-    feature = _field(list_field, len(value_list) + payload_len)
-    key = _field(1, len(name)) + name
-    value = _field(2, len(feature) + len(value_list) + payload_len)
+    value_list = field_header(1, payload_len)  # FloatList/Int64List.value, packed
+    feature = field_header(list_field, len(value_list) + payload_len)
+    key = field_header(1, len(name)) + name
+    value = field_header(2, len(feature) + len(value_list) + payload_len)
     entry_len = len(key) + len(value) + len(feature) + len(value_list) + payload_len
-    return _field(1, entry_len) + key + value + feature + value_list
+    return field_header(1, entry_len) + key + value + feature + value_list
 
 
 def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
@@ -74,7 +74,7 @@ class ExampleEncoder:
         self._float_layout = []
         offset = 0
         for feature in self._floats:
-            header = _entry_header(feature.name.encode(), _FLOAT_LIST, 4 * feature.size)
+            header = entry_header(feature.name.encode(), FLOAT_LIST, 4 * feature.size)
             self._float_layout.append((feature, np.frombuffer(header, np.uint8), offset))
             offset += len(header) + 4 * feature.size
         self._fixed_len = offset
@@ -112,24 +112,24 @@ class ExampleEncoder:
                 payload = data[starts[i] : starts[i + 1]]
                 header = headers.get(len(payload))
                 if header is None:
-                    header = _entry_header(feature.name.encode(), _INT64_LIST, len(payload))
+                    header = entry_header(feature.name.encode(), INT64_LIST, len(payload))
                     headers[len(payload)] = header
                 pieces.append(header)
                 pieces.append(payload)
                 length += len(header) + len(payload)
             head = self._example_headers.get(length)
             if head is None:
-                head = self._example_headers[length] = _field(1, length)
+                head = self._example_headers[length] = field_header(1, length)
             pieces[0] = head
             records.append(b"".join(pieces))
         return records
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoding, for readers without TensorFlow and for verification.
+# Reading the wire format (schemas.record_decoder builds the decoder on these).
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(buf):
@@ -144,21 +144,21 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _fields(buf: bytes, start: int, end: int):
+def iter_fields(buf: bytes, start: int, end: int):
     """Yield (field number, payload start, payload end) of the length-delimited fields in buf."""
     pos = start
     while pos < end:
-        tag, pos = _read_varint(buf, pos)
+        tag, pos = read_varint(buf, pos)
         if tag & 7 != 2:
             raise ValueError(f"unexpected wire type {tag & 7} in tf.Example")
-        length, pos = _read_varint(buf, pos)
+        length, pos = read_varint(buf, pos)
         if pos + length > end:
             raise ValueError("truncated field in tf.Example")
         yield tag >> 3, pos, pos + length
         pos += length
 
 
-def _decode_varints(buf: bytes, start: int, end: int) -> np.ndarray:
+def decode_varints(buf: bytes, start: int, end: int) -> np.ndarray:
     raw = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start)
     last = np.flatnonzero(raw < 0x80)  # the final byte of each varint
     values = np.zeros(len(last), dtype=np.uint64)
@@ -170,62 +170,3 @@ def _decode_varints(buf: bytes, start: int, end: int) -> np.ndarray:
             break
         values[live] |= (raw[pos[live]] & np.uint8(0x7F)).astype(np.uint64) << np.uint64(7 * i)
     return values.view(np.int64)
-
-
-def parse_example(record: bytes) -> dict[str, np.ndarray]:
-    """Decode a serialized tf.train.Example into {feature name: flat values} (float and int64 lists)."""
-    out: dict[str, np.ndarray] = {}
-    for number, start, end in _fields(record, 0, len(record)):
-        if number != 1:
-            continue
-        for entry_number, entry_start, entry_end in _fields(record, start, end):
-            if entry_number != 1:
-                continue
-            name, feature = None, None
-            for key, s, e in _fields(record, entry_start, entry_end):
-                if key == 1:
-                    name = record[s:e].decode()
-                elif key == 2:
-                    feature = (s, e)
-            if name is None or feature is None:
-                raise ValueError("tf.Example map entry without key or value")
-            values = np.zeros(0, np.float32)
-            for kind, s, e in _fields(record, *feature):
-                if kind not in (_FLOAT_LIST, _INT64_LIST):
-                    raise ValueError(f"feature {name!r} is not a float or int64 list")
-                for value_field, vs, ve in _fields(record, s, e):
-                    if value_field != 1:
-                        continue
-                    if kind == _FLOAT_LIST:
-                        values = np.frombuffer(record, dtype="<f4", count=(ve - vs) // 4, offset=vs)
-                    else:
-                        values = _decode_varints(record, vs, ve)
-            out[name] = values
-    return out
-
-
-class ExampleDecoder:
-    """Decodes records into {name: array of the feature's shape and dtype}, checking both."""
-
-    def __init__(self, features: Sequence[Feature]):
-        self.features = tuple(features)
-
-    def decode(self, record: bytes) -> dict[str, np.ndarray]:
-        raw = parse_example(record)
-        out = {}
-        for feature in self.features:
-            if feature.name not in raw:
-                raise ValueError(f"record has no feature {feature.name!r}")
-            values = np.asarray(raw[feature.name])
-            if values.size != feature.size:
-                raise ValueError(f"feature {feature.name!r} has {values.size} values, schema says {feature.size}")
-            out[feature.name] = values.astype(feature.dtype, copy=False).reshape(feature.shape)
-        return out
-
-    def decode_batch(self, records: Sequence[bytes]) -> dict[str, np.ndarray]:
-        """Decode many records into arrays with a leading record dim."""
-        decoded = [self.decode(r) for r in records]
-        return {
-            f.name: np.stack([d[f.name] for d in decoded]) if decoded else np.zeros((0, *f.shape), f.dtype)
-            for f in self.features
-        }

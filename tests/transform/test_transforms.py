@@ -13,7 +13,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.graph import build_pipeline
 from schemas import load_schema
-from schemas.example_codec import ExampleDecoder, ExampleEncoder
+from schemas.example_codec import ExampleEncoder
+from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import read_records
 from transforms.config import parse_config
 from transforms.cut import CutSamples, cut_unit
@@ -112,5 +113,3 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         }
     assert outputs[True] == outputs[False]
     assert not (tmp_path / "local_True" / "_tmp").exists()
-
-

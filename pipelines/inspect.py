@@ -1,0 +1,299 @@
+"""Command line: describe, verify and plot a written output (``python -m pipelines.inspect OUTPUT``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import textwrap
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from pipelines.build import user_error_message
+from schemas.errors import UserError
+
+if TYPE_CHECKING:
+    from schemas.schema import Feature, Schema
+
+EXIT_USER_ERROR = 2
+EXIT_VERIFY_FAILED = 1
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.inspect",
+        description=(
+            "Describe an xarray-tfrecords output (features, splits, size, seed, config, statistics); "
+            "with --verify read every shard and check it; with --plot draw a page of random samples."
+        ),
+    )
+    parser.add_argument("output", metavar="OUTPUT", help="output directory: a local path or an fsspec URL (gs://...)")
+    parser.add_argument("--split", help="only this split (default: every split; --plot uses 'data')")
+    parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
+    parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
+    parser.add_argument("--map", action="store_true", help="add the samples' footprints on a lat/lon map to --plot")
+    parser.add_argument("--samples", type=int, default=4, metavar="N", help="samples on the --plot page (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="which random samples --plot shows (default 0)")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    args = parser.parse_args(argv)
+    if args.map and not args.plot:
+        parser.error("--map adds a map to the --plot page: add --plot out.png")
+    if args.samples < 1:
+        parser.error(f"--samples must be at least 1, not {args.samples}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB" if size >= 1e5 else f"{size / 1e3:,.1f} kB"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _describe_feature(feature: Feature) -> tuple[str, str]:
+    """(units, description) of a feature, from its provenance."""
+    source = feature.source
+    if feature.role == "variable" and "channels" in source:
+        units = {str(v.get("attrs", {}).get("units", "")) for v in source["variables"].values()}
+        return (units.pop() if len(units) == 1 else "mixed"), "channels: " + ", ".join(source["channels"])
+    if feature.role == "variable":
+        attrs = source.get("attrs", {})
+        text = attrs.get("long_name", "")
+        stored, in_file = source.get("dtype"), source.get("file_dtype")
+        if stored and stored != feature.dtype:
+            packed = f", {in_file} in the file" if in_file and in_file != stored else ""
+            text += f" (stored as {feature.dtype}; source {stored}{packed})"
+        return str(attrs.get("units", "")), text.strip()
+    if feature.role == "index":
+        return "", f"start index along {source.get('dim', '?')}"
+    if feature.role == "coord":
+        return str(source.get("units", "")), f"{source.get('dim', '?')} values the sample covers"
+    return "", feature.role
+
+
+def _table(rows: list[list[str]], indent: str = "  ", align: str = "") -> list[str]:
+    """Rows as aligned columns; ``align`` gives '<' or '>' per column (default left)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [f"{cell:{align[i] if i < len(align) else '<'}{widths[i]}}" for i, cell in enumerate(row)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def feature_lines(schema: Schema) -> list[str]:
+    rows = [["name", "dtype", "shape", "dims", "units", "description"]]
+    for feature in schema.features:
+        units, text = _describe_feature(feature)
+        rows.append([feature.name, feature.dtype, _shape(feature.shape), ", ".join(feature.dims) or "-", units, text])
+    return [f"Features ({len(schema.features)}, per sample)", *_table(rows)]
+
+
+def _count(shard) -> str:
+    if shard.records == shard.examples:
+        return f"{shard.examples:,} samples"
+    return f"{shard.examples:,} samples in {shard.records:,} records"
+
+
+def split_lines(schema: Schema, files: dict[str, int], only: str | None) -> list[str]:
+    lines = ["Splits"]
+    for name, shards in schema.splits.items():
+        if only and name != only:
+            continue
+        examples = [s.examples for s in shards]
+        size = sum(files.get(s.file, 0) for s in shards)
+        spread = f", {min(examples):,} to {max(examples):,} per shard" if len(shards) > 1 else ""
+        lines.append(f"  {name}: {sum(examples):,} samples in {len(shards)} shard(s){spread}, {_megabytes(size)}")
+        rows = [[s.file, _count(s), _megabytes(files.get(s.file, 0))] for s in shards]
+        if len(rows) > 8:  # a long shard list says little more than its first and last entries
+            rows = [*rows[:3], ["...", "", ""], *rows[-2:]]
+        lines.extend(_table(rows, indent="    ", align="<>>"))
+    return lines
+
+
+def _axis_text(axis: dict[str, Any], coords: list | None) -> str:
+    role, dim = axis["role"], axis["dim"]
+    if role == "window":
+        return f"{dim}: window {axis['size']} stride {axis['stride']} ({axis['positions']} of {axis['length']})"
+    if role == "keep":
+        values = ", ".join(map(str, coords or []))
+        return f"{dim}: kept whole ({axis['length']}){': ' + values if values else ''}"
+    if role == "iterate":
+        return f"{dim}: every index ({axis['length']})"
+    return f"{dim}: {role} {axis.get('steps', '')}".rstrip()
+
+
+def geometry_lines(schema: Schema) -> list[str]:
+    sample = schema.sample
+    lines = []
+    if sample.get("axes"):
+        grid = " x ".join(map(str, sample.get("grid_shape", [])))
+        lines.append(f"Sample grid: {grid} = {sample.get('num_samples', 0):,} samples")
+        lines.extend(f"  {_axis_text(axis, schema.coords.get(axis['dim']))}" for axis in sample["axes"])
+    for name, split in sample.get("splits", {}).items():
+        lines.append(f"  split {name}: {split['first']} to {split['last']}")
+    along = [source for source in schema.sources if not source.get("static")]
+    if along:
+        lines.append(f"Sources: {len(along)} file(s) along {sample.get('concat_dim', '?')}")
+        shown = along if len(along) <= 4 else [*along[:2], None, along[-1]]
+        for source in shown:
+            lines.append("  ..." if source is None else f"  {source['path']}  [{source['start']}:{source['stop']}]")
+    for source in schema.sources:
+        if source.get("static"):
+            lines.append(f"  {source['path']}  (static variables)")
+    return lines
+
+
+def _stat_rows(name: str, units: str, s: dict[str, Any], coords: dict[str, list]) -> list[list[str]]:
+    """One row per variable, or per index of its per-dim statistics (e.g. one per level)."""
+    import numpy as np
+
+    def cell(value, form=".6g") -> str:
+        return "-" if value is None else f"{value:{form}}"
+
+    keys = ("count", "mean", "std", "min", "max", "nan_count")
+    if not s.get("dims"):
+        return [[name, units, *(cell(s[k], "," if k.endswith("count") else ".6g") for k in keys)]]
+    columns = [np.asarray(s[k], dtype=object).reshape(-1) for k in keys]
+    rows = []
+    for i, index in enumerate(np.ndindex(np.asarray(s["count"]).shape)):
+        # Name each row by its coordinate values (level=500), or by index where there are none.
+        label = ", ".join(
+            f"{dim}={coords[dim][j] if j < len(coords.get(dim, [])) else j}" for dim, j in zip(s["dims"], index)
+        )
+        cells = [cell(c[i], "," if k.endswith("count") else ".6g") for c, k in zip(columns, keys)]
+        rows.append([f"{name} [{label}]", units, *cells])
+    return rows
+
+
+def stats_lines(stats: dict[str, Any] | None, schema: Schema) -> list[str]:
+    if stats is None:
+        return ["Statistics: no stats.json"]
+    units = {}
+    for feature in schema.variable_features:
+        members = feature.source.get("variables", {feature.name: feature.source})  # a stack lists its members
+        for name, source in members.items():
+            units[name] = str(source.get("attrs", {}).get("units", ""))
+    rows = [["variable", "units", "count", "mean", "std", "min", "max", "NaN"]]
+    for name, s in stats.get("variables", {}).items():
+        if not s:
+            rows.append([name, "", "(missing)", "", "", "", "", ""])
+            continue
+        rows.extend(_stat_rows(name, units.get(name, ""), s, schema.coords))
+    reference = stats.get("reference_split")
+    title = f"Statistics (stats.json, split {reference}; used by normalize=True)" if reference else "Statistics"
+    description = textwrap.wrap(stats.get("description", ""), 100, initial_indent="  ", subsequent_indent="  ")
+    return [title, *description, *_table(rows, align="<<>>>>>>")]
+
+
+def config_lines(schema: Schema) -> list[str]:
+    import yaml
+
+    text = yaml.safe_dump(schema.config, sort_keys=False, default_flow_style=None).rstrip()
+    return ["Config (resolved, as built)", *(f"  {line}" for line in text.splitlines())]
+
+
+def summary(path: str, only_split: str | None = None) -> str:
+    from schemas.dataset import load_schema, load_stats
+    from schemas.verify import list_files
+
+    schema = load_schema(path)
+    if only_split and only_split not in schema.splits:
+        raise UserError(f"{path}: no split {only_split!r}; it has: {', '.join(schema.splits)}; choose one of those")
+    files = list_files(path)
+    try:
+        stats = load_stats(path)
+    except FileNotFoundError:
+        stats = None
+    compression = schema.compression or "uncompressed"
+    packing = f", {schema.examples_per_record} samples per record" if schema.examples_per_record > 1 else ""
+    head = [
+        f"{path}: {schema.created_by or 'xarray-tfrecords'} output",
+        f"  {schema.num_examples():,} samples in {sum(len(s) for s in schema.splits.values())} shard(s), "
+        f"{_megabytes(sum(files.values()))} on disk ({compression}{packing}), shuffle seed {schema.seed}",
+    ]
+    counts = schema.counts
+    dropped = {
+        "crossing gaps": counts.get("samples_dropped_at_gaps", 0),
+        "outside or across splits": counts.get("samples_outside_splits", 0),
+        "with NaN": counts.get("samples_dropped_nan", 0),
+    }
+    if any(dropped.values()):
+        head.append("  dropped: " + ", ".join(f"{n:,} {why}" for why, n in dropped.items() if n))
+    sections = [
+        head,
+        feature_lines(schema),
+        split_lines(schema, files, only_split),
+        geometry_lines(schema),
+        config_lines(schema),
+        stats_lines(stats, schema),
+    ]
+    return "\n\n".join("\n".join(section) for section in sections if section)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def _check_is_directory(path: str) -> None:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    if fs.isfile(root):
+        raise UserError(f"{path}: is a file, not an output; pass the directory that holds schema.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = str(args.output).rstrip("/") or "/"
+    _check_is_directory(path)
+    if args.verify:
+        from schemas.verify import VerifyError, verify_output
+
+        try:
+            print(verify_output(path, args.split).summary())
+        except VerifyError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_VERIFY_FAILED
+    if args.plot:
+        from pipelines.plots import plot_output
+
+        written = plot_output(path, args.plot, args.split, samples=args.samples, seed=args.seed, with_map=args.map)
+        print(f"Wrote {written}")
+    if not args.verify and not args.plot:
+        print(summary(path, args.split))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.verbose:
+            traceback.print_exc()
+        message = user_error_message(error)
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        from schemas.tfrecord import CorruptRecordError
+
+        if isinstance(error, CorruptRecordError):  # met while plotting; --verify reports it the same way
+            print(f"error: {error}; the shard is damaged: build the output again", file=sys.stderr)
+            return EXIT_VERIFY_FAILED
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        hint = "" if args.verbose else " (--verbose shows where)"
+        print(f"error: {args.output}: {type(error).__name__}: {first_line}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Checks that an output is whole: every shard read, CRCs, record counts, feature shapes, no stray files."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import posixpath
+import time
+
+import fsspec
+
+from schemas.dataset import load_schema
+from schemas.errors import UserError
+from schemas.reader import Reader, batch_length
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema
+from schemas.tfrecord import CorruptRecordError
+
+
+class VerifyError(UserError):
+    """An output that is not what its schema.json says; the message names the file and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What a successful verification read."""
+
+    path: str
+    splits: dict[str, int]  # samples per split
+    shards: int
+    records: int
+    bytes: int
+    seconds: float
+
+    def summary(self) -> str:
+        per_split = ", ".join(f"{name} {count:,}" for name, count in self.splits.items())
+        return (
+            f"OK: {self.path}: {self.records:,} records in {self.shards} shard(s) ({per_split} samples), "
+            f"{self.bytes / 1e6:,.1f} MB; every CRC, record count and feature shape checked in {self.seconds:.1f} s"
+        )
+
+
+def list_files(path: str) -> dict[str, int]:
+    """{file name: size in bytes} of the files directly in the output directory (any fsspec URL)."""
+    fs, root = fsspec.core.url_to_fs(path)
+    return {
+        posixpath.basename(entry["name"].rstrip("/")): int(entry.get("size") or 0)
+        for entry in fs.ls(root, detail=True)
+        if entry.get("type") != "directory"
+    }
+
+
+def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
+    listed = {shard.file for shards in schema.splits.values() for shard in shards}
+    for name in (STATS_FILE, PARSER_FILE):
+        if name not in files:
+            raise VerifyError(f"{posixpath.join(path, name)}: missing beside {SCHEMA_FILE}; build the output again")
+    for shards in schema.splits.values():
+        for shard in shards:
+            if shard.file not in files:
+                raise VerifyError(
+                    f"{posixpath.join(path, shard.file)}: missing, but {SCHEMA_FILE} lists it; build the output again"
+                )
+    extra = sorted(name for name in files if fnmatch.fnmatch(name, SHARD_GLOB) and name not in listed)
+    if extra:
+        raise VerifyError(
+            f"{posixpath.join(path, extra[0])}: shard file not listed in {SCHEMA_FILE} "
+            f"({len(extra)} such file(s)); delete it or build the output again with --overwrite"
+        )
+
+
+def _check_declared_totals(path: str, schema: Schema) -> None:
+    """The totals schema.json states beside the shard list must agree with it."""
+    with fsspec.open(posixpath.join(path, SCHEMA_FILE), "r") as stream:
+        raw = json.load(stream)
+    for name, split in raw.get("splits", {}).items():
+        counted = schema.num_records(name)
+        if split.get("records", counted) != counted:
+            raise VerifyError(
+                f"{posixpath.join(path, SCHEMA_FILE)}: split {name!r} says {split['records']} records "
+                f"but its shards add up to {counted}; build the output again"
+            )
+
+
+def _check_stats(path: str, schema: Schema) -> None:
+    with fsspec.open(posixpath.join(path, STATS_FILE), "r") as stream:
+        stats = json.load(stream).get("variables", {})
+    names = [name for f in schema.variable_features for name in f.source.get("channels", [f.name])]
+    missing = [name for name in names if name not in stats]
+    if missing:
+        raise VerifyError(
+            f"{posixpath.join(path, STATS_FILE)}: no statistics for {missing[0]!r}; build the output again"
+        )
+
+
+def verify_output(path: str, split: str | None = None) -> VerifyReport:
+    """Read every shard of the output (or of one split) and check it against schema.json.
+
+    Raises VerifyError (one line: the file at fault, the problem, the fix) at the first mismatch.
+    """
+    started = time.monotonic()
+    path = str(path).rstrip("/") or "/"
+    schema = load_schema(path)
+    files = list_files(path)
+    _check_listing(path, schema, files)
+    _check_stats(path, schema)
+    names = [split] if split else list(schema.splits)
+    samples, shards, records, size = {}, 0, 0, 0
+    for name in names:
+        reader = Reader(path, name, schema=schema)
+        samples[name] = 0
+        for shard in reader.shards:
+            found = _read_shard(reader, shard)
+            if found != shard.examples:
+                raise VerifyError(
+                    f"{reader.url(shard)}: {found} samples, {SCHEMA_FILE} says {shard.examples}; build the output again"
+                )
+            samples[name] += found
+            if files[shard.file] != shard.bytes:
+                raise VerifyError(
+                    f"{reader.url(shard)}: {files[shard.file]} bytes on disk, {SCHEMA_FILE} says {shard.bytes}; "
+                    "build the output again"
+                )
+            shards += 1
+            records += shard.records
+            size += shard.bytes
+    _check_declared_totals(path, schema)  # after the shards, so a wrong shard count names its shard
+    return VerifyReport(path, samples, shards, records, size, time.monotonic() - started)
+
+
+def _read_shard(reader: Reader, shard) -> int:
+    """Samples in one shard, every record decoded; damage becomes a VerifyError."""
+    try:
+        return sum(batch_length(block) for block in reader.iter_chunks([shard]))
+    except CorruptRecordError as error:
+        raise VerifyError(f"{error}; the shard is damaged: build the output again") from None
