@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--output", help="output directory (overrides output.path)")
     parser.add_argument("--seed", type=int, help="shuffle seed (overrides shuffle.seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--quiet", action="store_true", help="no live progress line (the summary still prints)")
     parser.add_argument("--verbose", action="store_true", help="log progress details; show tracebacks on errors")
     return parser.parse_known_args(argv)
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"No --config given: running the demo on {config.input.paths[0]} (see configs/demo.yaml).")
         else:
             config = load_config(args.config, input=args.input, output=args.output, seed=args.seed)
-        plan, schema = run_build(config, beam_args, overwrite)
+        plan, schema = run_build(config, beam_args, overwrite, show_progress=not args.quiet)
     except KeyboardInterrupt:
         print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)
         return 130

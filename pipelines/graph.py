@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.progress import ProgressLine
 from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -21,6 +25,11 @@ from transforms.shards import WriteShards
 from transforms.stats import ComputeStats
 
 
+def progress_dir(plan: BuildPlan) -> str:
+    """Where a local run's progress markers go (inside its temporary bucket directory)."""
+    return os.path.join(bucket_dir(plan.output, plan.run_id), "progress")
+
+
 def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
     """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
 
@@ -28,22 +37,29 @@ def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
     otherwise the bucket bytes go through the runner's shuffle (DESIGN.md, decision 3).
     """
     buckets = bucket_dir(plan.output, plan.run_id) if local else None
+    progress = progress_dir(plan) if local else None
     blocks = (
         pipeline
         | "EnumerateUnits" >> beam.Create(list(plan.units))
         | "SpreadUnits" >> beam.Reshuffle()
         | "CutSamples" >> CutSamples(plan)
     )
-    shards = blocks | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets) | "WriteShards" >> WriteShards(plan)
+    shards = (
+        blocks
+        | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets, progress)
+        | "WriteShards" >> WriteShards(plan, progress)
+    )
     summaries = blocks | "ComputeStats" >> ComputeStats([s.name for s in plan.splits], plan.config.stats.per)
     return shards | "Finalize" >> Finalize(plan, summaries, buckets)
 
 
-def run_build(config: BuildConfig, beam_args: list[str], overwrite: bool = False) -> tuple[BuildPlan, Schema | None]:
+def run_build(
+    config: BuildConfig, beam_args: list[str], overwrite: bool = False, show_progress: bool = False
+) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
     A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
-    nothing and returns no schema.
+    nothing and returns no schema. ``show_progress`` draws a live line on stderr (local runs).
     """
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
@@ -54,8 +70,13 @@ def run_build(config: BuildConfig, beam_args: list[str], overwrite: bool = False
     dry_run = is_dry_run(options)
     if not dry_run:
         prepare_output(plan.output, overwrite)
-    with pipeline:
-        build_pipeline(pipeline, plan, is_local_runner(options))
+    local = is_local_runner(options)
+    with contextlib.ExitStack() as stack:
+        if show_progress and local:
+            input_bytes = sum(f.nbytes for f in plan.files)
+            stack.enter_context(ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes))
+        with pipeline:
+            build_pipeline(pipeline, plan, local)
     return plan, None if dry_run else load_schema(plan.output)
 
 

@@ -68,9 +68,15 @@ class WindowConfig(_Strict):
 class SampleConfig(_Strict):
     """What one sample is. Dims not named here are iterated: one sample per index, dim dropped."""
 
-    window: dict[str, WindowConfig] = Field(default_factory=dict, description="dims cut into windows")
+    window: dict[str, WindowConfig] = Field(
+        default_factory=dict,
+        description="dims cut into windows; `lat: 9` is short for {size: 9}",
+        json_schema_extra={"reference_type": "mapping: dim → {size, stride}"},
+    )
     offsets: dict[str, list[int]] = Field(
-        default_factory=dict, description="steps along one dim taken together in one sample, e.g. time: [0, 1]"
+        default_factory=dict,
+        description="steps along one dim taken together in one sample, e.g. time: [0, 1]",
+        json_schema_extra={"reference_type": "mapping: dim → list of int"},
     )
     keep: list[str] = Field(default_factory=list, description="dims kept whole in every sample")
 
@@ -193,6 +199,7 @@ class BuildConfig(_Strict):
     sample: SampleConfig = Field(default_factory=SampleConfig)
     splits: dict[str, dict[str, SplitRange]] | None = Field(
         None,
+        json_schema_extra={"reference_type": "mapping: split name → {concat_dim: [start, end]}"},
         description=(
             'coordinate ranges along concat_dim, inclusive, e.g. train: {time: ["1979", "2015"]}; '
             "default: one split named data holding every sample"

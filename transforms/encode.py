@@ -21,6 +21,7 @@ from transforms.cut import METRICS_NAMESPACE
 from transforms.keys import sample_keys, shard_of
 from transforms.output import join, write_atomically
 from transforms.plan import BuildPlan
+from transforms.progress import mark
 
 
 def record_columns(plan: BuildPlan, block: xr.Dataset) -> dict[str, np.ndarray]:
@@ -72,9 +73,10 @@ def bucket_block(plan: BuildPlan, encoder: ExampleEncoder, block: xr.Dataset) ->
 
 
 class _EncodeAndBucketFn(beam.DoFn):
-    def __init__(self, plan: BuildPlan, bucket_dir: str | None):
+    def __init__(self, plan: BuildPlan, bucket_dir: str | None, progress_dir: str | None):
         self._plan = plan
         self._bucket_dir = bucket_dir
+        self._progress_dir = progress_dir
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_encoded")
 
     def setup(self):
@@ -90,15 +92,17 @@ class _EncodeAndBucketFn(beam.DoFn):
                 path = join(self._bucket_dir, f"shard-{shard:05d}", f"unit-{unit:06d}.bucket")
                 write_atomically(path, [blob])
                 yield shard, path
+        mark(self._progress_dir, "unit", unit, samples=block.sizes["sample"])
 
 
 class EncodeAndBucket(beam.PTransform):
     """Blocks -> (shard number, bucket): a bucket file path if ``bucket_dir`` is set, else the bytes."""
 
-    def __init__(self, plan: BuildPlan, bucket_dir: str | None):
+    def __init__(self, plan: BuildPlan, bucket_dir: str | None, progress_dir: str | None = None):
         super().__init__()
         self._plan = plan
         self._bucket_dir = bucket_dir
+        self._progress_dir = progress_dir
 
     def expand(self, blocks):
-        return blocks | "Encode" >> beam.ParDo(_EncodeAndBucketFn(self._plan, self._bucket_dir))
+        return blocks | "Encode" >> beam.ParDo(_EncodeAndBucketFn(self._plan, self._bucket_dir, self._progress_dir))

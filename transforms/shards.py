@@ -21,6 +21,7 @@ from transforms.buckets import row_dtype, unpack_bucket
 from transforms.cut import METRICS_NAMESPACE
 from transforms.output import join, read_bytes, write_atomically
 from transforms.plan import BuildPlan
+from transforms.progress import mark
 
 _RECORDS_PER_WRITE = 4096
 
@@ -96,8 +97,9 @@ def write_shard(plan: BuildPlan, shard: int, buckets: Iterable[bytes | str]) -> 
 
 
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, plan: BuildPlan):
+    def __init__(self, plan: BuildPlan, progress_dir: str | None):
         self._plan = plan
+        self._progress_dir = progress_dir
         self._records = Metrics.counter(METRICS_NAMESPACE, "records_written")
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
         self._shard_bytes = Metrics.distribution(METRICS_NAMESPACE, "shard_bytes")
@@ -108,15 +110,18 @@ class _WriteShardFn(beam.DoFn):
         self._records.inc(result.records)
         self._bytes.inc(result.bytes)
         self._shard_bytes.update(result.bytes)
+        mark(self._progress_dir, "shard", shard, records=result.examples, bytes=result.bytes)
         yield result
 
 
 class WriteShards(beam.PTransform):
     """(shard number, bucket) pairs -> one written TFRecord file per shard -> ShardResult."""
 
-    def __init__(self, plan: BuildPlan):
+    def __init__(self, plan: BuildPlan, progress_dir: str | None = None):
         super().__init__()
         self._plan = plan
+        self._progress_dir = progress_dir
 
     def expand(self, buckets):
-        return buckets | "GroupByShard" >> beam.GroupByKey() | "WriteShard" >> beam.ParDo(_WriteShardFn(self._plan))
+        write = _WriteShardFn(self._plan, self._progress_dir)
+        return buckets | "GroupByShard" >> beam.GroupByKey() | "WriteShard" >> beam.ParDo(write)
