@@ -39,6 +39,8 @@ setup(
             "hypothesis>=6.100",
             "scipy>=1.13",
             "gcp-storage-emulator==2026.7.19",
+            "psutil>=5.9",  # the benchmark measures the memory of process trees
+            "xbatcher==0.4.0",  # the benchmark's naive peer
             "ruff==0.17.6",
         ],
     },

@@ -1,0 +1,248 @@
+"""The benchmark's printed report: one table per scale, fixed costs, the read side, scaling and the targets."""
+
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.targets import Target, all_targets
+
+MB = 1e6
+_WRITE_HEADERS = (
+    "competitor",
+    "wall s",
+    "samples/s",
+    "MB/s",
+    "peak RSS MB",
+    "wall/floor",
+    "rate/floor",
+    "RSS/floor",
+    "load",
+)
+
+
+def table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
+    """Columns aligned: the first to the left, numbers to the right."""
+    widths = [max(len(str(r[i])) for r in [list(headers), *rows]) for i in range(len(headers))]
+
+    def line(cells) -> str:
+        first = str(cells[0]).ljust(widths[0])
+        return "  ".join([first, *(str(c).rjust(w) for c, w in zip(cells[1:], widths[1:]))]).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}"
+
+
+def _write_row(row: dict, floor: dict | None) -> list[str]:
+    if not row["ok"]:
+        return [row["label"], "FAILED", *["-"] * 7]
+    base = floor if floor and floor["ok"] else None
+    return [
+        row["label"],
+        _num(row["wall"], 2),
+        _num(row["samples_per_second"]),
+        _num(row["mb_per_second"], 1),
+        _num(row["peak_rss"] / MB),
+        _ratio(row["wall"], base and base["wall"]),
+        _ratio(row["samples_per_second"], base and base["samples_per_second"]),
+        _ratio(row["peak_rss"], base and base["peak_rss"]),
+        # The machine is shared: the 1-minute load average when the competitor started says how.
+        f"{row['load'][0]:.1f}",
+    ]
+
+
+def _identity_notes(section: dict) -> list[str]:
+    words = {True: "byte-identical to the pipeline's", False: "DIFFERENT from the pipeline's"}
+    names = {"floor": "floor", "pipeline-2w": "2-worker pipeline"}
+    return [
+        f"  {names[name]} shards: {words[same]}"
+        for name, same in section.get("identical_to_pipeline", {}).items()
+        if same is not None
+    ]
+
+
+def scale_section(scale: str, section: dict) -> str:
+    data = section["dataset"]
+    per_sample = data["input_bytes"] / max(data["samples"], 1) / 1e3
+    title = (
+        f"== {scale}x: {data['files']} files, {data['input_bytes'] / MB:,.1f} MB NetCDF -> {data['samples']:,} samples "
+        f"(9x9 patch, all levels, 5 variables; ~{per_sample:.1f} KB of input each), {data['num_shards']} shards =="
+    )
+    competitors = section["competitors"]
+    floor = competitors.get("floor")
+    rows = [_write_row(row, floor) for row in competitors.values()]
+    notes = [f"  {row['label']}: {row['note']}" for row in competitors.values() if row.get("note")]
+    notes += _identity_notes(section)
+    phases = (floor or {}).get("details", {}).get("phases")
+    if phases:
+        notes.append("  floor phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+    parts = [title, table(_WRITE_HEADERS, rows) if rows else "(no write-side competitor selected)"]
+    return "\n".join(parts + notes)
+
+
+def fixed_costs_section(results: dict) -> str | None:
+    rows = []
+    startup = results.get("startup")
+    if startup:
+        data = startup["dataset"]
+        size = f"{data['files']} file(s), {data['samples']:,} samples"
+        if startup.get("from_scale_rows"):
+            size += ": the quick rows above"
+        for name, label in (("pipeline", "default runner"), ("pipeline-2w", "2 workers")):
+            row = startup[name]
+            what = f"pipeline start-up ({label}; {size})"
+            if row["ok"]:
+                rows.append([what, _num(row["wall"], 2), _num(row["peak_rss"] / MB)])
+            else:
+                rows.append([what, "FAILED", "-"])
+    help_run = results.get("help")
+    if help_run:
+        runs = ", ".join(f"{w:.2f}" for w in help_run["runs"])
+        rows.append([f"python -m pipelines.build --help (median of {runs})", _num(help_run["median"], 2), "-"])
+    if not rows:
+        return None
+    return "== fixed costs ==\n" + table(("what", "wall s", "peak RSS MB"), rows)
+
+
+def _read_row(name: str, read: dict) -> list[str]:
+    if not read or not read.get("ok"):
+        return [name, "FAILED" if read else "-", *["-"] * 6]
+    best = read["best"]
+    record_kb = read["bytes"] / max(read["records"], 1) / 1e3
+    return [
+        name,
+        f"{read['records']:,}",
+        f"{record_kb:.2f}",
+        str(read["batch_size"]),
+        _num(best["parser"]),
+        _num(best["expert"]) if "expert" in best else "-",
+        f"{read['ratio']:.3f}" if read.get("ratio") is not None else "-",
+        _num(best["parser"] * record_kb / 1e3, 1),
+    ]
+
+
+def _packing_gain(small: dict | None, packed: dict | None) -> str | None:
+    """How much faster the parser reads the point series packed several to a record."""
+    if not (small and small.get("ok") and packed and packed.get("ok")):
+        return None
+    plain = statistics.median(small["examples_per_second"]["parser"])
+    many = statistics.median(packed["examples_per_second"]["parser"])
+    n = packed["examples_per_record"]
+    return f"  {n} series per record (output.examples_per_record: {n}): the parser reads {many / plain:.2f}x as fast"
+
+
+def _reads(results: dict) -> list[dict]:
+    reads = [sec["read"] for sec in results["scales"].values() if "read" in sec]
+    return reads + ([results["read_small"]] if "read_small" in results else [])
+
+
+def read_section(results: dict) -> str | None:
+    rows = [_read_row(f"patches ({scale}x)", sec["read"]) for scale, sec in results["scales"].items() if "read" in sec]
+    small = results.get("read_small")
+    packed = results.get("read_small_packed")
+    if small:
+        rows.append(_read_row("point series (32 steps of t)", small))
+    if packed:
+        rows.append(_read_row(f"  same, {packed.get('examples_per_record', '?')} per record", packed))
+    if not rows:
+        return None
+    headers = (
+        "dataset",
+        "records",
+        "KB/record",
+        "batch",
+        "parser ex/s",
+        "expert ex/s",
+        "parser/expert",
+        "parser MB/s",
+    )
+    rounds = next((r["rounds"] for r in _reads(results) if r.get("ok")), "?")
+    title = (
+        "== read side: generated parser.make_dataset vs hand-written tf.data "
+        f"(ex/s: best of {rounds} alternating rounds; parser/expert: median of the per-round ratios) =="
+    )
+    lines = [title, table(headers, rows)]
+    gain = _packing_gain(small, packed)
+    if gain:
+        lines.append(gain)
+    build = (small or {}).get("build")
+    if build and not build["ok"]:
+        lines.append("  building the point series with the pipeline FAILED (see the JSON's error)")
+    elif build:
+        lines.append(
+            f"  building the point series with the pipeline took {build['wall']:.1f} s "
+            f"({_num(build['samples_per_second'])} samples/s, peak RSS {build['peak_rss'] / MB:,.0f} MB)"
+        )
+    return "\n".join(lines)
+
+
+def _pipeline(results: dict, scale: str) -> dict | None:
+    row = results["scales"][scale]["competitors"].get("pipeline")
+    return row if row and row["ok"] else None
+
+
+def scaling_section(results: dict) -> str | None:
+    if "1" not in results["scales"] or len(results["scales"]) < 2 or not _pipeline(results, "1"):
+        return None
+    base = _pipeline(results, "1")
+    startup = (results.get("startup") or {}).get("pipeline")
+    fixed = startup["wall"] if startup and startup["ok"] else None
+    rows = []
+    for scale in results["scales"]:
+        row = _pipeline(results, scale)
+        if scale == "1" or row is None:
+            continue
+        adjusted = None if fixed is None else (row["wall"] - fixed) / (base["wall"] - fixed)
+        floor, floor_1 = (results["scales"][s]["competitors"].get("floor") for s in (scale, "1"))
+        floor_ratio = floor["wall"] / floor_1["wall"] if floor and floor_1 and floor["ok"] and floor_1["ok"] else None
+        rows.append(
+            [
+                f"{scale}x / 1x",
+                f"{row['wall'] / base['wall']:.2f}",
+                _num(adjusted, 2),
+                f"{row['peak_rss'] / base['peak_rss']:.2f}",
+                _num(floor_ratio, 2),
+            ]
+        )
+    headers = ("scaling", "pipeline wall", "wall - start-up", "pipeline RSS", "floor wall")
+    note = f"  start-up subtracted: {fixed:.2f} s (pipeline on 1 file)" if fixed is not None else "  (no start-up run)"
+    return "== scaling ==\n" + table(headers, rows) + "\n" + note
+
+
+def targets_section(targets: list[Target]) -> str:
+    rows = []
+    for target in targets:
+        sign = "<=" if target.at_most else ">="
+        value = "-" if target.value is None else f"{target.value:.3f}"
+        rows.append([target.name, f"{value} {target.unit}", f"{sign} {target.limit:g} {target.unit}", target.status])
+    return "== targets ==\n" + table(("target", "measured", "limit", "result"), rows)
+
+
+def header(results: dict) -> str:
+    host = results["host"]
+    load = ", ".join(f"{x:.2f}" for x in host["load_at_start"])
+    quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["options"]["quick"] else ""
+    return (
+        f"xarray-tfrecords benchmark{quick} -- {results['started']}, {host['cpus']} CPUs, load {load}; "
+        f"MB = 1e6 bytes; RSS = peak of the summed RSS of each competitor's process tree (polled every 50 ms); "
+        "load = 1-minute load average when the competitor started"
+    )
+
+
+def render(results: dict) -> str:
+    sections = [header(results)]
+    sections += [scale_section(scale, section) for scale, section in results["scales"].items()]
+    for build in (fixed_costs_section, read_section, scaling_section):
+        text = build(results)
+        if text:
+            sections.append(text)
+    sections.append(targets_section(all_targets(results)))
+    if results.get("failed"):
+        sections.append("FAILED: " + ", ".join(results["failed"]))
+    return "\n\n".join(sections)

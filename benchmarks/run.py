@@ -1,0 +1,389 @@
+"""Side-by-side benchmark of the build and its reader against a floor and a naive peer (``python -m benchmarks.run``).
+
+Every competitor runs in its own process; wall time and the peak RSS of its process tree are
+measured from outside. Datasets are generated once and cached in the work directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import filecmp
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from benchmarks import datasets, report
+from benchmarks.datasets import DatasetSpec
+from benchmarks.measure import Measurement, run_measured
+from benchmarks.targets import all_targets
+
+REPO = Path(__file__).resolve().parents[1]
+COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help")
+TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
+#: Batch sizes of the read side: a training-sized batch of big samples, a larger one of small.
+READ_BATCH = {"patches": 128, "points": 1024}
+READ_ROUNDS = 5
+PACKED = 32  # point series per record in the packed read-side set
+HELP_RUNS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """Where and how competitors run."""
+
+    workdir: Path
+    quick: bool
+    repeat: int
+    naive_files: int
+    timeout: float
+    selected: frozenset[str]
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        return env
+
+    def output(self, spec: DatasetSpec, competitor: str) -> Path:
+        return self.workdir / "out" / spec.name / competitor
+
+    def result_path(self, spec: DatasetSpec, competitor: str) -> Path:
+        return self.workdir / "results" / f"{spec.name}-{competitor}.json"
+
+    def run(self, command: list[str], archive: Path | None = None) -> Measurement:
+        """The fastest of ``repeat`` runs (a failed run is returned at once)."""
+        best = None
+        for _ in range(self.repeat):
+            if archive is not None:
+                warm_page_cache(archive)
+            measurement = run_measured([sys.executable, *command], str(REPO), self.env, self.timeout)
+            if not measurement.ok:
+                return measurement
+            if best is None or measurement.wall_seconds < best.wall_seconds:
+                best = measurement
+        return best
+
+
+def warm_page_cache(archive: Path) -> None:
+    """Read the inputs once, so every competitor starts with them in the page cache alike."""
+    for path in datasets.input_files(archive):
+        with open(path, "rb") as stream:
+            while stream.read(1 << 24):
+                pass
+
+
+def input_bytes(archive: Path) -> int:
+    return sum(p.stat().st_size for p in datasets.input_files(archive))
+
+
+def summary(label: str, measurement: Measurement, samples: int, nbytes: int, **extra) -> dict:
+    """A competitor's row: wall, rates and peak RSS (rates over the full dataset's samples and input)."""
+    wall = extra.pop("wall", measurement.wall_seconds)
+    row = {
+        "label": label,
+        "ok": measurement.ok,
+        "wall": wall,
+        "samples": samples,
+        "input_bytes": nbytes,
+        "samples_per_second": samples / wall if wall else None,
+        "mb_per_second": nbytes / 1e6 / wall if wall else None,
+        "peak_rss": measurement.peak_rss_bytes,
+        "load": [measurement.load_before, measurement.load_after],
+        "note": "",
+    }
+    row.update(extra)
+    if not measurement.ok:
+        row["error"] = measurement.output_tail
+        print(f"  {label} FAILED (exit {measurement.returncode}):\n{measurement.output_tail}", file=sys.stderr)
+    return row
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run_floor(bench: Bench, spec: DatasetSpec, archive: Path) -> dict:
+    config = datasets.write_config(bench.workdir, spec, archive, bench.output(spec, "floor"))
+    result = bench.result_path(spec, "floor")
+    measurement = bench.run(["-m", "benchmarks.floor", "--config", str(config), "--result", str(result)], archive)
+    details = read_json(result) if measurement.ok else {}
+    return summary("floor (numpy, 1 process)", measurement, spec.num_samples, input_bytes(archive), details=details)
+
+
+def run_pipeline(bench: Bench, spec: DatasetSpec, archive: Path, name: str = "pipeline") -> dict:
+    two = name.endswith("-2w")
+    config = datasets.write_config(bench.workdir, spec, archive, bench.output(spec, name))
+    command = ["-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet"]
+    command += TWO_WORKERS if two else []
+    measurement = bench.run(command, archive)
+    label = "pipeline, 2 workers" if two else "pipeline (default runner)"
+    return summary(label, measurement, spec.num_samples, input_bytes(archive))
+
+
+def run_naive(bench: Bench, spec: DatasetSpec, archive: Path) -> dict:
+    """The naive peer on the first few files, its time scaled to the full set."""
+    files = min(bench.naive_files, spec.shape.num_files)
+    config = datasets.write_config(bench.workdir, spec, archive, bench.output(spec, "naive"))
+    result = bench.result_path(spec, "naive")
+    command = ["-m", "benchmarks.naive", "--config", str(config), "--files", str(files), "--result", str(result)]
+    measurement = bench.run(command, archive)
+    label = "naive peer (xbatcher + tf.train)"
+    if not measurement.ok:
+        return summary(label, measurement, spec.num_samples, input_bytes(archive))
+    details = read_json(result)
+    factor = spec.num_samples / details["samples"]
+    # Start-up (imports) is paid once; only the conversion grows with the number of samples.
+    wall = measurement.wall_seconds + details["work_seconds"] * (factor - 1)
+    note = "not shuffled"
+    if factor != 1:
+        label += ", estimated"
+        note = (
+            f"measured on {files}/{spec.shape.num_files} files ({details['samples']:,} samples: "
+            f"{measurement.wall_seconds:.1f} s wall, {details['work_seconds']:.1f} s converting), conversion "
+            f"time scaled x{factor:.0f}; RSS is the subset's; {note}"
+        )
+    row = summary(label, measurement, spec.num_samples, input_bytes(archive), wall=wall, details=details)
+    row.update(estimated=factor != 1, measured_wall=measurement.wall_seconds, note=note)
+    return row
+
+
+def run_reads(bench: Bench, outputs: dict[str, tuple[Path, str]]) -> dict[str, dict]:
+    """Race the two readers on every output in one process: {key: result}."""
+    result = bench.workdir / "results" / "read.json"
+    rounds = 1 if bench.quick else READ_ROUNDS
+    command = ["-m", "benchmarks.readside", "--rounds", str(rounds), "--result", str(result)]
+    for output, kind in outputs.values():
+        command += ["--dataset", str(output), str(READ_BATCH[kind])]
+    measurement = bench.run(command)
+    if not measurement.ok:
+        return {key: {"ok": False, "error": measurement.output_tail} for key in outputs}
+    details = read_json(result)
+    return {key: read_summary(details[str(output)], kind, measurement) for key, (output, kind) in outputs.items()}
+
+
+def read_summary(details: dict, kind: str, measurement: Measurement) -> dict:
+    rates = details["examples_per_second"]
+    best = {name: max(values) for name, values in rates.items()}
+    # The two readers run back to back in each round, so a round's ratio sees one machine load;
+    # the median over rounds shrugs off a round that a neighbour disturbed.
+    paired = [parser / expert for parser, expert in zip(rates["parser"], rates.get("expert", []))]
+    return {
+        "ok": True,
+        "kind": kind,
+        **details,
+        "best": best,
+        "paired_ratios": paired,
+        "ratio": statistics.median(paired) if paired else None,
+        "process_wall": measurement.wall_seconds,
+        "process_peak_rss": measurement.peak_rss_bytes,
+    }
+
+
+def same_shards(left: Path, right: Path) -> bool | None:
+    """Whether two outputs hold byte-identical shards; None if either is missing."""
+    names = sorted(p.name for p in right.glob("data-*.tfrecord"))
+    if not names or not left.exists():
+        return None
+    if sorted(p.name for p in left.glob("data-*.tfrecord")) != names:
+        return False
+    return all(filecmp.cmp(left / n, right / n, shallow=False) for n in names)
+
+
+def ensure_pipeline_output(bench: Bench, spec: DatasetSpec, archive: Path) -> Path | None:
+    """The pipeline's output of ``spec`` for the read side, built (untimed) if this run did not."""
+    output = bench.output(spec, "pipeline")
+    if not (output / "schema.json").exists():
+        row = run_pipeline(bench, spec, archive)
+        if not row["ok"]:
+            return None
+    return output
+
+
+def run_scale(bench: Bench, scale: int) -> dict:
+    spec = datasets.patches(scale, bench.quick)
+    print(f"[{scale}x] dataset {spec.name}: {spec.num_samples:,} samples", flush=True)
+    archive = datasets.ensure_archive(bench.workdir, spec)
+    section = {"dataset": dataset_info(spec, archive), "competitors": {}}
+    runners = {"floor": run_floor, "pipeline": run_pipeline, "pipeline-2w": run_pipeline, "naive": run_naive}
+    for name, runner in runners.items():
+        if name in bench.selected:
+            print(f"[{scale}x] {name} ...", flush=True)
+            args = (name,) if runner is run_pipeline else ()
+            row = runner(bench, spec, archive, *args)
+            section["competitors"][name] = row
+            print(f"[{scale}x] {name}: {row['wall']:.1f} s, {row['peak_rss'] / 1e6:,.0f} MB", flush=True)
+    pipeline_out = bench.output(spec, "pipeline")
+    section["identical_to_pipeline"] = {
+        name: same_shards(bench.output(spec, name), pipeline_out) for name in ("floor", "pipeline-2w")
+    }
+    for name in ("floor", "pipeline-2w", "naive"):
+        shutil.rmtree(bench.output(spec, name), ignore_errors=True)  # at 4x, each is gigabytes
+    return section
+
+
+def dataset_info(spec: DatasetSpec, archive: Path) -> dict:
+    return {
+        "name": spec.name,
+        "files": spec.shape.num_files,
+        "shape": dataclasses.asdict(spec.shape),
+        "input_bytes": input_bytes(archive),
+        "samples": spec.num_samples,
+        "num_shards": spec.num_shards,
+        "path": str(archive),
+    }
+
+
+def run_startup(bench: Bench) -> dict:
+    """The pipeline's fixed cost: a build of a single file (392 samples at full size)."""
+    spec = datasets.patches(1, bench.quick, num_files=1)
+    archive = datasets.ensure_archive(bench.workdir, spec)
+    print(f"[start-up] pipeline on {spec.name} ...", flush=True)
+    rows = {name: run_pipeline(bench, spec, archive, name) for name in ("pipeline", "pipeline-2w")}
+    shutil.rmtree(bench.workdir / "out" / spec.name, ignore_errors=True)
+    return {"dataset": dataset_info(spec, archive), **rows}
+
+
+def quick_startup(results: dict, scales: list[int]) -> dict | None:
+    """In quick mode the dataset is start-up sized already: its pipeline rows stand in (saves two runs)."""
+    section = results["scales"][str(scales[0])]
+    rows = {name: section["competitors"].get(name) for name in ("pipeline", "pipeline-2w")}
+    if None in rows.values():
+        return None
+    return {"dataset": section["dataset"], "from_scale_rows": True, **rows}
+
+
+def read_side(bench: Bench, results: dict, scales: list[int]) -> None:
+    """Build the point-series set (timed), then race the readers on it and on each scale's patches."""
+    spec = datasets.points(bench.quick)
+    archive = datasets.ensure_archive(bench.workdir, spec)
+    print(f"[read] building {spec.name} ({spec.num_samples:,} samples) with the pipeline ...", flush=True)
+    small = {"dataset": dataset_info(spec, archive), "build": run_pipeline(bench, spec, archive)}
+    results["read_small"] = small
+    outputs = {"points": (bench.output(spec, "pipeline"), "points")} if small["build"]["ok"] else {}
+    packed = datasets.points(bench.quick, examples_per_record=PACKED)
+    packed_output = bench.workdir / "out" / f"{packed.name}-packed{PACKED}" / "pipeline"
+    print(f"[read] building {packed.name} packed {PACKED} to a record ...", flush=True)
+    packed_build = run_packed(bench, packed, archive, packed_output)
+    if packed_build["ok"]:
+        outputs["points_packed"] = (packed_output, "points")
+    for scale in scales:
+        patches = datasets.patches(scale, bench.quick)
+        output = ensure_pipeline_output(bench, patches, datasets.ensure_archive(bench.workdir, patches))
+        if output is not None:
+            outputs[str(scale)] = (output, "patches")
+    print(f"[read] parser vs expert on {len(outputs)} dataset(s) ...", flush=True)
+    read = run_reads(bench, outputs) if outputs else {}
+    small.update(read.get("points", {"ok": False}))
+    results["read_small_packed"] = {"build": packed_build, **read.get("points_packed", {"ok": False})}
+    for scale in scales:
+        results["scales"][str(scale)]["read"] = read.get(str(scale), {"ok": False})
+
+
+def run_packed(bench: Bench, spec: DatasetSpec, archive: Path, output: Path) -> dict:
+    """Build the packed point series into ``output`` (untimed: only its read speed is compared)."""
+    config = datasets.write_config(bench.workdir, spec, archive, output)
+    measurement = bench.run(["-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet"], archive)
+    return {"ok": measurement.ok, "error": None if measurement.ok else measurement.output_tail}
+
+
+def time_help(bench: Bench) -> dict:
+    runs = [
+        run_measured([sys.executable, "-m", "pipelines.build", "--help"], str(REPO), bench.env)
+        for _ in range(HELP_RUNS)
+    ]
+    walls = [r.wall_seconds for r in runs]
+    return {"ok": all(r.ok for r in runs), "runs": walls, "median": statistics.median(walls)}
+
+
+def host_info() -> dict:
+    versions = {}
+    for package in ("apache-beam", "tensorflow-cpu", "numpy", "xarray", "netCDF4", "xbatcher", "protobuf"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_at_start": os.getloadavg(),
+        "versions": versions,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--scale", type=int, default=1, help="dataset size: 1 = 48 files, 811 MiB (default); 4 = 4x")
+    sizes.add_argument("--scales", type=int, nargs="+", help="several scales in one run, e.g. --scales 1 4")
+    parser.add_argument(
+        "--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"), help="datasets and outputs"
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny datasets: a smoke test, not a measurement")
+    parser.add_argument("--only", nargs="+", choices=COMPETITORS, help="run only these competitors")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per competitor; the fastest is kept")
+    parser.add_argument("--naive-files", type=int, default=4, help="files the naive peer converts (then scaled)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds before a competitor is stopped")
+    parser.add_argument("--json", help="results file (default: <workdir>/results-<scales>.json)")
+    parser.add_argument("--keep-outputs", action="store_true", help="keep the pipeline's outputs in the workdir")
+    return parser.parse_args(argv)
+
+
+def run_all(bench: Bench, scales: list[int]) -> dict:
+    results: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host_info(), "scales": {}}
+    results["options"] = {
+        "quick": bench.quick,
+        "repeat": bench.repeat,
+        "scales": scales,
+        "only": sorted(bench.selected),
+    }
+    if "help" in bench.selected:
+        results["help"] = time_help(bench)
+    for scale in scales:
+        results["scales"][str(scale)] = run_scale(bench, scale)
+    if "startup" in bench.selected:
+        results["startup"] = (bench.quick and quick_startup(results, scales)) or run_startup(bench)
+    if "read" in bench.selected:
+        read_side(bench, results, scales)
+    results["targets"] = [t.to_json() for t in all_targets(results)]
+    return results
+
+
+def failures(results: dict) -> list[str]:
+    rows = [(f"{s}x {n}", r) for s, sec in results["scales"].items() for n, r in sec["competitors"].items()]
+    rows += [(f"{s}x read", sec["read"]) for s, sec in results["scales"].items() if "read" in sec]
+    rows += [(f"start-up {n}", results["startup"][n]) for n in ("pipeline", "pipeline-2w") if "startup" in results]
+    rows += [(name, results[name]) for name in ("read_small", "help") if name in results]
+    return [name for name, row in rows if not row.get("ok")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    scales = args.scales or [args.scale]
+    workdir = Path(args.workdir).resolve()
+    selected = frozenset(args.only or COMPETITORS)
+    (workdir / "results").mkdir(parents=True, exist_ok=True)
+    bench = Bench(workdir, args.quick, max(1, args.repeat), args.naive_files, args.timeout, selected)
+    results = run_all(bench, scales)
+    results["failed"] = failures(results)
+    if not args.keep_outputs:
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+    print()
+    print(report.render(results))
+    suffix = "-quick" if args.quick else ""
+    path = Path(args.json) if args.json else workdir / f"results-{'-'.join(map(str, scales))}x{suffix}.json"
+    path.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nResults: {path}")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The project's performance targets, evaluated on a benchmark's results (PASS/FAIL beside each ratio)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+GB = 1e9
+#: pipeline wall / floor wall allowed at 1x and from 4x on
+FLOOR_RATIO = {1: 1.5, 4: 1.25}
+MIN_SPEEDUP_OVER_NAIVE = 40.0
+MAX_RSS_1X_BYTES = 1.0 * GB
+MAX_RSS_GROWTH = 1.2  # peak RSS at 4x / at 1x
+SCALING_SLACK = 1.1  # time at Nx <= 1.1 N x time at 1x, start-up subtracted
+MIN_PARSER_VS_EXPERT = 0.95
+MAX_HELP_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One target: a measured value against a limit, passing below (``at_most``) or above it."""
+
+    name: str
+    value: float | None
+    limit: float
+    at_most: bool
+    unit: str = "x"
+
+    @property
+    def status(self) -> str:
+        if self.value is None:
+            return "n/a"
+        passed = self.value <= self.limit if self.at_most else self.value >= self.limit
+        return "PASS" if passed else "FAIL"
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "status": self.status}
+
+
+def _ok(results: dict, scale: str, name: str) -> dict | None:
+    competitor = results["scales"].get(scale, {}).get("competitors", {}).get(name)
+    return competitor if competitor and competitor["ok"] else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _get(competitor: dict | None, key: str) -> float | None:
+    return competitor[key] if competitor else None
+
+
+def scale_targets(results: dict, scale: str) -> list[Target]:
+    """Targets measured within one scale: against the floor, the naive peer, 2 workers, the reader."""
+    floor, pipeline = _ok(results, scale, "floor"), _ok(results, scale, "pipeline")
+    two, naive = _ok(results, scale, "pipeline-2w"), _ok(results, scale, "naive")
+    limit = FLOOR_RATIO[1] if int(scale) < 4 else FLOOR_RATIO[4]
+    targets = [
+        Target(
+            f"pipeline wall / floor wall ({scale}x)", _ratio(_get(pipeline, "wall"), _get(floor, "wall")), limit, True
+        ),
+        Target(
+            f"2-worker wall / default wall ({scale}x)", _ratio(_get(two, "wall"), _get(pipeline, "wall")), 1.0, True
+        ),
+        Target(
+            f"pipeline samples/s / naive peer's ({scale}x)",
+            _ratio(_get(pipeline, "samples_per_second"), _get(naive, "samples_per_second")),
+            MIN_SPEEDUP_OVER_NAIVE,
+            False,
+        ),
+    ]
+    if scale == "1":
+        for name, competitor in (("pipeline", pipeline), ("2-worker pipeline", two)):
+            rss = _get(competitor, "peak_rss")
+            targets.append(
+                Target(f"{name} peak RSS (1x)", rss / GB if rss else None, MAX_RSS_1X_BYTES / GB, True, "GB")
+            )
+    read = results["scales"].get(scale, {}).get("read")
+    targets.append(
+        Target(f"parser / expert examples/s (patches, {scale}x)", _get(read, "ratio"), MIN_PARSER_VS_EXPERT, False)
+    )
+    return targets
+
+
+def scaling_targets(results: dict) -> list[Target]:
+    """Targets comparing each larger scale with 1x: memory growth and time after start-up."""
+    if "1" not in results["scales"]:
+        return []
+    base = _ok(results, "1", "pipeline")
+    startup = results.get("startup", {}).get("pipeline")
+    startup_wall = startup["wall"] if startup and startup["ok"] else None
+    targets = []
+    for scale in (s for s in results["scales"] if s != "1"):
+        larger = _ok(results, scale, "pipeline")
+        growth = _ratio(_get(larger, "peak_rss"), _get(base, "peak_rss"))
+        targets.append(Target(f"pipeline peak RSS {scale}x / 1x", growth, MAX_RSS_GROWTH, True))
+        adjusted = None
+        if larger and base and startup_wall is not None:
+            adjusted = _ratio(larger["wall"] - startup_wall, base["wall"] - startup_wall)
+        limit = SCALING_SLACK * int(scale)
+        targets.append(Target(f"pipeline wall {scale}x / 1x, start-up subtracted", adjusted, limit, True))
+    return targets
+
+
+def all_targets(results: dict) -> list[Target]:
+    targets = [t for scale in results["scales"] for t in scale_targets(results, scale)]
+    targets += scaling_targets(results)
+    small = results.get("read_small")
+    if small is not None:
+        targets.append(
+            Target("parser / expert examples/s (point series)", small.get("ratio"), MIN_PARSER_VS_EXPERT, False)
+        )
+    help_run = results.get("help")
+    if help_run is not None:
+        targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))
+    return targets

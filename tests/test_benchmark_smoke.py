@@ -1,0 +1,58 @@
+"""The side-by-side benchmark runs end to end on tiny data (``--quick``): every row printed, the JSON readable.
+
+No timing is asserted: the machines that run the tests are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytest.importorskip("psutil", reason="the benchmark measures memory with psutil (test extras)")
+pytest.importorskip("xbatcher", reason="the benchmark's naive peer uses xbatcher (test extras)")
+
+ROWS = [
+    "floor (numpy, 1 process)",
+    "pipeline (default runner)",
+    "pipeline, 2 workers",
+    "naive peer (xbatcher + tf.train)",
+    "pipeline start-up (default runner",
+    "pipeline start-up (2 workers",
+    "python -m pipelines.build --help",
+    "patches (1x)",
+    "point series (32 steps of t)",
+    "same, 32 per record",
+    "series per record (output.examples_per_record: 32)",
+    "== targets ==",
+]
+
+
+def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
+    result_file = tmp_path / "results.json"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--quick",
+        "--workdir",
+        str(tmp_path),
+        "--json",
+        str(result_file),
+    ]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ROWS:
+        assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
+    results = json.loads(result_file.read_text())
+    assert results["failed"] == []
+    competitors = results["scales"]["1"]["competitors"]
+    assert set(competitors) == {"floor", "pipeline", "pipeline-2w", "naive"}
+    assert all(row["samples"] > 0 and row["peak_rss"] > 0 for row in competitors.values())
+    # The floor uses the pipeline's encoder, keys and framing: its shards must equal the pipeline's.
+    assert results["scales"]["1"]["identical_to_pipeline"] == {"floor": True, "pipeline-2w": True}
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"}
