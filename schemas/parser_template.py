@@ -95,10 +95,13 @@ def build_dataset(
     if shuffle_buffer:
         files_ds = files_ds.shuffle(len(files), seed=seed)
     compression = _COMPRESSION[schema.get("compression")]
+    # Read every shard at once (up to 64): AUTOTUNE would read only as many as there are cores,
+    # which starves the parser when records are small.
+    cycle = len(files) if num_parallel_reads == tf.data.AUTOTUNE else num_parallel_reads
     dataset = files_ds.interleave(
         lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
-        cycle_length=num_parallel_reads,
-        num_parallel_calls=num_parallel_reads,
+        cycle_length=max(1, min(cycle, 64)),
+        num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=not shuffle_buffer,
     )
     if shuffle_buffer:

@@ -25,10 +25,15 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def frame_parts(record: bytes) -> tuple[bytes, bytes, bytes]:
+    """A record's TFRecord header, the record, and its footer (to write or join without a copy)."""
+    length = _LENGTH.pack(len(record))
+    return length + _CRC.pack(masked_crc(length)), record, _CRC.pack(masked_crc(record))
+
+
 def frame(record: bytes) -> bytes:
     """One record with its TFRecord header and footer."""
-    length = _LENGTH.pack(len(record))
-    return b"".join((length, _CRC.pack(masked_crc(length)), record, _CRC.pack(masked_crc(record))))
+    return b"".join(frame_parts(record))
 
 
 def write_records(stream: BinaryIO, records: Iterable[bytes]) -> int:

@@ -19,16 +19,25 @@ MAGIC = b"XTFBKT01"
 _COUNT = struct.Struct("<Q")
 
 
-def pack_bucket(keys: np.ndarray, payloads: Sequence[bytes] | np.ndarray) -> bytes:
-    """A bucket of variable-length payloads (a list of bytes) or fixed-length rows (a structured array)."""
+def bucket_pieces(keys: np.ndarray, payloads: Sequence[Sequence[bytes]] | np.ndarray) -> list[bytes]:
+    """A bucket as a list of byte strings to write or join, without copying the payloads.
+
+    ``payloads``: per record, the parts that make it up (e.g. framing header, Example, framing
+    footer), or fixed-length rows as a structured array.
+    """
     if isinstance(payloads, np.ndarray):
         lengths = np.full(len(payloads), payloads.dtype.itemsize, dtype="<u8")
-        body: Sequence = (payloads.tobytes(),)
+        body: list = [payloads.tobytes()]
     else:
-        lengths = np.fromiter((len(r) for r in payloads), dtype="<u8", count=len(payloads))
-        body = payloads
+        lengths = np.fromiter((sum(map(len, parts)) for parts in payloads), dtype="<u8", count=len(payloads))
+        body = [part for parts in payloads for part in parts]
     head = MAGIC + _COUNT.pack(len(lengths))
-    return b"".join((head, np.asarray(keys, dtype="<u8").tobytes(), lengths.tobytes(), *body))
+    return [head, np.asarray(keys, dtype="<u8").tobytes(), lengths.tobytes(), *body]
+
+
+def pack_bucket(keys: np.ndarray, payloads: Sequence[Sequence[bytes]] | np.ndarray) -> bytes:
+    """A bucket as one blob (what travels through a distributed runner's shuffle)."""
+    return b"".join(bucket_pieces(keys, payloads))
 
 
 def row_dtype(features: Sequence[Feature]) -> np.dtype:

@@ -8,6 +8,8 @@ the unit's index and, per split, how many samples were cut, dropped or filled fo
 
 from __future__ import annotations
 
+import pickle
+
 import apache_beam as beam
 import numpy as np
 import xarray as xr
@@ -113,6 +115,26 @@ def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
     return xr.Dataset(data_vars, coords, attrs={"unit": unit.index, "counts": counts})
 
 
+class BlockCoder(beam.coders.Coder):
+    """Pickles blocks like Beam's fallback coder, but estimates their size from the arrays.
+
+    Beam samples the size of elements flowing between steps; through the fallback coder that
+    means pickling a whole block (tens of MB) just to measure it.
+    """
+
+    def encode(self, block: xr.Dataset) -> bytes:
+        return pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, data: bytes) -> xr.Dataset:
+        return pickle.loads(data)
+
+    def estimate_size(self, block: xr.Dataset) -> int:
+        return int(block.nbytes)
+
+    def is_deterministic(self) -> bool:
+        return False
+
+
 class _CutUnitFn(beam.DoFn):
     def __init__(self, plan: BuildPlan):
         self._plan = plan
@@ -136,4 +158,9 @@ class CutSamples(beam.PTransform):
         self._plan = plan
 
     def expand(self, units):
-        return units | "CutUnit" >> beam.ParDo(_CutUnitFn(self._plan))
+        blocks = units | "CutUnit" >> beam.ParDo(_CutUnitFn(self._plan))
+        blocks.element_type = xr.Dataset
+        return blocks
+
+
+beam.coders.registry.register_coder(xr.Dataset, BlockCoder)

@@ -15,8 +15,8 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from schemas.example_codec import ExampleEncoder
-from schemas.tfrecord import frame
-from transforms.buckets import pack_bucket, row_dtype
+from schemas.tfrecord import frame_parts
+from transforms.buckets import bucket_pieces, row_dtype
 from transforms.cut import METRICS_NAMESPACE
 from transforms.keys import sample_keys, shard_of
 from transforms.output import join, write_atomically
@@ -53,22 +53,26 @@ def sample_rows(plan: BuildPlan, columns: dict[str, np.ndarray]) -> np.ndarray:
     return rows
 
 
-def bucket_block(plan: BuildPlan, encoder: ExampleEncoder, block: xr.Dataset) -> list[tuple[int, bytes]]:
-    """Encode a block's samples and split them by shard: [(global shard number, bucket blob)]."""
+def bucket_block(plan: BuildPlan, encoder: ExampleEncoder, block: xr.Dataset) -> list[tuple[int, list[bytes]]]:
+    """Encode a block's samples and split them by shard: [(global shard number, bucket pieces)].
+
+    The pieces of a bucket, joined, are its blob (see transforms.buckets); kept apart they can
+    be written to a file without another copy of the records.
+    """
     keys = sample_keys(block["sample_id"].values, plan.seed)
     shards = global_shards(plan, keys, block["split"].values.astype(np.int64))
     columns = record_columns(plan, block)
     if plan.config.output.examples_per_record > 1:
         payloads = sample_rows(plan, columns)
     else:
-        payloads = [frame(record) for record in encoder.encode(columns)]
+        payloads = [frame_parts(record) for record in encoder.encode(columns)]
     order = np.argsort(shards, kind="stable")
     bounds = np.flatnonzero(np.diff(shards[order])) + 1
     buckets = []
     for chunk in np.split(order, bounds):
         if len(chunk):
             part = payloads[chunk] if isinstance(payloads, np.ndarray) else [payloads[i] for i in chunk]
-            buckets.append((int(shards[chunk[0]]), pack_bucket(keys[chunk], part)))
+            buckets.append((int(shards[chunk[0]]), bucket_pieces(keys[chunk], part)))
     return buckets
 
 
@@ -84,13 +88,13 @@ class _EncodeAndBucketFn(beam.DoFn):
 
     def process(self, block: xr.Dataset):
         unit = block.attrs["unit"]
-        for shard, blob in bucket_block(self._plan, self._encoder, block):
-            self._bytes.inc(len(blob))
+        for shard, pieces in bucket_block(self._plan, self._encoder, block):
+            self._bytes.inc(sum(map(len, pieces)))
             if self._bucket_dir is None:
-                yield shard, blob
+                yield shard, b"".join(pieces)
             else:
                 path = join(self._bucket_dir, f"shard-{shard:05d}", f"unit-{unit:06d}.bucket")
-                write_atomically(path, [blob])
+                write_atomically(path, pieces)
                 yield shard, path
         mark(self._progress_dir, "unit", unit, samples=block.sizes["sample"])
 

@@ -23,8 +23,6 @@ from transforms.output import join, read_bytes, write_atomically
 from transforms.plan import BuildPlan
 from transforms.progress import mark
 
-_RECORDS_PER_WRITE = 4096
-
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
@@ -91,8 +89,8 @@ def write_shard(plan: BuildPlan, shard: int, buckets: Iterable[bytes | str]) -> 
     records, examples = framed_records(plan, payloads)
     compression = plan.config.output.compression
     name = shard_name(split.name, number, split.num_shards, compression)
-    chunks = (b"".join(records[i : i + _RECORDS_PER_WRITE]) for i in range(0, len(records), _RECORDS_PER_WRITE))
-    size = write_atomically(join(plan.output, name), chunks, compression)
+    # Records go to the file one by one: joining them first would copy the shard once more.
+    size = write_atomically(join(plan.output, name), records, compression)
     return ShardResult(split.name, number, name, len(records), size, examples)
 
 

@@ -87,7 +87,8 @@ def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
         # Packed files often carry a NaN _FillValue on integer data, which xarray rightly drops
         # (NaN cannot be an integer fill); its warning says nothing the user can act on.
         warnings.simplefilter("ignore", xr.SerializationWarning)
-        dataset = xr.open_dataset(target, cache=False, **kwargs)
+        # No pandas indexes: we index by position, and building them is a quarter of an open.
+        dataset = xr.open_dataset(target, cache=False, create_default_indexes=False, **kwargs)
     try:
         yield dataset
     finally:

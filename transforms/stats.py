@@ -32,26 +32,25 @@ class Moments:
     @classmethod
     def of(cls, values: np.ndarray, keep_axes: Sequence[int] = ()) -> Moments:
         """Moments of the finite values, one per index along ``keep_axes``; NaN and inf counted apart."""
-        x = np.asarray(values, dtype=np.float64)
+        x = np.asarray(values)
         x = np.moveaxis(x, list(keep_axes), list(range(len(keep_axes))))
         x = x.reshape((*x.shape[: len(keep_axes)], -1))
         if x.shape[-1] == 0:
             zeros, none = np.zeros(x.shape[:-1]), np.zeros(x.shape[:-1], dtype=np.int64)
             return cls(none, zeros, zeros, zeros + np.inf, zeros - np.inf, none, none)
-        finite = np.isfinite(x)
-        if finite.all():
+        total = np.sum(x, axis=-1, dtype=np.float64)
+        if np.isfinite(total).all():
+            # Every value is finite (a NaN or inf would make its row's sum non-finite): one pass
+            # for the sum, one for the centred squares, without a float64 copy of the block.
             count = np.full(x.shape[:-1], x.shape[-1], dtype=np.int64)
-            mean = x.mean(axis=-1)
+            mean = total / x.shape[-1]
             centred = x - mean[..., None]
-            return cls(
-                count,
-                mean,
-                np.einsum("...i,...i->...", centred, centred),
-                x.min(axis=-1, initial=np.inf),
-                x.max(axis=-1, initial=-np.inf),
-                np.zeros_like(count),
-                np.zeros_like(count),
-            )
+            zeros = np.zeros_like(count)
+            m2 = np.einsum("...i,...i->...", centred, centred)
+            low, high = x.min(axis=-1).astype(np.float64), x.max(axis=-1).astype(np.float64)
+            return cls(count, mean, m2, low, high, zeros, zeros)
+        x = x.astype(np.float64)
+        finite = np.isfinite(x)
         nan = np.isnan(x)
         count = finite.sum(axis=-1)
         safe = np.where(finite, x, 0.0)

@@ -76,8 +76,8 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     encoder = ExampleEncoder(plan.schema.features)
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
-        for shard, blob in bucket_block(plan, encoder, cut_unit(plan, unit)):
-            by_shard.setdefault(shard, []).append(blob)
+        for shard, pieces in bucket_block(plan, encoder, cut_unit(plan, unit)):
+            by_shard.setdefault(shard, []).append(b"".join(pieces))
     decoder = ExampleDecoder(plan.schema.features)
     seen = []
     for blobs in by_shard.values():
@@ -91,7 +91,8 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 
 def test_sorted_payloads_refuses_a_duplicate_sample(plan):
     encoder = ExampleEncoder(plan.schema.features)
-    _shard, blob = bucket_block(plan, encoder, cut_unit(plan, plan.units[0]))[0]
+    _shard, pieces = bucket_block(plan, encoder, cut_unit(plan, plan.units[0]))[0]
+    blob = b"".join(pieces)
     with pytest.raises(RuntimeError, match="duplicate shuffle key"):
         sorted_payloads([blob, blob])
 
