@@ -7,6 +7,8 @@ PipelineOptions (``--runner``, ``--direct_num_workers``, ``--project``, ...).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import re
 import sys
@@ -121,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"No --config given: running the demo on {config.input.paths[0]} (see configs/demo.yaml).")
         else:
             config = load_config(args.config, input=args.input, output=args.output, seed=args.seed)
-        plan, schema = run_build(config, beam_args, overwrite, show_progress=not args.quiet)
+        # Beam's worker threads print every failure's traceback to stderr themselves; the failure
+        # also comes back as the exception reported below in one line, so hold that text back.
+        worker_output = io.StringIO()
+        with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
+            plan, schema = run_build(config, beam_args, overwrite, show_progress=not args.quiet)
+        sys.stderr.write(worker_output.getvalue())
     except KeyboardInterrupt:
         print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)
         return 130

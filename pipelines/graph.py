@@ -10,7 +10,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.progress import ProgressLine
-from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner
+from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner, with_local_defaults
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
@@ -61,7 +61,7 @@ def run_build(
     A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
     nothing and returns no schema. ``show_progress`` draws a live line on stderr (local runs).
     """
-    options = PipelineOptions(beam_args)
+    options = PipelineOptions(with_local_defaults(beam_args))
     use_anonymous_credentials_for_emulator()
     check_remote_setup(options, config)
     pipeline = _validated_pipeline(options)

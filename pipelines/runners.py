@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from schemas.errors import UserError
@@ -22,6 +24,21 @@ def is_local_runner(options: PipelineOptions) -> bool:
 
 def is_dry_run(options: PipelineOptions) -> bool:
     return bool(options.get_all_options().get("dry_run"))
+
+
+#: Threads of a local run when the user chooses none: units overlap their file reads, numpy work
+#: and writes (netCDF access itself is serialised per process). Measured on 2 cores: 2 threads
+#: beat 1 by about a fifth, and a third thread only adds contention.
+MAX_LOCAL_THREADS = 4
+
+
+def with_local_defaults(beam_args: list[str]) -> list[str]:
+    """Beam arguments with this tool's default local execution: one thread per core, up to 4."""
+    chosen = any(a.startswith(("--direct_num_workers", "--direct_running_mode")) for a in beam_args)
+    if chosen or not is_local_runner(PipelineOptions(beam_args)):
+        return beam_args
+    threads = max(1, min(os.cpu_count() or 1, MAX_LOCAL_THREADS))
+    return [*beam_args, f"--direct_num_workers={threads}", "--direct_running_mode=multi_threading"]
 
 
 def make_runner(options: PipelineOptions):

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
-UNIT_BUDGET_BYTES = 256e6
+UNIT_BUDGET_BYTES = 64e6
 
 
 def package_version() -> str:

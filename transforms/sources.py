@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -81,18 +82,23 @@ def _local_copy(path: str) -> Iterator[str]:
         os.remove(local)
 
 
+#: The netCDF and HDF5 C libraries are not thread-safe (concurrent opens crash the process), and
+#: Beam's multi_threading mode runs several units at once: one file is open at a time per process.
+_NETCDF_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
-    with warnings.catch_warnings():
+    with _NETCDF_LOCK, warnings.catch_warnings():
         # Packed files often carry a NaN _FillValue on integer data, which xarray rightly drops
         # (NaN cannot be an integer fill); its warning says nothing the user can act on.
         warnings.simplefilter("ignore", xr.SerializationWarning)
         # No pandas indexes: we index by position, and building them is a quarter of an open.
         dataset = xr.open_dataset(target, cache=False, create_default_indexes=False, **kwargs)
-    try:
-        yield dataset
-    finally:
-        dataset.close()
+        try:
+            yield dataset
+        finally:
+            dataset.close()
 
 
 @contextlib.contextmanager
