@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import apache_beam as beam
@@ -19,10 +20,14 @@ from transforms.cut import CutSamples
 from transforms.encode import EncodeAndBucket
 from transforms.finalize import Finalize
 from transforms.gcs_emulator import use_anonymous_credentials_for_emulator
-from transforms.output import bucket_dir, prepare_output
+from transforms.in_place import WriteInPlace
+from transforms.layout import ShardLayout, plan_layout, preallocate, why_not_in_place
+from transforms.output import bucket_dir, prepare_output, remove_temporary_files
 from transforms.plan import BuildPlan, make_plan
 from transforms.shards import WriteShards
 from transforms.stats import ComputeStats
+
+logger = logging.getLogger(__name__)
 
 
 def progress_dir(plan: BuildPlan) -> str:
@@ -30,11 +35,12 @@ def progress_dir(plan: BuildPlan) -> str:
     return os.path.join(bucket_dir(plan.output, plan.run_id), "progress")
 
 
-def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
+def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool, layout: ShardLayout | None = None):
     """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
 
-    ``local``: bucket files on disk carry the records to the shard writers (local runners);
-    otherwise the bucket bytes go through the runner's shuffle (DESIGN.md, decision 3).
+    With a ``layout``, units write their records in place (transforms.layout). Otherwise, on
+    local runners, bucket files carry the records to the shard writers; on distributed runners
+    the bucket bytes go through the runner's shuffle (DESIGN.md, decision 3).
     """
     buckets = bucket_dir(plan.output, plan.run_id) if local else None
     progress = progress_dir(plan) if local else None
@@ -44,11 +50,14 @@ def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool):
         | "SpreadUnits" >> beam.Reshuffle()
         | "CutSamples" >> CutSamples(plan)
     )
-    shards = (
-        blocks
-        | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets, progress)
-        | "WriteShards" >> WriteShards(plan, progress)
-    )
+    if layout is not None:
+        shards = blocks | "WriteInPlace" >> WriteInPlace(plan, layout, progress)
+    else:
+        shards = (
+            blocks
+            | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets, progress)
+            | "WriteShards" >> WriteShards(plan, progress)
+        )
     summaries = blocks | "ComputeStats" >> ComputeStats([s.name for s in plan.splits], plan.config.stats.per)
     return shards | "Finalize" >> Finalize(plan, summaries, buckets)
 
@@ -68,15 +77,27 @@ def run_build(
     FileSystems.set_options(options)
     plan = make_plan(config)
     dry_run = is_dry_run(options)
+    local = is_local_runner(options)
+    layout = None
     if not dry_run:
         prepare_output(plan.output, overwrite)
-    local = is_local_runner(options)
-    with contextlib.ExitStack() as stack:
-        if show_progress and local:
-            input_bytes = sum(f.nbytes for f in plan.files)
-            stack.enter_context(ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes))
-        with pipeline:
-            build_pipeline(pipeline, plan, local)
+        reason = why_not_in_place(plan, local)
+        if reason is None:
+            layout = plan_layout(plan, os.path.join(bucket_dir(plan.output, plan.run_id), "layout"))
+            preallocate(plan, layout)
+        else:
+            logger.info("records go through bucket files or the runner's shuffle: %s", reason)
+    try:
+        with contextlib.ExitStack() as stack:
+            if show_progress and local:
+                input_bytes = sum(f.nbytes for f in plan.files)
+                stack.enter_context(ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes))
+            with pipeline:
+                build_pipeline(pipeline, plan, local, layout)
+    except BaseException:
+        if not dry_run:
+            remove_temporary_files(plan)
+        raise
     return plan, None if dry_run else load_schema(plan.output)
 
 

@@ -170,6 +170,14 @@ class OutputConfig(_Strict):
     examples_per_record: PositiveInt = Field(
         1, le=4096, description="samples packed into one record (each feature gains a leading axis)"
     )
+    in_place: bool = Field(
+        True,
+        description=(
+            "write each record straight to its final offset in its shard when the build allows it (local "
+            "runner and output; no nan_policy: drop, packing or compression); false: always go through "
+            "bucket files. Same bytes either way"
+        ),
+    )
 
     @field_validator("dtype")
     @classmethod

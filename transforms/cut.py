@@ -18,6 +18,7 @@ from apache_beam.metrics import Metrics
 from schemas.errors import UserError
 from transforms.features import VariablePlan
 from transforms.plan import BuildPlan
+from transforms.positions import position_columns, split_labels
 from transforms.sampling import Unit
 from transforms.sources import read_slabs
 
@@ -45,14 +46,6 @@ def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allo
     return cast
 
 
-def _split_labels(plan: BuildPlan, positions: list[np.ndarray]) -> np.ndarray:
-    """Each sample's split index, or -1 for samples that belong to none."""
-    if plan.position_split is None:
-        return np.zeros(len(positions[0]) if positions else 1, dtype=np.int16)
-    which = [a.dim for a in plan.grid.grid_axes].index(plan.concat_dim)
-    return plan.position_split[positions[which]]
-
-
 def _apply_nan_policy(plan: BuildPlan, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Samples to keep, and which samples had NaN (filled in place with nan_policy: fill)."""
     n = len(next(iter(data.values())))
@@ -73,7 +66,7 @@ def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
     """The block of samples of one unit, in sample-id order."""
     grid = plan.grid
     positions = grid.unit_positions(unit)
-    labels = _split_labels(plan, positions)
+    labels = split_labels(plan, positions)
     in_split = labels >= 0
     sources = [(v.name, v.static_path) for v in plan.variables]
     slabs = read_slabs(plan.files, plan.concat_dim, sources, grid.source_box(unit))
@@ -102,15 +95,8 @@ def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
         "sample_id": ("sample", grid.sample_ids(unit)[chosen]),
         "split": ("sample", labels),
     }
-    for axis, where in zip(grid.grid_axes, positions):
-        where = where[chosen]
-        coords[f"index/{axis.dim}"] = ("sample", axis.first_index(where).astype(np.int64))
-        if axis.dim in plan.coords:
-            values = plan.coords[axis.dim]
-            if axis.role == "iterate":
-                coords[f"coord/{axis.dim}"] = ("sample", values[axis.first_index(where)])
-            else:
-                coords[f"coord/{axis.dim}"] = (("sample", axis.dim), values[axis.element_indices(where)])
+    for name, (dims, values) in position_columns(plan, [where[chosen] for where in positions]).items():
+        coords[name] = (("sample", *dims), values)
     data_vars = {v.name: (("sample", *v.feature.dims), data[v.name]) for v in plan.variables}
     return xr.Dataset(data_vars, coords, attrs={"unit": unit.index, "counts": counts})
 

@@ -6,6 +6,7 @@ All I/O goes through Beam's ``FileSystems``, so local paths and ``gs://`` behave
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import posixpath
 import tempfile
@@ -21,6 +22,8 @@ from transforms.urls import is_remote
 
 # Driver and workers both import this module before their first GCS call.
 use_anonymous_credentials_for_emulator()
+
+logger = logging.getLogger(__name__)
 
 TMP_DIR = "_tmp"
 _OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB)
@@ -78,6 +81,21 @@ def prepare_output(path: str, overwrite: bool) -> None:
     rest = [p for p in existing if p != schema]
     if rest:
         FileSystems.delete(rest)
+
+
+def remove_temporary_files(plan) -> None:
+    """Delete what a failed run of ``plan`` left: its temporary shards and its bucket directory.
+
+    A run killed outright cannot do this; the next run with --overwrite does (prepare_output).
+    """
+    temporary = [m.path for m in FileSystems.match([join(plan.output, f"*.tmp-{plan.run_id}")])[0].metadata_list]
+    buckets = bucket_dir(plan.output, plan.run_id)
+    for path in [*temporary, buckets, join(plan.output, TMP_DIR)]:
+        try:
+            if FileSystems.exists(path):
+                FileSystems.delete([path])
+        except Exception as error:  # cleaning up must not hide why the run failed
+            logger.warning("could not remove %s: %s", path, error)
 
 
 def write_atomically(path: str, chunks, compression: str | None = None) -> int:

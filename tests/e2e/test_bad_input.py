@@ -68,6 +68,8 @@ def assert_fails(config, tmp_path, capsys, *expected: str, flags=()):
         assert fragment in lines[0], lines[0]
     output = Path(config["output"]["path"])
     assert not (output / "schema.json").exists()
+    if output.is_dir():  # a failed run removes its temporary shards and buckets
+        assert not list(output.rglob("*")), list(output.rglob("*"))
     return lines[0]
 
 

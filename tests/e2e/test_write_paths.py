@@ -1,0 +1,44 @@
+"""Writing records in place and writing them through bucket files give the same bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.build import main
+from schemas import load_schema
+
+SAMPLES = {
+    "patches": {"window": {"lat": 9, "lon": 9}, "keep": ["level"]},
+    "pairs across files": {"window": {"lat": 5, "lon": 6}, "offsets": {"time": [0, 1]}, "keep": ["level"]},
+    "series, strided": {"window": {"time": {"size": 5, "stride": 2}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_in_place_equals_buckets(small_archive, tmp_path, name):
+    outputs = {}
+    for in_place in (True, False):
+        output = tmp_path / f"in_place_{in_place}"
+        config = {
+            "input": {"paths": str(small_archive / "*.nc")},
+            "variables": ["t", "q"],
+            "sample": SAMPLES[name],
+            "splits": {"train": {"time": ["2020-01-01", "2020-01-02T06"]}, "test": {"time": ["2020-01-02T12", None]}},
+            "shuffle": {"seed": 3},
+            "output": {"path": str(output), "num_shards": 3, "in_place": in_place},
+        }
+        path = tmp_path / f"{in_place}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert main(["--config", str(path), "--quiet"]) == 0
+        outputs[in_place] = output
+    schema = load_schema(str(outputs[True]))
+    files = [shard.file for shards in schema.splits.values() for shard in shards]
+    assert len(files) == 6 and schema.num_examples() > 0
+    for file in files:
+        assert (outputs[True] / file).read_bytes() == (outputs[False] / file).read_bytes(), file
+    assert sorted(p.name for p in Path(outputs[True]).iterdir()) == sorted(
+        p.name for p in Path(outputs[False]).iterdir()
+    )  # no temporary shards or layout files left behind
