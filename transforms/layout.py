@@ -22,7 +22,8 @@ import numpy as np
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import shard_name
 from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
-from transforms.keys import sample_keys, shard_of
+from transforms.encode import global_shards
+from transforms.keys import sample_keys
 from transforms.plan import BuildPlan
 from transforms.positions import position_columns, split_labels
 
@@ -79,9 +80,7 @@ def _chunk_layout(plan: BuildPlan, encoder: ExampleEncoder, ids: np.ndarray):
     ids, labels = ids[written], labels[written].astype(np.int64)
     positions = [p[written] for p in positions]
     keys = sample_keys(ids, plan.seed)
-    counts = np.array([s.num_shards for s in plan.splits], dtype=np.uint64)
-    firsts = np.array([s.first_shard for s in plan.splits], dtype=np.int64)
-    shards = firsts[labels] + shard_of(keys, counts[labels])
+    shards = global_shards(plan, keys, labels)
     columns = {name: values for name, (_, values) in position_columns(plan, positions).items()}
     sizes = encoder.record_lengths(columns, len(ids)) + _FRAMING
     return ids, shards, keys, sizes

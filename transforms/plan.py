@@ -31,7 +31,7 @@ from transforms.features import (
 from transforms.inventory import Inventory, check_variables_agree, take_inventory
 from transforms.sampling import SampleGrid, Unit, plan_units
 from transforms.sources import SourceFile
-from transforms.splits import DEFAULT_SPLIT, SplitPlan, position_splits, split_ranges
+from transforms.splits import SplitPlan, position_splits, split_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,6 @@ class BuildPlan:
             if split.first_shard <= shard < split.first_shard + split.num_shards:
                 return split, shard - split.first_shard
         raise IndexError(shard)
-
-    @property
-    def record_bytes(self) -> int:
-        """Approximate size of one framed record."""
-        return _record_bytes(self.schema.features)
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:
@@ -274,6 +269,3 @@ def _plan_units(
         units = [u for u in units if (labels[slice(*u.ranges[which])] >= 0).any()]
         units = [dataclasses.replace(u, index=i) for i, u in enumerate(units)]
     return units
-
-
-__all__ = ["DEFAULT_SPLIT", "BuildPlan", "StackPlan", "VariablePlan", "make_plan"]
