@@ -49,12 +49,19 @@ def entry_header(name: bytes, list_field: int, payload_len: int) -> bytes:
     return field_header(1, entry_len) + key + value + feature + value_list
 
 
-def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Varint-encode a (rows, k) int64 array: all rows' bytes back to back, and each row's length."""
+def varint_lengths(values: np.ndarray) -> np.ndarray:
+    """Bytes each int64 value takes as a varint (negative values take 10, as their uint64)."""
     unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     nbytes = np.ones(unsigned.shape, dtype=np.int64)
     for i in range(1, _MAX_VARINT_BYTES):
         nbytes += (unsigned >> np.uint64(7 * i)) != 0
+    return nbytes
+
+
+def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Varint-encode a (rows, k) int64 array: all rows' bytes back to back, and each row's length."""
+    unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
+    nbytes = varint_lengths(unsigned.view(np.int64))
     groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)
     for i in range(_MAX_VARINT_BYTES):
         more = (nbytes > i + 1).astype(np.uint8) << 7
@@ -81,6 +88,24 @@ class ExampleEncoder:
         # int64 features: the header depends only on the payload length; cache per length.
         self._int_headers: list[dict[int, bytes]] = [{} for _ in self._ints]
         self._example_headers: dict[int, bytes] = {}
+
+    def record_lengths(self, int_columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """The serialized length of each sample's Example, from its int64 values alone.
+
+        Float features have fixed lengths, so only the varints vary: the shards' layout can be
+        known before any float is read.
+        """
+        length = np.full(n, self._fixed_len, dtype=np.int64)
+        for feature in self._ints:
+            values = np.asarray(int_columns[feature.name]).reshape(n, feature.size)
+            payload = varint_lengths(values).sum(axis=1)
+            distinct, which = np.unique(payload, return_inverse=True)
+            name = feature.name.encode()
+            header = np.array([len(entry_header(name, INT64_LIST, int(p))) for p in distinct], dtype=np.int64)
+            length += header[which] + payload
+        distinct, which = np.unique(length, return_inverse=True)
+        head = np.array([len(field_header(1, int(size))) for size in distinct], dtype=np.int64)
+        return length + head[which]
 
     def encode(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
         """One serialized Example per sample; ``columns[name]`` has shape (samples, *feature.shape)."""
