@@ -1,4 +1,4 @@
-"""A synthetic ERA5-like archive (time-split NetCDF files, 5 variables on pressure levels) and the demo config.
+"""A synthetic ERA5-like archive (time-split NetCDF files, 5 variables on levels, invariants) and the demo config.
 
 The fields are smooth, with realistic magnitudes and units (temperature in K, wind in m/s,
 specific humidity in kg/kg, geopotential in m**2 s**-2), so statistics, pictures and
@@ -73,8 +73,34 @@ def _fields(time: np.ndarray, level: np.ndarray, lat: np.ndarray, lon: np.ndarra
     return {name: np.broadcast_to(value, shape).astype(np.float32) for name, value in zip("tuvqz", (t, u, v, q, z))}
 
 
-def write_archive(directory: str | os.PathLike, shape: ArchiveShape = ArchiveShape(), seed: int = 0) -> list[Path]:
-    """Write the archive as ``era5_<first time>.nc`` files; returns their paths."""
+def _write(dataset: xr.Dataset, path: Path, **options) -> Path:
+    temporary = path.with_suffix(".nc.tmp")
+    dataset.to_netcdf(temporary, **options)
+    return temporary.rename(path)
+
+
+def _invariants(lat: np.ndarray, lon: np.ndarray) -> xr.Dataset:
+    """Static fields without time, as ERA5 ships them apart: orography and a land-sea mask."""
+    phi, lam = np.deg2rad(lat)[:, None], np.deg2rad(lon)[None, :]
+    continents = np.sin(2 * lam) * np.cos(phi) + 0.4 * np.cos(3 * phi) * np.sin(lam + 1)
+    lsm = (continents > 0.2).astype(np.float32)
+    orography = (lsm * 2500 * (continents - 0.2).clip(0, 1) ** 1.5).astype(np.float32)
+    return xr.Dataset(
+        {
+            "orography": (("lat", "lon"), orography, {"units": "m", "long_name": "Surface height"}),
+            "lsm": (("lat", "lon"), lsm, {"units": "1", "long_name": "Land-sea mask"}),
+        },
+        coords={
+            "lat": ("lat", lat, {"units": "degrees_north", "long_name": "latitude"}),
+            "lon": ("lon", lon, {"units": "degrees_east", "long_name": "longitude"}),
+        },
+    )
+
+
+def write_archive(
+    directory: str | os.PathLike, shape: ArchiveShape = ArchiveShape(), seed: int = 0, invariants: bool = False
+) -> list[Path]:
+    """Write the archive as ``era5_<first time>.nc`` files (and ``invariants.nc``); returns their paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -97,22 +123,18 @@ def write_archive(directory: str | os.PathLike, shape: ArchiveShape = ArchiveSha
             },
             attrs={"title": "synthetic ERA5-like reanalysis (xarray-tfrecords demo)", "Conventions": "CF-1.8"},
         )
-        path = directory / f"era5_{start:%Y%m%dT%H}.nc"
-        temporary = path.with_suffix(".nc.tmp")
-        dataset.to_netcdf(
-            temporary,
-            encoding={"time": {"units": "hours since 1900-01-01", "dtype": "int32", "calendar": "gregorian"}},
-        )
-        temporary.rename(path)
-        paths.append(path)
+        encoding = {"time": {"units": "hours since 1900-01-01", "dtype": "int32", "calendar": "gregorian"}}
+        paths.append(_write(dataset, directory / f"era5_{start:%Y%m%dT%H}.nc", encoding=encoding))
+    if invariants:
+        paths.append(_write(_invariants(lat, lon), directory / "invariants.nc"))
     return paths
 
 
 def ensure_demo_data(directory: str = DEMO_DATA_DIR) -> list[Path]:
-    """The demo archive, written on first use."""
+    """The demo archive (with its invariants file), written on first use."""
     existing = sorted(Path(directory).glob("*.nc"))
-    if len(existing) == ArchiveShape().num_files:
+    if len(existing) == ArchiveShape().num_files + 1:
         return existing
     for stale in existing:
         stale.unlink()
-    return write_archive(directory)
+    return write_archive(directory, invariants=True)

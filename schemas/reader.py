@@ -12,6 +12,7 @@ Shards are read in written order (the records are fully shuffled on disk already
 from __future__ import annotations
 
 import gzip
+import io
 import posixpath
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +29,7 @@ from schemas.tfrecord import CorruptRecordError, read_records
 
 #: Records decoded together: large enough to amortise numpy calls, small enough for any memory.
 DEFAULT_CHUNK = 256
+_READ_BLOCK = 16 * 2**20
 _COMPRESSION = {None: None, "gzip": "gzip"}
 T = TypeVar("T")
 
@@ -44,7 +46,10 @@ def open_shard(url: str, compression: str | None):
     if compression not in _COMPRESSION:
         raise UserError(f"{url}: compression {compression!r} is not supported (only gzip or none); update the reader")
     try:
-        return fsspec.open(url, "rb", compression=_COMPRESSION[compression]).open()
+        stream = fsspec.open(url, "rb", compression=_COMPRESSION[compression]).open()
+        # Records are read in order, a few bytes at a time: ask a remote filesystem for big
+        # sequential chunks, or every small read waits on a request of its own.
+        return io.BufferedReader(stream, buffer_size=_READ_BLOCK) if "://" in url else stream
     except FileNotFoundError:
         raise UserError(
             f"{url}: shard listed in schema.json is missing; the output is incomplete or was moved: build it again"

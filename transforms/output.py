@@ -98,6 +98,29 @@ def remove_temporary_files(plan) -> None:
             logger.warning("could not remove %s: %s", path, error)
 
 
+_WRITE_BYTES = 8 * 2**20
+
+
+def _batched(chunks, size: int = _WRITE_BYTES):
+    """Join small chunks into writes of about ``size`` bytes; pass large ones through uncopied."""
+    pending: list = []
+    pending_bytes = 0
+    for chunk in chunks:
+        if len(chunk) >= size:
+            if pending:
+                yield b"".join(pending)
+                pending, pending_bytes = [], 0
+            yield chunk
+            continue
+        pending.append(chunk)
+        pending_bytes += len(chunk)
+        if pending_bytes >= size:
+            yield b"".join(pending)
+            pending, pending_bytes = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
 def write_atomically(path: str, chunks, compression: str | None = None) -> int:
     """Write bytes chunks to a temporary name beside ``path``, then rename; returns the file's size.
 
@@ -108,7 +131,7 @@ def write_atomically(path: str, chunks, compression: str | None = None) -> int:
     kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
     stream = FileSystems.create(temporary, compression_type=kind)
     try:
-        for chunk in chunks:
+        for chunk in _batched(chunks):
             stream.write(chunk)
             written += len(chunk)
     except BaseException:

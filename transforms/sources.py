@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import tempfile
@@ -24,6 +25,7 @@ from transforms.urls import is_remote
 logger = logging.getLogger(__name__)
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_HEADER_READ = 2**20
 
 
 def expand_paths(patterns: Sequence[str]) -> list[str]:
@@ -50,7 +52,10 @@ def file_size(path: str) -> int:
 def check_not_truncated(path: str) -> int:
     """The file's size, after checking a classic NetCDF file holds all the bytes its header declares."""
     size = file_size(path)
-    with fsspec.open(path, "rb") as stream:
+    with fsspec.open(path, "rb") as raw:
+        # The header is parsed a few bytes at a time: buffer it, or each read of a remote file
+        # would wait on a request of its own.
+        stream = io.BufferedReader(raw, buffer_size=_HEADER_READ) if is_remote(path) else raw
         try:
             expected = expected_size(stream)
         except (EOFError, ValueError) as error:

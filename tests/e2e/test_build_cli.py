@@ -96,12 +96,52 @@ def test_demo_runs_from_a_fresh_directory(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "from parser import make_dataset" in first.stdout
     output = tmp_path / "demo" / "patches"
-    parsed = check_output(output, sorted((tmp_path / "demo" / "era5").glob("*.nc")), "time")
+    parsed = check_output(output, sorted((tmp_path / "demo" / "era5").glob("era5_*.nc")), "time")
+    assert (tmp_path / "demo" / "era5" / "invariants.nc").exists()  # static fields for configs/training_ready.yaml
     assert parsed["t"].shape[1:] == (7, 9, 9)
     before = {p.name: p.read_bytes() for p in output.glob("*.tfrecord")}
     second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr  # the demo replaces its own output
     assert {p.name: p.read_bytes() for p in output.glob("*.tfrecord")} == before
+
+
+def test_training_ready_config_on_the_demo_archive(tmp_path, monkeypatch):
+    """configs/training_ready.yaml as shipped: splits by date, static fields, stacked winds, gzip."""
+    from pipelines.demo import ensure_demo_data
+
+    monkeypatch.chdir(tmp_path)
+    files = ensure_demo_data()
+    output = tmp_path / "training_ready"
+    assert main(["--config", str(REPO / "configs" / "training_ready.yaml"), "--output", str(output), "--quiet"]) == 0
+    source = load_virtual_dataset([p for p in files if p.name.startswith("era5_")], "time")
+    source = xr.merge([source, xr.open_dataset(tmp_path / "demo" / "era5" / "invariants.nc").load()])
+    schema = load_schema(str(output))
+    days = source["time"].dt.floor("D")
+    ranges = {
+        "train": ("2020-01-01", "2020-01-06"),
+        "valid": ("2020-01-07", "2020-01-07"),
+        "test": ("2020-01-08", None),
+    }
+    patches = (source.sizes["lat"] // 8) * (source.sizes["lon"] // 8)
+    for split, (first, last) in ranges.items():
+        steps = int(((days >= np.datetime64(first)) & (days <= np.datetime64(last or "2100-01-01"))).sum())
+        records = read_all_records(output, schema, split)
+        assert len(records["t"]) == steps * patches
+        assert all(shard.file.endswith(".tfrecord.gz") for shard in schema.splits[split])
+        assert schema.feature("wind").shape == (source.sizes["level"], 8, 8, 2)
+        for i in range(0, len(records["t"]), 17):
+            record = {name: values[i] for name, values in records.items()}
+            for name in ("t", "orography", "lsm"):
+                np.testing.assert_array_equal(record[name], expected_feature(source, schema, name, record))
+            at = {d: slice(int(record[f"index/{d}"]), int(record[f"index/{d}"]) + 8) for d in ("lat", "lon")}
+            winds = source[["u", "v"]].isel(time=int(record["index/time"]), **at)
+            np.testing.assert_array_equal(record["wind"], np.stack([winds["u"].values, winds["v"].values], axis=-1))
+            assert first <= str(np.datetime64(int(record["coord/time"]), "s")) < (last or "2100") + "T24"
+        if split == "train":  # statistics per level, from the train split, as normalize=True applies them
+            normalization = load_stats(str(output))["normalization"]
+            for name in ("t", "wind"):  # (level, lat, lon[, channel]): a mean per level [and channel]
+                mean = np.squeeze(normalization[name]["mean"])
+                np.testing.assert_allclose(mean, records[name].astype(np.float64).mean(axis=(0, 2, 3)), rtol=1e-9)
 
 
 def test_patches_from_a_multi_file_archive(patches, small_archive):
