@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import logging
 import re
@@ -149,4 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything left is freed at exit anyway; without this, the interpreter's last collections
+    # walk Beam's whole object graph first (about 0.6 s, measured on a 5 s run).
+    gc.freeze()
+    sys.exit(code)
