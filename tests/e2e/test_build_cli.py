@@ -282,12 +282,12 @@ def test_reruns_and_runner_modes_give_identical_bytes_and_seeds_reorder(patches,
         "--direct_num_workers=3",
         "--direct_running_mode=multi_threading",
     )
+    in_memory = build(config, tmp_path, "--output", str(tmp_path / "in_memory"), "--direct_running_mode=in_memory")
     reseeded = build(config, tmp_path, "--output", str(tmp_path / "seed1"), "--seed", "1")
     names = [s.file for s in load_schema(str(patches)).splits["data"]]
     for name in names:
-        assert (again / name).read_bytes() == (patches / name).read_bytes()
-        assert (multi / name).read_bytes() == (patches / name).read_bytes()
-        assert (threads / name).read_bytes() == (patches / name).read_bytes()
+        for other in (again, multi, threads, in_memory):
+            assert (other / name).read_bytes() == (patches / name).read_bytes(), other
     a = read_all_records(patches, load_schema(str(patches)))
     b = read_all_records(reseeded, load_schema(str(reseeded)))
     key = ("index/time", "index/lat", "index/lon")
