@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import io
 import logging
 import re
@@ -86,7 +87,9 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     if plan.config.nan_policy == "fill" and counts.get("samples_with_nan"):
         print(f"  filled NaN with {plan.config.fill_value} in {counts['samples_with_nan']:,} samples")
     split = "train" if "train" in schema.splits else next(iter(schema.splits))
-    print("Load it in TensorFlow:")
+    # find_spec looks TensorFlow up without importing it (that would take seconds).
+    missing = "" if importlib.util.find_spec("tensorflow") else ' (not installed here: pip install -e ".[tf]")'
+    print(f"Load it in TensorFlow{missing}:")
     if "://" in plan.output:
         # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.
         print("    from schemas import load_dataset")
