@@ -19,7 +19,7 @@ from schemas.tfrecord import read_records
 from transforms.config import parse_config
 from transforms.cut import CutSamples, cut_unit
 from transforms.encode import bucket_block
-from transforms.output import prepare_output
+from transforms.output import prepare_output, write_atomically
 from transforms.plan import make_plan
 from transforms.shards import sorted_payloads
 from transforms.stats import ComputeStats
@@ -114,3 +114,13 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         }
     assert outputs[True] == outputs[False]
     assert not (tmp_path / "local_True" / "_tmp").exists()
+
+
+def test_write_atomically_keeps_every_byte_in_order_when_it_joins_small_writes(tmp_path):
+    rng = np.random.default_rng(0)
+    sizes = [int(n) for n in rng.integers(1, 70_000, 400)] + [9 * 2**20] + [5, 3]  # ~14 MB small, one big
+    chunks = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    path = str(tmp_path / "shard.tfrecord")
+    assert write_atomically(path, iter(chunks)) == sum(sizes)
+    assert (tmp_path / "shard.tfrecord").read_bytes() == b"".join(chunks)
+    assert [p.name for p in tmp_path.iterdir()] == ["shard.tfrecord"]  # the temporary name is gone
