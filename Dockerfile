@@ -9,4 +9,5 @@ COPY setup.py pyproject.toml README.md ./
 COPY pipelines/ pipelines/
 COPY transforms/ transforms/
 COPY schemas/ schemas/
-RUN pip install --no-cache-dir . && python -c "import pipelines, transforms, schemas"
+# Import from / (not this folder) so a package missing from setup.py fails the build, not a job.
+RUN pip install --no-cache-dir . && cd / && python -c "import pipelines.build, transforms.cut, schemas.reader"
