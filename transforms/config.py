@@ -174,8 +174,8 @@ class OutputConfig(_Strict):
         True,
         description=(
             "write each record straight to its final offset in its shard when the build allows it (local "
-            "runner and output; no nan_policy: drop, packing or compression); false: always go through "
-            "bucket files. Same bytes either way"
+            "runner and output; no nan_policy: drop, packing, compression or integer variables); false: "
+            "always go through bucket files. Same bytes either way"
         ),
     )
 

@@ -67,6 +67,8 @@ def why_not_in_place(plan: BuildPlan, local_runner: bool) -> str | None:
         return "nan_policy: drop decides on the workers which samples are written"
     if output.examples_per_record > 1 or output.compression:
         return "packed or compressed records are only laid out after the shard's sort"
+    if any(feature.dtype == "int64" for feature in plan.schema.variable_features):
+        return "integer variables are varint-encoded: their records' sizes depend on the data"
     if plan.grid.num_samples > MAX_SAMPLES:
         return f"more than {MAX_SAMPLES:,} samples"
     return None

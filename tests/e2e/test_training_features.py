@@ -241,3 +241,36 @@ def test_packed_records_and_gzip_give_the_same_samples(archive, tmp_path):
     in_file_order = [read_all_records(out, load_schema(str(out))) for out in (plain, packed)]
     for name in ("index/time", "index/lat", "t"):
         np.testing.assert_array_equal(in_file_order[0][name], in_file_order[1][name])
+
+
+def test_integer_variables_are_stored_as_int64_exactly(tmp_path):
+    """Integers are varint-encoded, so their records cannot be laid out before the data is read."""
+    rng = np.random.default_rng(3)
+    lat, lon = np.arange(6.0), np.arange(8.0)
+    for day in range(2):
+        classes = rng.integers(-(2**31), 2**31 - 1, (3, 6, 8), dtype=np.int64).astype(np.int32)
+        xr.Dataset(
+            {"cls": (("time", "lat", "lon"), classes), "t": (("time", "lat", "lon"), rng.normal(size=(3, 6, 8)))},
+            coords={"time": pd.date_range(f"2021-01-0{day + 1}", periods=3, freq="8h"), "lat": lat, "lon": lon},
+        ).to_netcdf(tmp_path / f"day{day}.nc")
+    xr.Dataset({"soil": (("lat", "lon"), rng.integers(0, 9, (6, 8), dtype=np.int8))}).to_netcdf(tmp_path / "static.nc")
+    config = {
+        "input": {"paths": str(tmp_path / "*.nc")},
+        "variables": ["cls", "t", "soil"],
+        "sample": {"window": {"lat": 3, "lon": 4}},
+        "output": {"path": str(tmp_path / "out"), "num_shards": 2},
+    }
+    output = build(tmp_path, config)
+    schema = load_schema(str(output))
+    assert [(schema.feature(n).dtype, schema.feature(n).source["dtype"]) for n in ("cls", "soil")] == [
+        ("int64", "int32"),
+        ("int64", "int8"),
+    ]
+    days = xr.concat([xr.open_dataset(tmp_path / f"day{d}.nc") for d in range(2)], "time")
+    src = xr.merge([days, xr.open_dataset(tmp_path / "static.nc")])
+    records = parse_with_generated_parser(output)
+    assert len(records["cls"]) == 6 * 2 * 2
+    for i in range(len(records["cls"])):
+        record = {name: values[i] for name, values in records.items()}
+        for name in ("cls", "t", "soil"):
+            np.testing.assert_array_equal(record[name], expected_feature(src, schema, name, record))
