@@ -84,8 +84,11 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     ]
     if any(n for n, _ in dropped):
         print("  dropped: " + ", ".join(f"{n:,} {why}" for n, why in dropped if n))
-    if plan.config.nan_policy == "fill" and counts.get("samples_with_nan"):
-        print(f"  filled NaN with {plan.config.fill_value} in {counts['samples_with_nan']:,} samples")
+    with_nan = counts.get("samples_with_nan", 0)
+    if with_nan and plan.config.nan_policy == "fill":
+        print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+    elif with_nan and plan.config.nan_policy == "keep":
+        print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
     split = "train" if "train" in schema.splits else next(iter(schema.splits))
     # find_spec looks TensorFlow up without importing it (that would take seconds).
     missing = "" if importlib.util.find_spec("tensorflow") else ' (not installed here: pip install -e ".[tf]")'
@@ -130,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         # Beam's worker threads print every failure's traceback to stderr themselves; the failure
         # also comes back as the exception reported below in one line, so hold that text back.
         worker_output = io.StringIO()
+        progress = None if args.quiet else sys.stderr  # the terminal's stream, taken before the redirect
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
-            plan, schema = run_build(config, beam_args, overwrite, show_progress=not args.quiet)
+            plan, schema = run_build(config, beam_args, overwrite, progress=progress)
         sys.stderr.write(worker_output.getvalue())
     except KeyboardInterrupt:
         print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -63,12 +64,12 @@ def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool, layout
 
 
 def run_build(
-    config: BuildConfig, beam_args: list[str], overwrite: bool = False, show_progress: bool = False
+    config: BuildConfig, beam_args: list[str], overwrite: bool = False, progress: TextIO | None = None
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
     A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
-    nothing and returns no schema. ``show_progress`` draws a live line on stderr (local runs).
+    nothing and returns no schema. ``progress``: a stream to draw the live line on (local runs).
     """
     options = PipelineOptions(with_local_defaults(beam_args))
     use_anonymous_credentials_for_emulator()
@@ -89,9 +90,10 @@ def run_build(
             logger.info("records go through bucket files or the runner's shuffle: %s", reason)
     try:
         with contextlib.ExitStack() as stack:
-            if show_progress and local:
+            if progress is not None and local:
                 input_bytes = sum(f.nbytes for f in plan.files)
-                stack.enter_context(ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes))
+                line = ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes, progress)
+                stack.enter_context(line)
             with pipeline:
                 build_pipeline(pipeline, plan, local, layout)
     except BaseException:

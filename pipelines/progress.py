@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import TextIO
@@ -28,7 +27,7 @@ class ProgressLine:
         units: int,
         shards: int,
         input_bytes: int,
-        stream: TextIO = sys.stderr,
+        stream: TextIO,
         interval: float = 0.5,
         log_every: float = 15.0,
     ):

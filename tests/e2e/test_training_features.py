@@ -111,11 +111,12 @@ def test_splits_never_share_or_straddle(archive, tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["keep", "drop", "fill"])
-def test_nan_policy(archive, tmp_path, policy):
+def test_nan_policy(archive, tmp_path, capsys, policy):
     config = base(archive, tmp_path / policy, nan_policy=policy, variables=["t", "t2m"])
     if policy == "fill":
         config["fill_value"] = -1.0
     output = build(tmp_path, config)
+    summary = capsys.readouterr().out
     schema = load_schema(str(output))
     records = read_all_records(output, schema)
     src = source(archive)
@@ -129,6 +130,12 @@ def test_nan_policy(archive, tmp_path, policy):
     expected_nan = sum(with_nan)
     assert 0 < expected_nan < steps * per_time
     assert schema.counts["samples_with_nan"] == expected_nan
+    said = {
+        "keep": f"{expected_nan:,} samples hold NaN (nan_policy: keep",
+        "drop": f"dropped: {expected_nan:,} with NaN (nan_policy: drop)",
+        "fill": f"filled NaN with -1.0 in {expected_nan:,} samples",
+    }
+    assert said[policy] in summary
     t2m = records["t2m"]
     if policy == "drop":
         assert schema.num_examples() == steps * per_time - expected_nan == len(t2m)
