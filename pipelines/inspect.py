@@ -28,7 +28,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
     )
     parser.add_argument("output", metavar="OUTPUT", help="output directory: a local path or an fsspec URL (gs://...)")
-    parser.add_argument("--split", help="only this split (default: every split; --plot uses 'data')")
+    parser.add_argument(
+        "--split", help="only this split (default: every split; --plot draws 'data', or else the first split)"
+    )
     parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
     parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
     parser.add_argument("--map", action="store_true", help="add the samples' footprints on a lat/lon map to --plot")

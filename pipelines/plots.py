@@ -59,7 +59,7 @@ def plot_output(
 
     mosaic = build_mosaic(schema, scan, variables[0], picks[0], latlon) if with_map else None
     page = Page(variables, len(picks), mosaic)
-    title = f"{path} · split {split!r} · {schema.num_examples(split):,} samples · seed {schema.seed}"
+    title = f"{path} · split {split!r} · {schema.num_examples(split):,} samples · shuffle seed {schema.seed}"
     if len(all_variables) > MAX_COLUMNS:
         title += f" · first {MAX_COLUMNS} of {len(all_variables)} variables"
     page.figure.suptitle(title, fontsize=FONT + 3, fontweight="bold")

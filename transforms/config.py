@@ -157,7 +157,9 @@ class StatsConfig(_Strict):
 
 class OutputConfig(_Strict):
     path: str = Field(description="output directory (local path or gs:// URL)")
-    num_shards: PositiveInt | None = Field(None, description="default: enough shards for about target_shard_mb each")
+    num_shards: PositiveInt | None = Field(
+        None, description="shards per split; default: enough for about target_shard_mb each"
+    )
     target_shard_mb: float = Field(
         256.0, gt=0, le=MAX_SHARD_MB, description="shard size to aim for when num_shards is not set"
     )

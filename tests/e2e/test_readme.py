@@ -25,11 +25,13 @@ def test_config_reference_is_generated_from_the_config_model():
 
 
 def test_walkthrough_runs_as_written(tmp_path):
-    shared_file("eraint_uvz.nc")
+    source = shared_file("eraint_uvz.nc")
     output = str(tmp_path / "erainterim")
     for line in _block("walkthrough:shell").strip().splitlines():
         command = line.replace("out/erainterim", output).split()
         assert command[:2] == ["python", "-m"]
+        if command[2] == "pipelines.build":  # the config's ../shared/data, or XTF_SHARED_DATA's folder
+            command += ["--input", str(source)]
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
