@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.build",
         description=(
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--quiet", action="store_true", help="no live progress line (the summary still prints)")
     parser.add_argument("--verbose", action="store_true", help="log progress details; show tracebacks on errors")
-    return parser.parse_known_args(argv)
+    return parser
 
 
 def user_error_message(error: BaseException) -> str | None:
@@ -104,7 +104,8 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, beam_args = parse_args(argv)
+    parser = make_parser()
+    args, beam_args = parser.parse_known_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -116,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
+        from pipelines.runners import check_known_flags
         from transforms.config import load_config
+
+        check_known_flags(beam_args, parser)
 
         overwrite = args.overwrite
         if args.config is None:

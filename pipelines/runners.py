@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import difflib
+import io
 import os
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.runner import create_runner
 
 from schemas.errors import UserError
 from transforms.config import BuildConfig
 from transforms.urls import is_remote
 
 _LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"}
+
+
+def check_known_flags(beam_args: list[str], own_parser: argparse.ArgumentParser) -> None:
+    """Refuse a flag that neither this tool nor Beam knows: Beam would drop it with a log line only.
+
+    Beam's own option parser (handed over by ``get_all_options``) decides what is Beam's.
+    """
+    parsers: list[argparse.ArgumentParser] = [own_parser]
+    # argparse reports a bad value (--direct_num_workers=x) by printing Beam's whole usage and
+    # exiting: keep its last line only.
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        try:
+            PipelineOptions(beam_args).get_all_options(add_extra_args_fn=parsers.append)
+            _, unknown = parsers[1].parse_known_args(beam_args)
+        except SystemExit:
+            problem = said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+            raise UserError(f"Beam options: {problem}") from None
+    if not unknown:
+        return
+    flag = unknown[0].split("=", 1)[0]
+    # argparse lists its option strings only in this mapping (Beam's suggestions read it too).
+    known = [option for parser in parsers for option in parser._option_string_actions]
+    close = difflib.get_close_matches(flag, known, n=1)
+    hint = f"did you mean {close[0]}?" if close else "see --help, and Beam's pipeline options"
+    raise UserError(f"unknown argument {unknown[0]!r}: neither this tool's nor a Beam pipeline option; {hint}")
 
 
 def runner_name(options: PipelineOptions) -> str | None:
@@ -60,6 +90,10 @@ def check_remote_setup(options: PipelineOptions, config: BuildConfig) -> None:
     if is_local_runner(options):
         return
     runner = runner_name(options)
+    try:
+        create_runner(runner)
+    except ValueError as error:  # an unknown name: Beam lists the ones it knows
+        raise UserError(f"--runner={runner} is not a runner Beam knows. {str(error).split('. ', 1)[-1]}") from None
     if not is_remote(config.output.path):
         raise UserError(
             f"output: {config.output.path} is a local path, but {runner} runs on remote workers that cannot "

@@ -224,6 +224,20 @@ def test_float64_beyond_float32_fails_unless_allowed(tmp_path, capsys):
     assert stats["inf_count"] == 1 and stats["max"] == 1.0
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (("--outptu", "elsewhere"), ["'--outptu'", "did you mean --output?"]),  # Beam alone would drop it silently
+        (("--direct_num_worker=2",), ["did you mean --direct_num_workers?"]),
+        (("stray",), ["unknown argument 'stray'"]),
+        (("--direct_num_workers=two",), ["Beam options: argument --direct_num_workers: invalid int value: 'two'"]),
+        (("--runner=DataflowRuner",), ["--runner=DataflowRuner is not a runner Beam knows", "DataflowRunner"]),
+    ],
+)
+def test_a_mistyped_flag_is_refused(archive, tmp_path, capsys, flags, expected):
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "out"), tmp_path, capsys, *expected, flags=flags)
+
+
 def test_verbose_shows_the_traceback(tmp_path, capsys):
     status, err = run(config_for([tmp_path / "nope.nc"], tmp_path / "o"), tmp_path, capsys, "--verbose")
     assert status == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
