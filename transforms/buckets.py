@@ -35,11 +35,6 @@ def bucket_pieces(keys: np.ndarray, payloads: Sequence[Sequence[bytes]] | np.nda
     return [head, np.asarray(keys, dtype="<u8").tobytes(), lengths.tobytes(), *body]
 
 
-def pack_bucket(keys: np.ndarray, payloads: Sequence[Sequence[bytes]] | np.ndarray) -> bytes:
-    """A bucket as one blob (what travels through a distributed runner's shuffle)."""
-    return b"".join(bucket_pieces(keys, payloads))
-
-
 def row_dtype(features: Sequence[Feature]) -> np.dtype:
     """One raw sample row: every feature's values, little-endian, in schema order."""
     kinds = {"float32": "<f4", "int64": "<i8"}
