@@ -8,6 +8,7 @@ WORKDIR /opt/xarray-tfrecords
 COPY setup.py pyproject.toml README.md ./
 COPY pipelines/ pipelines/
 COPY transforms/ transforms/
+COPY planning/ planning/
 COPY schemas/ schemas/
 # Import from / (not this folder) so a package missing from setup.py fails the build, not a job.
-RUN pip install --no-cache-dir . && cd / && python -c "import pipelines.build, transforms.cut, schemas.reader"
+RUN pip install --no-cache-dir . && cd / && python -c "import pipelines.build, transforms.cut, planning.plan, schemas.reader"

@@ -1,4 +1,4 @@
-"""Installs xarray-tfrecords: the pipelines, transforms and schemas packages (also shipped to Beam workers)."""
+"""Installs xarray-tfrecords: the pipelines, transforms, planning and schemas packages (also shipped to Beam workers)."""
 
 from setuptools import setup
 
@@ -10,7 +10,7 @@ setup(
     version="0.1.0",
     description="NetCDF archives -> fully shuffled, sharded TFRecords with schema, parser and stats (Apache Beam)",
     python_requires=">=3.11,<3.12",
-    packages=["pipelines", "transforms", "schemas"],
+    packages=["pipelines", "transforms", "planning", "schemas"],
     package_data={"schemas": ["parser_template.py"]},
     install_requires=[
         f"apache-beam[gcp]=={BEAM_VERSION}",

@@ -19,10 +19,10 @@ import netCDF4
 import numpy as np
 
 from benchmarks.datasets import load_config
+from planning.keys import sample_keys, shard_of
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature
 from schemas.tfrecord import frame
-from transforms.keys import sample_keys, shard_of
 
 
 class Phases:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from schemas.errors import UserError
 
 if TYPE_CHECKING:
+    from planning.plan import BuildPlan
     from schemas.schema import Schema
-    from transforms.plan import BuildPlan
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
         from pipelines.runners import check_known_flags
-        from transforms.config import load_config
+        from planning.config import load_config
 
         check_known_flags(beam_args, parser)
 

@@ -1,66 +1,53 @@
-"""The Beam graph of a build and running it: plan, refuse or clear the output, run, read back the schema."""
+"""The Beam graph of a build, and running it: plan, choose the write strategy, refuse or clear the output, run.
+
+The whole graph is ``build_pipeline``; each stage is one composite PTransform in transforms/,
+built from its spec (planning.specs).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.output import prepare_output, remove_temporary_files
 from pipelines.progress import ProgressLine
 from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner, with_local_defaults
+from planning.config import BuildConfig
+from planning.layout import plan_layout
+from planning.names import join, work_dir
+from planning.plan import BuildPlan, make_plan
+from planning.sampling import Unit
+from planning.specs import StageSpecs, compile_specs
+from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
-from transforms.config import BuildConfig
 from transforms.cut import CutSamples
-from transforms.encode import EncodeAndBucket
 from transforms.finalize import Finalize
-from transforms.gcs_emulator import use_anonymous_credentials_for_emulator
-from transforms.in_place import WriteInPlace
-from transforms.layout import ShardLayout, plan_layout, preallocate, why_not_in_place
-from transforms.output import bucket_dir, prepare_output, remove_temporary_files
-from transforms.plan import BuildPlan, make_plan
-from transforms.shards import WriteShards
+from transforms.in_place import preallocate
+from transforms.shards import use_anonymous_credentials_for_emulator
 from transforms.stats import ComputeStats
+from transforms.write import WriteShards
 
 logger = logging.getLogger(__name__)
 
 
-def progress_dir(plan: BuildPlan) -> str:
-    """Where a local run's progress markers go (inside its temporary bucket directory)."""
-    return os.path.join(bucket_dir(plan.output, plan.run_id), "progress")
-
-
-def build_pipeline(pipeline: beam.Pipeline, plan: BuildPlan, local: bool, layout: ShardLayout | None = None):
-    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
-
-    With a ``layout``, units write their records in place (transforms.layout). Otherwise, on
-    local runners, bucket files carry the records to the shard writers; on distributed runners
-    the bucket bytes go through the runner's shuffle (DESIGN.md, decision 3).
-    """
-    buckets = bucket_dir(plan.output, plan.run_id) if local else None
-    progress = progress_dir(plan) if local else None
+def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs) -> beam.PCollection:
+    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema."""
     blocks = (
         pipeline
-        | "EnumerateUnits" >> beam.Create(list(plan.units))
-        | "SpreadUnits" >> beam.Reshuffle()
-        | "CutSamples" >> CutSamples(plan)
+        | "EnumerateUnits" >> beam.Create(units)  # Unit
+        | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
+        | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     )
-    if layout is not None:
-        shards = blocks | "WriteInPlace" >> WriteInPlace(plan, layout, progress)
-    else:
-        shards = (
-            blocks
-            | "EncodeAndBucket" >> EncodeAndBucket(plan, buckets, progress)
-            | "WriteShards" >> WriteShards(plan, progress)
-        )
-    summaries = blocks | "ComputeStats" >> ComputeStats([s.name for s in plan.splits], plan.config.stats.per)
-    return shards | "Finalize" >> Finalize(plan, summaries, buckets)
+    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    return shards | "Finalize" >> Finalize(specs.finalize, summaries)  # Schema, one element, once committed
 
 
 def run_build(
@@ -79,26 +66,28 @@ def run_build(
     plan = make_plan(config)
     dry_run = is_dry_run(options)
     local = is_local_runner(options)
+    strategy, reason = choose_write_strategy(plan, shared_filesystem=local)
+    logger.info("records are written by %s: %s", strategy.value, reason)
+    work = work_dir(plan.output, plan.run_id) if local else None
     layout = None
     if not dry_run:
         prepare_output(plan.output, overwrite)
-        reason = why_not_in_place(plan, local)
-        if reason is None:
-            layout = plan_layout(plan, os.path.join(bucket_dir(plan.output, plan.run_id), "layout"))
-            preallocate(plan, layout)
-        else:
-            logger.info("records go through bucket files or the runner's shuffle: %s", reason)
+        if strategy is WriteStrategy.IN_PLACE:
+            layout = plan_layout(plan, join(work, "layout"))
+    specs = compile_specs(plan, strategy, work, layout)
+    if layout is not None:
+        preallocate(specs.write)
     try:
         with contextlib.ExitStack() as stack:
-            if progress is not None and local:
+            if progress is not None and specs.write.progress_dir is not None:
                 input_bytes = sum(f.nbytes for f in plan.files)
-                line = ProgressLine(progress_dir(plan), len(plan.units), plan.num_shards, input_bytes, progress)
+                line = ProgressLine(specs.write.progress_dir, len(plan.units), plan.num_shards, input_bytes, progress)
                 stack.enter_context(line)
             with pipeline:
-                build_pipeline(pipeline, plan, local, layout)
+                build_pipeline(pipeline, list(plan.units), specs)
     except BaseException:
         if not dry_run:
-            remove_temporary_files(plan)
+            remove_temporary_files(plan.output, plan.run_id, work)
         raise
     return plan, None if dry_run else load_schema(plan.output)
 

@@ -11,9 +11,9 @@ import os
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import create_runner
 
+from planning.config import BuildConfig
 from schemas.errors import UserError
-from transforms.config import BuildConfig
-from transforms.urls import is_remote
+from schemas.urls import is_remote
 
 _LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 FORMAT = "xarray-tfrecords/1"
@@ -73,6 +74,11 @@ SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*
 def shard_name(split: str, index: int, count: int, compression: str | None = None) -> str:
     """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz."""
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
+def default_split(names: Sequence[str]) -> str:
+    """The split to show or normalise with when none is named: train if there is one, else the first."""
+    return "train" if "train" in names else names[0]
 
 
 @dataclasses.dataclass(frozen=True)

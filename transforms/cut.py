@@ -1,13 +1,12 @@
 """CutSamples: read a unit's slab of the virtual dataset and cut it into a block of samples.
 
-A block is an ``xr.Dataset`` with a leading ``sample`` dim: one data variable per selected
-variable (already in its record dtype), and per-sample coordinates ``sample_id``, ``split``,
-``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid. Its attrs hold
-the unit's index and, per split, how many samples were cut, dropped or filled for NaN.
+A block (planning.contracts.Block) holds the unit's samples as an ``xr.Dataset`` with a
+leading ``sample`` dim, and per split how many samples were cut, dropped or filled for NaN.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import apache_beam as beam
@@ -15,14 +14,22 @@ import numpy as np
 import xarray as xr
 from apache_beam.metrics import Metrics
 
+from planning.contracts import (
+    METRICS_NAMESPACE,
+    SAMPLE_DIM,
+    SAMPLE_ID,
+    SAMPLES_CUT,
+    SAMPLES_DROPPED,
+    SPLIT,
+    UNITS_DONE,
+    Block,
+    UnitCounts,
+)
+from planning.features import VariablePlan
+from planning.sampling import Unit
+from planning.sources import read_slabs
+from planning.specs import CutSpec
 from schemas.errors import UserError
-from transforms.features import VariablePlan
-from transforms.plan import BuildPlan
-from transforms.positions import position_columns, split_labels
-from transforms.sampling import Unit
-from transforms.sources import read_slabs
-
-METRICS_NAMESPACE = "xarray_tfrecords"
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
@@ -46,59 +53,58 @@ def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allo
     return cast
 
 
-def _apply_nan_policy(plan: BuildPlan, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Samples to keep, and which samples had NaN (filled in place with nan_policy: fill)."""
     n = len(next(iter(data.values())))
     has_nan = np.zeros(n, dtype=bool)
     for values in data.values():
         if values.dtype.kind == "f":
             has_nan |= np.isnan(values.reshape(n, -1)).any(axis=1)
-    policy = plan.config.nan_policy
+    policy = spec.nan_policy
     if policy == "fill" and has_nan.any():
         for values in data.values():
             if values.dtype.kind == "f":
-                np.nan_to_num(values, copy=False, nan=plan.config.fill_value, posinf=np.inf, neginf=-np.inf)
+                np.nan_to_num(values, copy=False, nan=spec.fill_value, posinf=np.inf, neginf=-np.inf)
     keep = ~has_nan if policy == "drop" else np.ones(n, dtype=bool)
     return keep, has_nan
 
 
-def cut_unit(plan: BuildPlan, unit: Unit) -> xr.Dataset:
+def cut_unit(spec: CutSpec, unit: Unit) -> Block:
     """The block of samples of one unit, in sample-id order."""
-    grid = plan.grid
+    grid = spec.positions.grid
     positions = grid.unit_positions(unit)
-    labels = split_labels(plan, positions)
+    labels = spec.positions.split_labels(positions)
     in_split = labels >= 0
-    sources = [(v.name, v.static_path) for v in plan.variables]
-    slabs = read_slabs(plan.files, plan.concat_dim, sources, grid.source_box(unit))
-    allow_overflow = plan.config.output.allow_float32_overflow
+    sources = [(v.name, v.static_path) for v in spec.variables]
+    slabs = read_slabs(spec.files, spec.positions.concat_dim, sources, grid.source_box(unit))
     data = {}
-    for variable in plan.variables:
+    for variable in spec.variables:
         samples = grid.cut(slabs.pop(variable.name), variable.dims, unit)
         if not in_split.all():
             samples = samples[in_split]
-        data[variable.name] = to_record_dtype(samples, variable, unit, allow_overflow)
-    keep, has_nan = _apply_nan_policy(plan, data)
+        data[variable.name] = to_record_dtype(samples, variable, unit, spec.allow_float32_overflow)
+    keep, has_nan = _apply_nan_policy(spec, data)
     labels = labels[in_split]
     counts = {
-        split.name: {
-            "cut": int((labels == i).sum()),
-            "dropped_nan": int(((labels == i) & ~keep).sum()),
-            "with_nan": int(((labels == i) & has_nan).sum()),
-        }
-        for i, split in enumerate(plan.splits)
+        name: UnitCounts(
+            cut=int((labels == i).sum()),
+            dropped_nan=int(((labels == i) & ~keep).sum()),
+            with_nan=int(((labels == i) & has_nan).sum()),
+        )
+        for i, name in enumerate(spec.split_names)
     }
     if not keep.all():
         data = {name: values[keep] for name, values in data.items()}
         labels = labels[keep]
     chosen = np.flatnonzero(in_split)[keep]
     coords: dict[str, tuple] = {
-        "sample_id": ("sample", grid.sample_ids(unit)[chosen]),
-        "split": ("sample", labels),
+        SAMPLE_ID: (SAMPLE_DIM, grid.sample_ids(unit)[chosen]),
+        SPLIT: (SAMPLE_DIM, labels),
     }
-    for name, (dims, values) in position_columns(plan, [where[chosen] for where in positions]).items():
-        coords[name] = (("sample", *dims), values)
-    data_vars = {v.name: (("sample", *v.feature.dims), data[v.name]) for v in plan.variables}
-    return xr.Dataset(data_vars, coords, attrs={"unit": unit.index, "counts": counts})
+    for name, (dims, values) in spec.positions.columns([where[chosen] for where in positions]).items():
+        coords[name] = ((SAMPLE_DIM, *dims), values)
+    data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
+    return Block(unit.index, xr.Dataset(data_vars, coords), counts)
 
 
 class BlockCoder(beam.coders.Coder):
@@ -108,45 +114,41 @@ class BlockCoder(beam.coders.Coder):
     means pickling a whole block (tens of MB) just to measure it.
     """
 
-    def encode(self, block: xr.Dataset) -> bytes:
+    def encode(self, block: Block) -> bytes:
         return pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def decode(self, data: bytes) -> xr.Dataset:
+    def decode(self, data: bytes) -> Block:
         return pickle.loads(data)
 
-    def estimate_size(self, block: xr.Dataset) -> int:
-        return int(block.nbytes)
+    def estimate_size(self, block: Block) -> int:
+        return int(block.samples.nbytes)
 
     def is_deterministic(self) -> bool:
         return False
 
 
 class _CutUnitFn(beam.DoFn):
-    def __init__(self, plan: BuildPlan):
-        self._plan = plan
-        self._units = Metrics.counter(METRICS_NAMESPACE, "units_done")
-        self._samples = Metrics.counter(METRICS_NAMESPACE, "samples_cut")
-        self._dropped = Metrics.counter(METRICS_NAMESPACE, "samples_dropped")
+    def __init__(self, spec: CutSpec):
+        self._spec = spec
+        self._units = Metrics.counter(METRICS_NAMESPACE, UNITS_DONE)
+        self._samples = Metrics.counter(METRICS_NAMESPACE, SAMPLES_CUT)
+        self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
 
     def process(self, unit: Unit):
-        block = cut_unit(self._plan, unit)
-        self._samples.inc(block.sizes["sample"])
-        self._dropped.inc(unit.num_samples - block.sizes["sample"])
+        block = cut_unit(self._spec, unit)
+        self._samples.inc(block.num_samples)
+        self._dropped.inc(unit.num_samples - block.num_samples)
         self._units.inc()
         yield block
 
 
+@dataclasses.dataclass
 class CutSamples(beam.PTransform):
-    """Units -> blocks of samples (``xr.Dataset`` with a leading ``sample`` dim)."""
+    """Units -> blocks of samples (planning.contracts.Block)."""
 
-    def __init__(self, plan: BuildPlan):
-        super().__init__()
-        self._plan = plan
+    spec: CutSpec
 
     def expand(self, units):
-        blocks = units | "CutUnit" >> beam.ParDo(_CutUnitFn(self._plan))
-        blocks.element_type = xr.Dataset
-        return blocks
-
-
-beam.coders.registry.register_coder(xr.Dataset, BlockCoder)
+        # Our own element type gets our coder; registered when the graph is built, not at import.
+        beam.coders.registry.register_coder(Block, BlockCoder)
+        return units | "CutUnit" >> beam.ParDo(_CutUnitFn(self.spec)).with_output_types(Block)

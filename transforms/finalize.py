@@ -10,49 +10,44 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from planning.contracts import ShardResult
+from planning.names import TMP_DIR, join, shard_path
+from planning.specs import FinalizeSpec
+from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard, shard_name
-from transforms.output import TMP_DIR, join, write_atomically
-from transforms.plan import BuildPlan
-from transforms.shards import ShardResult
-from transforms.splits import SplitPlan
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
+from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import Moments, SplitSummary, per_axes
 
 logger = logging.getLogger(__name__)
 
 
-def complete_split(plan: BuildPlan, split: SplitPlan, results: Iterable[ShardResult]) -> tuple[Shard, ...]:
+def complete_split(spec: FinalizeSpec, split: SplitPlan, results: Iterable[ShardResult]) -> tuple[Shard, ...]:
     """Every shard of the split in order; a shard that received no sample is written empty."""
     by_number = {r.shard: r for r in results if r.split == split.name}
-    compression = plan.config.output.compression
     shards = []
     for number in range(split.num_shards):
         result = by_number.get(number)
         if result is None:
-            name = shard_name(split.name, number, split.num_shards, compression)
-            size = write_atomically(join(plan.output, name), [], compression)
-            result = ShardResult(split.name, number, name, 0, size, 0)
+            path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression)
+            size = write_atomically(path, [], spec.compression)
+            result = ShardResult(split.name, number, os.path.basename(path), 0, size, 0)
         shards.append(Shard(result.file, result.records, result.bytes, result.examples))
     return tuple(shards)
 
 
-def reference_split(plan: BuildPlan) -> str:
-    """The split whose statistics normalise: configured, else train if there is one, else the first."""
-    names = [s.name for s in plan.splits]
-    return plan.config.stats.reference_split or ("train" if "train" in names else names[0])
-
-
-def _variables_json(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
-    per = plan.config.stats.per
+def _variables_json(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
+    per = spec.stats.per
     out = {}
-    for variable in plan.variables:
+    for variable in spec.variables:
         _, dims = per_axes(variable.feature.dims, per)
         m = moments.get(variable.name)
         out[variable.name] = m.to_json(dims) if m is not None else None
@@ -67,12 +62,12 @@ def _broadcast(feature: Feature, values: np.ndarray, per: list[str]) -> np.ndarr
     return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
 
 
-def normalization(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
+def normalization(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
     """(x - mean) / std per float feature, as arrays that broadcast against one sample.
 
     A constant field (std 0) or one without values keeps std 1, so it is only centred.
     """
-    per = plan.config.stats.per
+    per = spec.stats.per
 
     def arrays(name: str, feature: Feature) -> tuple[np.ndarray, np.ndarray]:
         m = moments[name]
@@ -82,13 +77,13 @@ def normalization(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
         return _broadcast(feature, mean, per), _broadcast(feature, std, per)
 
     out = {}
-    stacked = {name for stack in plan.stacks for name in stack.variables}
-    for variable in plan.variables:
+    stacked = {name for stack in spec.stacks for name in stack.variables}
+    for variable in spec.variables:
         if variable.feature.dtype == "float32" and variable.name not in stacked and variable.name in moments:
             mean, std = arrays(variable.name, variable.feature)
             out[variable.name] = {"mean": mean.tolist(), "std": std.tolist()}
-    by_name = {v.name: v for v in plan.variables}
-    for stack in plan.stacks:
+    by_name = {v.name: v for v in spec.variables}
+    for stack in spec.stacks:
         if stack.feature.dtype != "float32" or not all(n in moments for n in stack.variables):
             continue
         pairs = [arrays(n, by_name[n].feature) for n in stack.variables]
@@ -100,9 +95,9 @@ def normalization(plan: BuildPlan, moments: dict[str, Moments]) -> dict:
     return out
 
 
-def stats_document(plan: BuildPlan, summaries: dict[str, SplitSummary]) -> dict:
+def stats_document(spec: FinalizeSpec, summaries: dict[str, SplitSummary]) -> dict:
     """The content of stats.json."""
-    reference = reference_split(plan)
+    reference = spec.reference_split
     moments = summaries[reference].moments if reference in summaries else {}
     return {
         "description": (
@@ -111,24 +106,24 @@ def stats_document(plan: BuildPlan, summaries: dict[str, SplitSummary]) -> dict:
             "are counted apart. `variables` and `normalization` come from the reference split"
         ),
         "reference_split": reference,
-        "variables": _variables_json(plan, moments),
+        "variables": _variables_json(spec, moments),
         "splits": {
-            name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(plan, s.moments)}
+            name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(spec, s.moments)}
             for name, s in summaries.items()
         },
-        "normalization": normalization(plan, moments),
+        "normalization": normalization(spec, moments),
     }
 
 
-def _check_counts(plan: BuildPlan, shards: dict[str, tuple[Shard, ...]], summaries: dict[str, SplitSummary]) -> dict:
-    counts = dict(plan.schema.counts)
+def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summaries: dict[str, SplitSummary]) -> dict:
+    counts = dict(spec.schema.counts)
     totals = {"samples_cut": 0, "samples_dropped_nan": 0, "samples_with_nan": 0, "examples_written": 0}
-    for split in plan.splits:
+    for split in spec.splits:
         summary = summaries.get(split.name, SplitSummary({}))
         written = sum(s.examples for s in shards[split.name])
         if summary.cut != split.num_samples or written != summary.cut - summary.dropped_nan:
             raise RuntimeError(
-                f"{plan.output}: split {split.name}: {split.num_samples} samples planned, {summary.cut} cut, "
+                f"{spec.output}: split {split.name}: {split.num_samples} samples planned, {summary.cut} cut, "
                 f"{summary.dropped_nan} dropped for NaN, {written} written; schema.json not written. "
                 "This is a bug, please report it"
             )
@@ -138,7 +133,7 @@ def _check_counts(plan: BuildPlan, shards: dict[str, tuple[Shard, ...]], summari
         totals["examples_written"] += written
     if totals["examples_written"] == 0:
         raise UserError(
-            f"{plan.output}: every one of the {totals['samples_cut']} samples had NaN values and nan_policy: drop "
+            f"{spec.output}: every one of the {totals['samples_cut']} samples had NaN values and nan_policy: drop "
             "dropped them all; check the data's fill values, or use nan_policy: fill or keep"
         )
     counts.update(totals)
@@ -148,41 +143,37 @@ def _check_counts(plan: BuildPlan, shards: dict[str, tuple[Shard, ...]], summari
     return counts
 
 
-def finalize_output(
-    plan: BuildPlan, results: list[ShardResult], summaries: dict[str, SplitSummary], bucket_dir: str | None = None
-) -> Schema:
+def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: dict[str, SplitSummary]) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed."""
-    shards = {split.name: complete_split(plan, split, results) for split in plan.splits}
-    counts = _check_counts(plan, shards, summaries)
-    schema = dataclasses.replace(plan.schema, splits=shards, counts=counts)
-    stats = stats_document(plan, summaries)
-    write_atomically(join(plan.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
-    parser = render_parser(schema, plan.output, stats["normalization"])
-    write_atomically(join(plan.output, PARSER_FILE), [parser.encode()])
-    write_atomically(join(plan.output, SCHEMA_FILE), [schema.dumps().encode()])
-    for temporary in {join(plan.output, TMP_DIR), bucket_dir} - {None}:
+    shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
+    counts = _check_counts(spec, shards, summaries)
+    schema = dataclasses.replace(spec.schema, splits=shards, counts=counts)
+    stats = stats_document(spec, summaries)
+    write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
+    parser = render_parser(schema, spec.output, stats["normalization"])
+    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
+    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
+    for temporary in {join(spec.output, TMP_DIR), spec.work_dir} - {None}:
         if FileSystems.exists(temporary):
             FileSystems.delete([temporary])
     return schema
 
 
-def _finalize(results: list[ShardResult], plan: BuildPlan, summaries, bucket_dir) -> Schema:
-    return finalize_output(plan, results, summaries, bucket_dir)
+def _finalize(results: list[ShardResult], spec: FinalizeSpec, summaries) -> Schema:
+    use_anonymous_credentials_for_emulator()
+    return finalize_output(spec, results, summaries)
 
 
+@dataclasses.dataclass
 class Finalize(beam.PTransform):
     """Shard results + the merged split summaries -> the written schema (one element)."""
 
-    def __init__(self, plan: BuildPlan, summaries, bucket_dir: str | None = None):
-        super().__init__()
-        self._plan = plan
-        self._summaries = summaries
-        self._bucket_dir = bucket_dir
+    spec: FinalizeSpec
+    summaries: beam.PCollection
 
     def expand(self, results):
         return (
             results
             | "CollectShards" >> beam.combiners.ToList()
-            | "WriteMetadata"
-            >> beam.Map(_finalize, self._plan, beam.pvalue.AsSingleton(self._summaries), self._bucket_dir)
+            | "WriteMetadata" >> beam.Map(_finalize, self.spec, beam.pvalue.AsSingleton(self.summaries))
         )

@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import apache_beam as beam
 import numpy as np
-import xarray as xr
+
+from planning.contracts import SPLIT, Block
+from planning.specs import StatsSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,21 +146,22 @@ def per_axes(feature_dims: Sequence[str], per: Sequence[str]) -> tuple[list[int]
     return [1 + list(feature_dims).index(d) for d in dims], dims
 
 
-def summarize_block(block: xr.Dataset, split_names: Sequence[str], per: Sequence[str] = ()) -> dict[str, SplitSummary]:
+def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str] = ()) -> dict[str, SplitSummary]:
     """Per split: the moments of every variable over the block's samples, and the sample counts."""
-    labels = block["split"].values
+    samples = block.samples
+    labels = samples[SPLIT].values
     out = {}
     for index, name in enumerate(split_names):
-        counts = block.attrs["counts"][name]
-        if not counts["cut"]:
+        counts = block.counts[name]
+        if not counts.cut:
             continue
         mine = labels == index
         moments = {}
-        for variable in block.data_vars:
-            values = block[variable].values
-            axes, _ = per_axes(block[variable].dims[1:], per)
+        for variable in samples.data_vars:
+            values = samples[variable].values
+            axes, _ = per_axes(samples[variable].dims[1:], per)
             moments[variable] = Moments.of(values if mine.all() else values[mine], axes)
-        out[name] = SplitSummary(moments, counts["cut"], counts["dropped_nan"], counts["with_nan"])
+        out[name] = SplitSummary(moments, counts.cut, counts.dropped_nan, counts.with_nan)
     return out
 
 
@@ -184,17 +187,15 @@ class _MergeSummariesFn(beam.CombineFn):
         return accumulator
 
 
+@dataclasses.dataclass
 class ComputeStats(beam.PTransform):
     """Blocks -> one {split: SplitSummary} dict over every sample."""
 
-    def __init__(self, split_names: Sequence[str], per: Sequence[str] = ()):
-        super().__init__()
-        self._split_names = list(split_names)
-        self._per = list(per)
+    spec: StatsSpec
 
     def expand(self, blocks):
         return (
             blocks
-            | "SummarizeBlock" >> beam.Map(summarize_block, self._split_names, self._per)
+            | "SummarizeBlock" >> beam.Map(summarize_block, self.spec.split_names, self.spec.per)
             | "MergeSummaries" >> beam.CombineGlobally(_MergeSummariesFn())
         )

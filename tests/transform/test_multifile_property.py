@@ -11,9 +11,10 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.config import parse_config
+from planning.config import parse_config
+from planning.plan import make_plan
+from planning.specs import cut_spec
 from transforms.cut import cut_unit
-from transforms.plan import make_plan
 
 
 @st.composite
@@ -53,9 +54,12 @@ def _samples(directory: Path, sample: dict, budget: float) -> dict[int, np.ndarr
     config = parse_config({"input": {"paths": str(directory / "*.nc")}, "sample": sample, "output": {"path": "x"}})
     plan = make_plan(config, unit_budget_bytes=budget)
     out: dict[int, np.ndarray] = {}
+    spec = cut_spec(plan)
     for unit in plan.units:
-        block = cut_unit(plan, unit)
-        for sample_id, values, index in zip(block["sample_id"].values, block["x"].values, block["index/time"].values):
+        samples = cut_unit(spec, unit).samples
+        for sample_id, values, index in zip(
+            samples["sample_id"].values, samples["x"].values, samples["index/time"].values
+        ):
             assert sample_id not in out, "a sample was cut twice"
             out[int(sample_id)] = (values, int(index))
     assert len(out) == plan.num_samples

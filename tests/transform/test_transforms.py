@@ -12,16 +12,20 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.graph import build_pipeline
+from pipelines.output import prepare_output
+from planning.config import parse_config
+from planning.contracts import SAMPLE_ID
+from planning.names import work_dir
+from planning.plan import make_plan
+from planning.specs import compile_specs, cut_spec, stats_spec
+from planning.write_strategy import WriteStrategy
 from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import read_records
-from transforms.config import parse_config
 from transforms.cut import CutSamples, cut_unit
 from transforms.encode import bucket_block
-from transforms.output import prepare_output, write_atomically
-from transforms.plan import make_plan
-from transforms.shards import sorted_payloads
+from transforms.shards import sorted_payloads, write_atomically
 from transforms.stats import ComputeStats
 
 
@@ -49,15 +53,15 @@ def test_cut_samples_covers_every_sample_once(plan):
         ids = (
             p
             | beam.Create(list(plan.units))
-            | CutSamples(plan)
-            | beam.FlatMap(lambda block: block["sample_id"].values.tolist())
+            | CutSamples(cut_spec(plan))
+            | beam.FlatMap(lambda block: block.samples[SAMPLE_ID].values.tolist())
         )
         assert_that(ids, equal_to(list(range(plan.num_samples))))
 
 
 def test_compute_stats_equals_numpy_over_the_blocks(plan):
-    blocks = [cut_unit(plan, unit) for unit in plan.units]
-    expected = np.concatenate([b["q"].values.reshape(-1) for b in blocks]).astype(np.float64)
+    blocks = [cut_unit(cut_spec(plan), unit) for unit in plan.units]
+    expected = np.concatenate([b.samples["q"].values.reshape(-1) for b in blocks]).astype(np.float64)
 
     def check(results):
         (summaries,) = results
@@ -68,15 +72,16 @@ def test_compute_stats_equals_numpy_over_the_blocks(plan):
         assert summaries["data"].cut == plan.num_samples
 
     with local_pipeline() as p:
-        merged = p | beam.Create(blocks) | ComputeStats(["data"])
+        merged = p | beam.Create(blocks) | ComputeStats(stats_spec(plan))
         assert_that(merged, check)
 
 
 def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     encoder = ExampleEncoder(plan.schema.features)
+    specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
-        for shard, pieces in bucket_block(plan, encoder, cut_unit(plan, unit)):
+        for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, unit)):
             by_shard.setdefault(shard, []).append(b"".join(pieces))
     decoder = ExampleDecoder(plan.schema.features)
     seen = []
@@ -91,7 +96,8 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 
 def test_sorted_payloads_refuses_a_duplicate_sample(plan):
     encoder = ExampleEncoder(plan.schema.features)
-    _shard, pieces = bucket_block(plan, encoder, cut_unit(plan, plan.units[0]))[0]
+    specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
+    _shard, pieces = bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.units[0]))[0]
     blob = b"".join(pieces)
     with pytest.raises(RuntimeError, match="duplicate shuffle key"):
         sorted_payloads([blob, blob])
@@ -105,8 +111,12 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         config = plan.config.model_copy(update={"output": plan.config.output.model_copy(update={"path": output})})
         this_plan = make_plan(config)
         prepare_output(output, overwrite=False)
+        if local:
+            specs = compile_specs(this_plan, WriteStrategy.BUCKET_FILES, work_dir(output, this_plan.run_id))
+        else:
+            specs = compile_specs(this_plan, WriteStrategy.RUNNER_SHUFFLE)
         with local_pipeline() as p:
-            schemas = build_pipeline(p, this_plan, local=local)
+            schemas = build_pipeline(p, list(this_plan.units), specs)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
         outputs[local] = {
             name: (tmp_path / f"local_{local}" / name).read_bytes()

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from pipelines.demo import DEMO_CONFIG
+from planning.config import load_config, parse_config
 from schemas.errors import UserError
-from transforms.config import load_config, parse_config
 
 from conftest import REPO
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from transforms.keys import sample_keys, shard_of
+from planning.keys import sample_keys, shard_of
 
 
 def test_distinct_ids_get_distinct_keys():

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.sampling import Axis, SampleGrid, plan_units
+from planning.sampling import Axis, SampleGrid, plan_units
 
 
 def naive_sample(array: np.ndarray, axes: list[Axis], position: dict[str, int]) -> np.ndarray:

@@ -18,9 +18,9 @@ import numpy as np
 import xarray as xr
 from fsspec.implementations.local import LocalFileSystem
 
+from planning.netcdf3 import expected_size
 from schemas.errors import UserError
-from transforms.netcdf3 import expected_size
-from transforms.urls import is_remote
+from schemas.urls import is_remote
 
 logger = logging.getLogger(__name__)
 

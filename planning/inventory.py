@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from planning.coords import format_value
+from planning.sources import FileInfo, SourceFile, VariableInfo, expand_paths, inspect_file
 from schemas.errors import UserError
-from transforms.coords import format_value
-from transforms.sources import FileInfo, SourceFile, VariableInfo, expand_paths, inspect_file
 
 
 @dataclasses.dataclass(frozen=True)

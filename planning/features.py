@@ -6,12 +6,12 @@ import dataclasses
 
 import numpy as np
 
+from planning.config import BuildConfig
+from planning.inventory import Inventory
+from planning.sampling import Axis, SampleGrid
+from planning.sources import VariableInfo
 from schemas.errors import UserError
 from schemas.schema import Feature
-from transforms.config import BuildConfig
-from transforms.inventory import Inventory
-from transforms.sampling import Axis, SampleGrid
-from transforms.sources import VariableInfo
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,6 +181,12 @@ class OutputConfig(_Strict):
         ),
     )
 
+    @field_validator("path")
+    @classmethod
+    def _local_url_as_path(cls, value: str) -> str:
+        # A file:// URL names a local directory: treat it as one (records can be written in place there).
+        return value.removeprefix("file://") or value
+
     @field_validator("dtype")
     @classmethod
     def _float32_only(cls, value: str) -> str:

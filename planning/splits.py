@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from planning.config import BuildConfig
+from planning.coords import format_value, irregular_steps
+from planning.sampling import Axis
+from planning.sources import SourceFile
 from schemas.errors import UserError
-from transforms.config import BuildConfig
-from transforms.coords import format_value, irregular_steps
-from transforms.sampling import Axis
-from transforms.sources import SourceFile
 
 DEFAULT_SPLIT = "data"
 

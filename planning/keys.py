@@ -8,6 +8,8 @@ Every step of the hash is a bijection on 64-bit integers, so distinct ids get di
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -34,3 +36,18 @@ def shard_of(keys: np.ndarray, num_shards: int | np.ndarray) -> np.ndarray:
     """Shard index in [0, num_shards) of each key, from its high bits (uniform for any count)."""
     counts = np.asarray(num_shards, dtype=np.uint64)
     return ((keys >> np.uint64(32)) * counts >> np.uint64(32)).astype(np.int64)
+
+
+def keys_and_shards(
+    sample_ids: np.ndarray, labels: np.ndarray, seed: int, splits: Sequence
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's shuffle key and its shard numbered across splits.
+
+    ``labels``: each sample's split index into ``splits`` (which have ``num_shards`` and
+    ``first_shard``); the key picks the shard within the split.
+    """
+    keys = sample_keys(sample_ids, seed)
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = np.array([s.num_shards for s in splits], dtype=np.uint64)[labels]
+    firsts = np.array([s.first_shard for s in splits], dtype=np.int64)[labels]
+    return keys, firsts + shard_of(keys, counts)

@@ -1,8 +1,8 @@
 """The build plan, made on the driver: files in order, variables, sample grid, splits, units, schema, shards.
 
 Everything here is checked before any worker starts, so bad input fails in seconds with a
-message naming the file, variable or key, not hours later on a worker. The plan is plain data
-(picklable, no open files) and travels to the workers inside the DoFns that need it.
+message naming the file, variable or key, not hours later on a worker. The plan stays on the
+driver: each stage gets a small spec compiled from it (planning.specs) holding only what it uses.
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ import dataclasses
 import logging
 import math
 import uuid
-from importlib import metadata
 
 import numpy as np
 
-from schemas.errors import UserError
-from schemas.schema import Feature, Schema
-from transforms.config import MAX_SHARD_MB, BuildConfig
-from transforms.coords import json_values, record_values
-from transforms.features import (
+from planning.config import MAX_SHARD_MB, BuildConfig
+from planning.coords import record_values
+from planning.describe import describe_build
+from planning.features import (
     StackPlan,
     VariablePlan,
     build_grid,
@@ -28,10 +26,13 @@ from transforms.features import (
     stack_plans,
     variable_plans,
 )
-from transforms.inventory import Inventory, check_variables_agree, take_inventory
-from transforms.sampling import SampleGrid, Unit, plan_units
-from transforms.sources import SourceFile
-from transforms.splits import SplitPlan, position_splits, split_ranges
+from planning.inventory import Inventory, check_variables_agree, take_inventory
+from planning.positions import Positions
+from planning.sampling import SampleGrid, Unit, plan_units
+from planning.sources import SourceFile
+from planning.splits import SplitPlan, position_splits, split_ranges
+from schemas.errors import UserError
+from schemas.schema import Feature, Schema
 
 logger = logging.getLogger(__name__)
 
@@ -40,31 +41,27 @@ logger = logging.getLogger(__name__)
 UNIT_BUDGET_BYTES = 64e6
 
 
-def package_version() -> str:
-    try:
-        return metadata.version("xarray-tfrecords")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 @dataclasses.dataclass(frozen=True)
 class BuildPlan:
-    """Everything the workers need to cut, encode and write, decided once on the driver."""
+    """Everything decided on the driver before any worker starts: what is cut, how, and where it goes."""
 
     config: BuildConfig
     files: tuple[SourceFile, ...]
-    concat_dim: str
-    grid: SampleGrid
+    positions: Positions  # the sample grid, each position's split and coordinate values
     variables: tuple[VariablePlan, ...]
     stacks: tuple[StackPlan, ...]
-    #: record-ready coordinate values (int64 or float32) along each grid dim that has them
-    coords: dict[str, np.ndarray]
     units: tuple[Unit, ...]
     splits: tuple[SplitPlan, ...]
-    schema: Schema
+    schema: Schema  # without shards yet: Finalize adds them
     run_id: str
-    #: per position along the concat dim, the index of its split, or -1: no sample there
-    position_split: np.ndarray | None = None
+
+    @property
+    def grid(self) -> SampleGrid:
+        return self.positions.grid
+
+    @property
+    def concat_dim(self) -> str:
+        return self.positions.concat_dim
 
     @property
     def output(self) -> str:
@@ -82,13 +79,6 @@ class BuildPlan:
     @property
     def num_shards(self) -> int:
         return sum(s.num_shards for s in self.splits)
-
-    def split_of_shard(self, shard: int) -> tuple[SplitPlan, int]:
-        """The split a global shard number belongs to, and its number within the split."""
-        for split in self.splits:
-            if split.first_shard <= shard < split.first_shard + split.num_shards:
-                return split, shard - split.first_shard
-        raise IndexError(shard)
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:
@@ -190,52 +180,18 @@ def make_plan(
     splits, labels, drops = _assign_splits(config, grid, inventory, files, record_bytes)
     _check_stats_config(config, splits)
     units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
-    kept = {}
-    for axis in grid.axes:
-        found = inventory.coordinate(axis.dim) if axis.role == "keep" else None
-        if found is not None:
-            kept[axis.dim] = json_values(found[0])
-    concat_values = inventory.concat_values
-    schema = Schema(
-        features=tuple(features),
-        compression=config.output.compression,
-        examples_per_record=config.output.examples_per_record,
-        sample={
-            "concat_dim": config.input.concat_dim,
-            "axes": [a.to_json() for a in grid.axes],
-            "grid_dims": [a.dim for a in grid.grid_axes],
-            "grid_shape": list(grid.shape),
-            "num_samples": sum(s.num_samples for s in splits),
-            "splits": {
-                s.name: {
-                    "first": json_values(concat_values[s.start : s.start + 1])[0],
-                    "last": json_values(concat_values[s.stop - 1 : s.stop])[0],
-                    "index_range": [s.start, s.stop],
-                }
-                for s in splits
-            },
-        },
-        coords=kept,
-        sources=[dataclasses.asdict(f) for f in files]
-        + [{"path": info.path, "static": True, "nbytes": info.nbytes} for info in inventory.static_files],
-        counts=drops,
-        seed=config.shuffle.seed,
-        config=config.model_dump(mode="json"),
-        created_by=f"xarray-tfrecords {package_version()}",
-    )
+    schema = describe_build(config, grid, inventory, files, features, splits, drops)
+    positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
     return BuildPlan(
         config=config,
         files=tuple(files),
-        concat_dim=config.input.concat_dim,
-        grid=grid,
+        positions=positions,
         variables=tuple(variables),
         stacks=tuple(stacks),
-        coords={d: v for d, (v, _) in coords.items()},
         units=tuple(units),
         splits=tuple(splits),
         schema=schema,
         run_id=run_id or uuid.uuid4().hex[:12],
-        position_split=labels,
     )
 
 

@@ -1,0 +1,78 @@
+"""What the stages hand each other: the block of samples, per-unit counts, shard results, metric names.
+
+A stage reads these fields and nothing else of another stage's output, so a change to one
+stage shows here first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import xarray as xr
+
+#: The block's leading dim: one entry per sample.
+SAMPLE_DIM = "sample"
+#: Per-sample coordinates of a block: the sample's id (its row-major position on the grid)
+#: and the index of its split.
+SAMPLE_ID = "sample_id"
+SPLIT = "split"
+
+#: Beam counters and distributions (Metrics.counter(METRICS_NAMESPACE, name)).
+METRICS_NAMESPACE = "xarray_tfrecords"
+UNITS_DONE = "units_done"
+SAMPLES_CUT = "samples_cut"
+SAMPLES_DROPPED = "samples_dropped"
+BYTES_ENCODED = "bytes_encoded"
+RECORDS_WRITTEN = "records_written"
+BYTES_WRITTEN = "bytes_written"
+SHARD_BYTES = "shard_bytes"
+
+
+def index_feature(dim: str) -> str:
+    """Name of the feature (and block coordinate) holding a sample's start index along ``dim``."""
+    return f"index/{dim}"
+
+
+def coord_feature(dim: str) -> str:
+    """Name of the feature (and block coordinate) holding the coordinate values a sample covers."""
+    return f"coord/{dim}"
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitCounts:
+    """What one unit did to one split's samples."""
+
+    cut: int = 0  # samples of the split in the unit (before nan_policy: drop)
+    dropped_nan: int = 0
+    with_nan: int = 0  # samples that held NaN (kept, filled or dropped)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """What CutSamples yields for one unit.
+
+    ``samples``: an ``xr.Dataset`` with a leading ``sample`` dim, one data variable per selected
+    variable (already in its record dtype), and per-sample coordinates ``sample_id``, ``split``,
+    ``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid; samples are
+    in sample-id order. ``counts``: per split name, what the unit cut, dropped and filled.
+    """
+
+    unit: int
+    samples: xr.Dataset
+    counts: dict[str, UnitCounts]
+
+    @property
+    def num_samples(self) -> int:
+        return self.samples.sizes[SAMPLE_DIM]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """What a write stage reports for one written shard."""
+
+    split: str
+    shard: int  # number within the split
+    file: str
+    records: int
+    bytes: int
+    examples: int

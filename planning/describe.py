@@ -1,0 +1,73 @@
+"""The schema a build will commit: its features, how samples were cut, its inputs and provenance."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from importlib import metadata
+
+from planning.config import BuildConfig
+from planning.coords import json_values
+from planning.inventory import Inventory
+from planning.sampling import SampleGrid
+from planning.sources import SourceFile
+from planning.splits import SplitPlan
+from schemas.schema import Feature, Schema
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("xarray-tfrecords")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def sample_description(config: BuildConfig, grid: SampleGrid, inventory: Inventory, splits: Sequence[SplitPlan]):
+    """schema.json's ``sample``: the dims and their roles, the grid of positions, each split's range."""
+    values = inventory.concat_values
+    return {
+        "concat_dim": config.input.concat_dim,
+        "axes": [a.to_json() for a in grid.axes],
+        "grid_dims": [a.dim for a in grid.grid_axes],
+        "grid_shape": list(grid.shape),
+        "num_samples": sum(s.num_samples for s in splits),
+        "splits": {
+            s.name: {
+                "first": json_values(values[s.start : s.start + 1])[0],
+                "last": json_values(values[s.stop - 1 : s.stop])[0],
+                "index_range": [s.start, s.stop],
+            }
+            for s in splits
+        },
+    }
+
+
+def describe_build(
+    config: BuildConfig,
+    grid: SampleGrid,
+    inventory: Inventory,
+    files: Sequence[SourceFile],
+    features: Sequence[Feature],
+    splits: Sequence[SplitPlan],
+    drops: dict[str, int],
+) -> Schema:
+    """The schema without its shards (Finalize adds those once they are written)."""
+    kept = {}
+    for axis in grid.axes:
+        found = inventory.coordinate(axis.dim) if axis.role == "keep" else None
+        if found is not None:
+            kept[axis.dim] = json_values(found[0])
+    sources = [dataclasses.asdict(f) for f in files]
+    sources += [{"path": info.path, "static": True, "nbytes": info.nbytes} for info in inventory.static_files]
+    return Schema(
+        features=tuple(features),
+        compression=config.output.compression,
+        examples_per_record=config.output.examples_per_record,
+        sample=sample_description(config, grid, inventory, splits),
+        coords=kept,
+        sources=sources,
+        counts=drops,
+        seed=config.shuffle.seed,
+        config=config.model_dump(mode="json"),
+        created_by=f"xarray-tfrecords {package_version()}",
+    )

@@ -1,0 +1,61 @@
+"""Names inside an output directory: shards, metadata, a run's temporary files and working directory.
+
+Every temporary name is made here and only here, and none is ever parsed back: a stage that
+needs a final name computes it from the shard number.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import tempfile
+
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, shard_name
+from schemas.urls import is_remote
+
+#: A run's working files (bucket files, the shard layout, progress markers) live under this
+#: directory of a local output.
+TMP_DIR = "_tmp"
+#: What a temporary file's name adds to the final name it will be renamed to.
+TEMPORARY_MARK = ".tmp-"
+_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB)
+
+
+def join(base: str, *parts: str) -> str:
+    """A path under ``base``: a local path, or a URL joined with '/'."""
+    if is_remote(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return os.path.join(base, *parts)
+
+
+def temporary_path(final: str, token: str) -> str:
+    """Where a file is written before it is renamed to ``final``; ``token`` tells writers apart."""
+    return f"{final}{TEMPORARY_MARK}{token}"
+
+
+def shard_path(output: str, split: str, number: int, count: int, compression: str | None) -> str:
+    return join(output, shard_name(split, number, count, compression))
+
+
+def work_dir(output: str, run_id: str) -> str:
+    """Where a local run keeps its working files: under the output, or in local temp for remote outputs."""
+    if is_remote(output):
+        return os.path.join(tempfile.gettempdir(), "xarray-tfrecords", run_id)
+    return join(output, TMP_DIR, run_id)
+
+
+def bucket_path(directory: str, shard: int, unit: int) -> str:
+    """The bucket file a unit writes for one shard."""
+    return join(directory, f"shard-{shard:05d}", f"unit-{unit:06d}.bucket")
+
+
+def relative(base: str, path: str) -> str:
+    return posixpath.relpath(path, base) if not is_remote(base) else path[len(base.rstrip("/")) + 1 :]
+
+
+def is_ours(relative_path: str) -> bool:
+    """Whether a file (relative to the output) has a name this tool writes."""
+    if relative_path.split("/", 1)[0] == TMP_DIR:
+        return True
+    return "/" not in relative_path and any(fnmatch.fnmatch(relative_path, pattern) for pattern in _OURS)

@@ -1,0 +1,180 @@
+"""The plan compiled into one small frozen spec per stage, holding only what that stage uses.
+
+Specs are what the Beam stages are built from and what is pickled into their DoFns: the input
+files travel only in the cut spec, the shard layout only in the write spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from planning.features import StackPlan, VariablePlan
+from planning.keys import keys_and_shards
+from planning.layout import ShardLayout
+from planning.names import join, shard_path, temporary_path
+from planning.plan import BuildPlan
+from planning.positions import Positions
+from planning.sources import SourceFile
+from planning.splits import SplitPlan
+from planning.write_strategy import WriteStrategy
+from schemas.schema import Feature, Schema, default_split
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CutSpec:
+    """CutSamples: where the input is, which positions make samples, and how values are stored."""
+
+    files: tuple[SourceFile, ...]  # along the concat dim, in order
+    positions: Positions
+    variables: tuple[VariablePlan, ...]
+    split_names: tuple[str, ...]
+    nan_policy: str
+    fill_value: float | None
+    allow_float32_overflow: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WriteSpec:
+    """WriteShards: how records are encoded, shuffled into shards, and where they are written."""
+
+    output: str
+    run_id: str
+    strategy: WriteStrategy
+    features: tuple[Feature, ...]  # of one sample, in record order
+    record_features: tuple[Feature, ...]  # of one record (with packing: a leading axis and the count)
+    stacks: tuple[StackPlan, ...]
+    splits: tuple[SplitPlan, ...]
+    seed: int
+    compression: str | None
+    examples_per_record: int
+    #: local runs: where bucket files and progress markers go (None: no progress markers)
+    bucket_dir: str | None = None
+    progress_dir: str | None = None
+    layout: ShardLayout | None = None  # IN_PLACE only
+
+    @property
+    def num_shards(self) -> int:
+        return sum(s.num_shards for s in self.splits)
+
+    def split_of_shard(self, shard: int) -> tuple[SplitPlan, int]:
+        """The split a global shard number belongs to, and its number within the split."""
+        for split in self.splits:
+            if split.first_shard <= shard < split.first_shard + split.num_shards:
+                return split, shard - split.first_shard
+        raise IndexError(shard)
+
+    def shard_path(self, shard: int) -> str:
+        split, number = self.split_of_shard(shard)
+        return shard_path(self.output, split.name, number, split.num_shards, self.compression)
+
+    def temporary_shard_path(self, shard: int) -> str:
+        """Where shard ``shard`` is written in place before its count is checked."""
+        return temporary_path(self.shard_path(shard), self.run_id)
+
+    def keys_and_shards(self, sample_ids: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's shuffle key and its shard (numbered across splits)."""
+        return keys_and_shards(sample_ids, labels, self.seed, self.splits)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsSpec:
+    """ComputeStats: the splits, in label order, and the kept dims statistics are kept per index of."""
+
+    split_names: tuple[str, ...]
+    per: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FinalizeSpec:
+    """Finalize: what to check the written counts against, and what to write beside the shards."""
+
+    output: str
+    schema: Schema  # without shards
+    splits: tuple[SplitPlan, ...]
+    variables: tuple[VariablePlan, ...]
+    stacks: tuple[StackPlan, ...]
+    stats: StatsSpec
+    reference_split: str  # whose statistics normalise
+    compression: str | None
+    work_dir: str | None = None  # removed once the output is complete
+
+
+def cut_spec(plan: BuildPlan) -> CutSpec:
+    config = plan.config
+    return CutSpec(
+        files=plan.files,
+        positions=plan.positions,
+        variables=plan.variables,
+        split_names=tuple(s.name for s in plan.splits),
+        nan_policy=config.nan_policy,
+        fill_value=config.fill_value,
+        allow_float32_overflow=config.output.allow_float32_overflow,
+    )
+
+
+def write_spec(
+    plan: BuildPlan,
+    strategy: WriteStrategy,
+    bucket_dir: str | None = None,
+    progress_dir: str | None = None,
+    layout: ShardLayout | None = None,
+) -> WriteSpec:
+    output = plan.config.output
+    return WriteSpec(
+        output=plan.output,
+        run_id=plan.run_id,
+        strategy=strategy,
+        features=plan.schema.features,
+        record_features=plan.schema.record_features(),
+        stacks=plan.stacks,
+        splits=plan.splits,
+        seed=plan.seed,
+        compression=output.compression,
+        examples_per_record=output.examples_per_record,
+        bucket_dir=bucket_dir,
+        progress_dir=progress_dir,
+        layout=layout,
+    )
+
+
+def stats_spec(plan: BuildPlan) -> StatsSpec:
+    return StatsSpec(tuple(s.name for s in plan.splits), tuple(plan.config.stats.per))
+
+
+def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
+    names = [s.name for s in plan.splits]
+    return FinalizeSpec(
+        output=plan.output,
+        schema=plan.schema,
+        splits=plan.splits,
+        variables=plan.variables,
+        stacks=plan.stacks,
+        stats=stats_spec(plan),
+        reference_split=plan.config.stats.reference_split or default_split(names),
+        compression=plan.config.output.compression,
+        work_dir=work_dir,
+    )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StageSpecs:
+    cut: CutSpec
+    write: WriteSpec
+    stats: StatsSpec
+    finalize: FinalizeSpec
+
+
+def compile_specs(
+    plan: BuildPlan, strategy: WriteStrategy, work_dir: str | None = None, layout: ShardLayout | None = None
+) -> StageSpecs:
+    """Every stage's spec. ``work_dir`` (local runs): where bucket files and progress markers go."""
+    buckets = join(work_dir, "buckets") if work_dir and strategy is WriteStrategy.BUCKET_FILES else None
+    progress = join(work_dir, "progress") if work_dir else None
+    return StageSpecs(
+        cut_spec(plan),
+        write_spec(plan, strategy, buckets, progress, layout),
+        stats_spec(plan),
+        finalize_spec(plan, work_dir),
+    )
