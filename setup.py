@@ -1,4 +1,4 @@
-"""Installs xarray-tfrecords: the pipelines, transforms, planning and schemas packages (also shipped to Beam workers)."""
+"""Installs xarray-tfrecords: the pipelines, transforms, planning and schemas packages (shipped to Beam workers too)."""
 
 from setuptools import setup
 

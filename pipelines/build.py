@@ -12,13 +12,13 @@ import gc
 import importlib.util
 import io
 import logging
-import re
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING
 
-from schemas.errors import UserError
+from pipelines.cli import EXIT_INTERRUPTED, dropped_line, report_failure
+from schemas.schema import default_split
+from schemas.urls import is_remote
 
 if TYPE_CHECKING:
     from planning.plan import BuildPlan
@@ -46,27 +46,6 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def user_error_message(error: BaseException) -> str | None:
-    """The one-line message of a UserError raised anywhere, including inside a Beam worker."""
-    message = None
-    seen = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, UserError):
-            message = str(cause)
-            break
-        cause = cause.__cause__ or cause.__context__
-    if message is None:
-        # Worker processes send their exceptions back as text; ours follows the type name.
-        marker = f"{UserError.__name__}: "
-        text = str(error)
-        if marker not in text:
-            return None
-        message = text.split(marker, 1)[1].splitlines()[0]
-    return re.sub(r" \[while running '[^']*'\]$", "", message.strip())
-
-
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     shards = [shard for split in schema.splits.values() for shard in split]
     size = sum(s.bytes for s in shards)
@@ -77,23 +56,19 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
     counts = schema.counts
-    dropped = [
-        (counts.get("samples_dropped_at_gaps", 0), "crossing gaps"),
-        (counts.get("samples_outside_splits", 0), "outside or across splits"),
-        (counts.get("samples_dropped_nan", 0), "with NaN (nan_policy: drop)"),
-    ]
-    if any(n for n, _ in dropped):
-        print("  dropped: " + ", ".join(f"{n:,} {why}" for n, why in dropped if n))
+    dropped = dropped_line(counts)
+    if dropped:
+        print(dropped)
     with_nan = counts.get("samples_with_nan", 0)
     if with_nan and plan.config.nan_policy == "fill":
         print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
     elif with_nan and plan.config.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
-    split = "train" if "train" in schema.splits else next(iter(schema.splits))
+    split = default_split(list(schema.splits))
     # find_spec looks TensorFlow up without importing it (that would take seconds).
     missing = "" if importlib.util.find_spec("tensorflow") else ' (not installed here: pip install -e ".[tf]")'
     print(f"Load it in TensorFlow{missing}:")
-    if "://" in plan.output:
+    if is_remote(plan.output):
         # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.
         print("    from schemas import load_dataset")
         print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
@@ -143,16 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(worker_output.getvalue())
     except KeyboardInterrupt:
         print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:
-        message = user_error_message(error)
-        if message is None or args.verbose:
-            traceback.print_exc()
-        if message is not None:
-            print(f"error: {message}", file=sys.stderr)
-            return 2
-        print(f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", file=sys.stderr)
-        return 1
+        return report_failure(error, args.verbose)
     if schema is None:
         print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
         return 0

@@ -6,17 +6,15 @@ import argparse
 import logging
 import sys
 import textwrap
-import traceback
 from typing import TYPE_CHECKING, Any
 
-from pipelines.build import user_error_message
+from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, dropped_line, report_failure
 from schemas.errors import UserError
 
 if TYPE_CHECKING:
     from schemas.schema import Feature, Schema
 
-EXIT_USER_ERROR = 2
-EXIT_VERIFY_FAILED = 1
+EXIT_VERIFY_FAILED = EXIT_FAILED
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -29,7 +27,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("output", metavar="OUTPUT", help="output directory: a local path or an fsspec URL (gs://...)")
     parser.add_argument(
-        "--split", help="only this split (default: every split; --plot draws 'data', or else the first split)"
+        "--split",
+        help="only this split (default: every split; --plot: train if there is one, else the first)",
     )
     parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
     parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
@@ -219,14 +218,9 @@ def summary(path: str, only_split: str | None = None) -> str:
         f"  {schema.num_examples():,} samples in {sum(len(s) for s in schema.splits.values())} shard(s), "
         f"{_megabytes(sum(files.values()))} on disk ({compression}{packing}), shuffle seed {schema.seed}",
     ]
-    counts = schema.counts
-    dropped = {
-        "crossing gaps": counts.get("samples_dropped_at_gaps", 0),
-        "outside or across splits": counts.get("samples_outside_splits", 0),
-        "with NaN": counts.get("samples_dropped_nan", 0),
-    }
-    if any(dropped.values()):
-        head.append("  dropped: " + ", ".join(f"{n:,} {why}" for why, n in dropped.items() if n))
+    dropped = dropped_line(schema.counts)
+    if dropped:
+        head.append(dropped)
     sections = [
         head,
         feature_lines(schema),
@@ -278,23 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:
-        if args.verbose:
-            traceback.print_exc()
-        message = user_error_message(error)
-        if message is not None:
-            print(f"error: {message}", file=sys.stderr)
-            return EXIT_USER_ERROR
         from schemas.tfrecord import CorruptRecordError
 
         if isinstance(error, CorruptRecordError):  # met while plotting; --verify reports it the same way
             print(f"error: {error}; the shard is damaged: build the output again", file=sys.stderr)
             return EXIT_VERIFY_FAILED
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        hint = "" if args.verbose else " (--verbose shows where)"
-        print(f"error: {args.output}: {type(error).__name__}: {first_line}{hint}", file=sys.stderr)
-        return 1
+        return report_failure(error, args.verbose, subject=args.output)
 
 
 if __name__ == "__main__":

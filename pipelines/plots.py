@@ -24,7 +24,7 @@ from pipelines.plot_data import (
 from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
 from schemas.reader import Reader
-from schemas.schema import Feature, Schema
+from schemas.schema import Feature, Schema, default_split
 
 MAX_COLUMNS = 6  # variables drawn side by side; more would make unreadable panels
 PANEL_WIDTH, SAMPLE_HEIGHT, HIST_HEIGHT = 3.4, 2.7, 2.5
@@ -36,7 +36,7 @@ def plot_output(
 ) -> str:
     """Draw a page of ``samples`` random samples of a split to ``png`` (local path or fsspec URL)."""
     schema = load_schema(path)
-    split = split or ("data" if "data" in schema.splits else next(iter(schema.splits), "data"))
+    split = split or default_split(list(schema.splits))
     reader = Reader(path, split, schema=schema)
     rng = np.random.default_rng(seed)
     scan = scan_output(reader, rng)

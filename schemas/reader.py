@@ -26,6 +26,7 @@ from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.tfrecord import CorruptRecordError, read_records
+from schemas.urls import is_remote
 
 #: Records decoded together: large enough to amortise numpy calls, small enough for any memory.
 DEFAULT_CHUNK = 256
@@ -49,7 +50,7 @@ def open_shard(url: str, compression: str | None):
         stream = fsspec.open(url, "rb", compression=_COMPRESSION[compression]).open()
         # Records are read in order, a few bytes at a time: ask a remote filesystem for big
         # sequential chunks, or every small read waits on a request of its own.
-        return io.BufferedReader(stream, buffer_size=_READ_BLOCK) if "://" in url else stream
+        return io.BufferedReader(stream, buffer_size=_READ_BLOCK) if is_remote(url) else stream
     except FileNotFoundError:
         raise UserError(
             f"{url}: shard listed in schema.json is missing; the output is incomplete or was moved: build it again"
