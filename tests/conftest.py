@@ -13,6 +13,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("XTF_SHARED_DATA", REPO.parent / "shared" / "data"))
+ERAINT = "eraint_uvz.nc"  # no licence: never committed; from SHARED_DATA when there, else a stand-in
+
+
+def real_eraint() -> Path | None:
+    """The real ERA-Interim file in SHARED_DATA (../shared/data or $XTF_SHARED_DATA), if it is there."""
+    path = SHARED_DATA / ERAINT
+    return path if path.exists() else None
 
 
 def shared_file(name: str) -> Path:
