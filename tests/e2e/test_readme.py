@@ -8,7 +8,7 @@ import sys
 
 from pipelines.config_reference import END, START, config_reference
 
-from conftest import REPO, shared_file
+from conftest import REPO
 
 README = (REPO / "README.md").read_text()
 
@@ -24,13 +24,13 @@ def test_config_reference_is_generated_from_the_config_model():
     assert embedded.strip() == config_reference().strip(), "run: python -m pipelines.config_reference --write README.md"
 
 
-def test_walkthrough_runs_as_written(tmp_path):
-    source = shared_file("eraint_uvz.nc")
+def test_walkthrough_runs_as_written(tmp_path, sample_file):
+    source = sample_file("eraint_uvz.nc")  # the real file when shared data has it, else the stand-in
     output = str(tmp_path / "erainterim")
     for line in _block("walkthrough:shell").strip().splitlines():
         command = line.replace("out/erainterim", output).split()
         assert command[:2] == ["python", "-m"]
-        if command[2] == "pipelines.build":  # the config's ../shared/data, or XTF_SHARED_DATA's folder
+        if command[2] == "pipelines.build":  # instead of the config's ../shared/data
             command += ["--input", str(source)]
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
