@@ -15,8 +15,6 @@ from pipelines import graph
 from pipelines.build import main
 from schemas import load_schema, load_stats
 
-from conftest import shared_file
-
 
 def make_file(
     path: Path, start: str, steps: int, freq: str = "6h", lat=None, variables=("t", "q"), dtype="f4", **extra
@@ -94,8 +92,8 @@ def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["uvt.nc", "nc4uvt.nc"])
-def test_a_truncated_file_is_found_while_planning(tmp_path, capsys, name):
-    data = shared_file(name).read_bytes()
+def test_a_truncated_file_is_found_while_planning(tmp_path, capsys, name, sample_file):
+    data = sample_file(name).read_bytes()
     (tmp_path / name).write_bytes(data[: len(data) // 2])
     config = config_for([tmp_path / name], tmp_path / "o", window={"lat": 8, "lon": 8})
     assert_fails(config, tmp_path, capsys, name)
@@ -243,9 +241,9 @@ def test_verbose_shows_the_traceback(tmp_path, capsys):
     assert status == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
 
 
-def test_copied_real_file_with_hostile_variable_name_builds_a_safe_parser(tmp_path, capsys):
+def test_copied_real_file_with_hostile_variable_name_builds_a_safe_parser(tmp_path, capsys, sample_file):
     hostile = 'x"); import os; os.system("touch pwned") #'
-    with xr.open_dataset(shared_file("uvt.nc")) as ds:
+    with xr.open_dataset(sample_file("uvt.nc")) as ds:
         ds = ds[["T"]].rename({"T": hostile})
         ds[hostile].attrs["long_name"] = "'''\n\"\"\"\\"
         ds.to_netcdf(tmp_path / "hostile.nc")

@@ -17,7 +17,7 @@ from scipy import stats
 from pipelines.build import main
 from schemas import load_schema, load_stats
 
-from conftest import REPO, shared_file
+from conftest import REPO
 from helpers import (
     expected_feature,
     load_virtual_dataset,
@@ -187,8 +187,8 @@ def split_along_time(path: Path, directory: Path, sizes: list[int]) -> list[Path
     return paths
 
 
-def test_point_time_series_across_files_equals_one_file(tmp_path):
-    trefht = shared_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+def test_point_time_series_across_files_equals_one_file(tmp_path, sample_file):
+    trefht = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
     parts = split_along_time(trefht, tmp_path / "parts", [30, 30, 27, 23])
 
     def config(paths, output):
@@ -236,8 +236,8 @@ def test_point_time_series_across_files_equals_one_file(tmp_path):
         ),
     ],
 )
-def test_real_files(tmp_path, name, concat_dim, sample, variables, shape):
-    path = shared_file(name)
+def test_real_files(tmp_path, sample_file, name, concat_dim, sample, variables, shape):
+    path = sample_file(name)
     config = {
         "input": {"paths": str(path), "concat_dim": concat_dim},
         "sample": sample,
@@ -251,9 +251,9 @@ def test_real_files(tmp_path, name, concat_dim, sample, variables, shape):
     assert parsed[variables[0]].shape[1:] == shape
 
 
-def test_packed_era_interim_is_decoded_then_stored_as_float32(tmp_path):
+def test_packed_era_interim_is_decoded_then_stored_as_float32(tmp_path, sample_file):
     config = yaml.safe_load((REPO / "configs" / "erainterim_patches.yaml").read_text())
-    config["input"]["paths"] = str(shared_file("eraint_uvz.nc"))
+    config["input"]["paths"] = str(sample_file("eraint_uvz.nc"))
     config["output"]["path"] = str(tmp_path / "eraint")
     output = build(config, tmp_path)
     z = load_schema(str(output)).feature("z")

@@ -19,7 +19,7 @@ from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from schemas import load_schema
 
-from conftest import REPO, shared_file
+from conftest import REPO
 from helpers import expected_feature, parse_with_generated_parser
 
 BUCKET = "xtf-test"
@@ -82,10 +82,10 @@ def gcs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uploaded(gcs, tmp_path_factory) -> dict[str, list[Path]]:
-    """Real files in the bucket: a time-split TREFHT archive (classic NetCDF) and NetCDF-4 files."""
+def uploaded(gcs, tmp_path_factory, sample_file) -> dict[str, list[Path]]:
+    """Files in the bucket: time-split TREFHT (classic NetCDF), NetCDF-4, ERA-Interim (or its stand-in)."""
     local = tmp_path_factory.mktemp("upload")
-    with xr.open_dataset(shared_file("TREFHT.B06.57.atm.1890-1999ANN.nc")) as ds:
+    with xr.open_dataset(sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")) as ds:
         for i, (start, stop) in enumerate([(0, 37), (37, 80), (80, 110)]):
             ds.isel(time=slice(start, stop)).to_netcdf(local / f"trefht_{i}.nc", format="NETCDF3_64BIT")
     from pipelines.demo import ArchiveShape, write_archive
@@ -96,8 +96,8 @@ def uploaded(gcs, tmp_path_factory) -> dict[str, list[Path]]:
     files = {
         "trefht": sorted(local.glob("trefht_*.nc")),
         "era5": sorted((local / "era5").glob("*.nc")),
-        "eraint": [shared_file("eraint_uvz.nc")],
-        "nc4": [shared_file("nc4uvt.nc")],
+        "eraint": [sample_file("eraint_uvz.nc")],
+        "nc4": [sample_file("nc4uvt.nc")],
     }
     for name, paths in files.items():
         for path in paths:

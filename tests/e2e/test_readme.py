@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 from pipelines.config_reference import END, START, config_reference
 
-from conftest import REPO, shared_file
+from conftest import REPO
 
 README = (REPO / "README.md").read_text()
 
@@ -24,13 +25,13 @@ def test_config_reference_is_generated_from_the_config_model():
     assert embedded.strip() == config_reference().strip(), "run: python -m pipelines.config_reference --write README.md"
 
 
-def test_walkthrough_runs_as_written(tmp_path):
-    source = shared_file("eraint_uvz.nc")
+def test_walkthrough_runs_as_written(tmp_path, sample_file):
+    source = sample_file("eraint_uvz.nc")  # the real file when shared data has it, else the stand-in
     output = str(tmp_path / "erainterim")
     for line in _block("walkthrough:shell").strip().splitlines():
         command = line.replace("out/erainterim", output).split()
         assert command[:2] == ["python", "-m"]
-        if command[2] == "pipelines.build":  # the config's ../shared/data, or XTF_SHARED_DATA's folder
+        if command[2] == "pipelines.build":  # instead of the config's data/eraint_uvz.nc (see the next test)
             command += ["--input", str(source)]
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
@@ -39,3 +40,55 @@ def test_walkthrough_runs_as_written(tmp_path):
     script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + "\nprint('trained')\n")
     result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("trained"), result.stderr[-3000:]
+
+
+# Stands in for pooch (what xarray.tutorial downloads with): "downloads" the sample file into the cache.
+FAKE_POOCH = """
+import logging, os, shutil
+
+def get_logger():
+    return logging.getLogger("pooch")
+
+def os_cache(project):
+    return os.path.join(os.environ["FAKE_POOCH_CACHE"], project)
+
+class HTTPDownloader:
+    def __init__(self, **kwargs):
+        pass
+
+def retrieve(url, known_hash=None, path=None, downloader=None, **kwargs):
+    assert url.endswith("/eraint_uvz.nc"), url
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, "0123abcd-eraint_uvz.nc")
+    shutil.copyfile(os.environ["FAKE_POOCH_SOURCE"], target)
+    return target
+"""
+
+
+def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, sample_file):
+    """The download step works as written with the pinned xarray (offline: pooch is faked)."""
+    source = sample_file("eraint_uvz.nc")
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "pooch.py").write_text(FAKE_POOCH)
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python"  # `python` in the block is this interpreter, venv and all
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(tmp_path / "fake"),
+        "FAKE_POOCH_CACHE": str(tmp_path / "cache"),
+        "FAKE_POOCH_SOURCE": str(source),
+    }
+    for line in _block("walkthrough:download").strip().splitlines():
+        if line == "pip install pooch":
+            continue
+        result = subprocess.run(["bash", "-c", line], cwd=checkout, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    config = (REPO / "configs" / "erainterim_patches.yaml").read_text()
+    assert 'paths: "data/eraint_uvz.nc"' in config
+    assert (checkout / "data" / "eraint_uvz.nc").read_bytes() == source.read_bytes()
+    assert 'input: {paths: "data/eraint_uvz.nc"' in README  # the config as the README shows it
