@@ -8,8 +8,8 @@ import numpy as np
 
 from planning.config import BuildConfig
 from planning.inventory import Inventory
+from planning.metadata import VariableInfo
 from planning.sampling import Axis, SampleGrid
-from planning.sources import VariableInfo
 from schemas.errors import UserError
 from schemas.schema import Feature
 

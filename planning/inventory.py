@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from planning.coords import format_value
-from planning.sources import FileInfo, SourceFile, VariableInfo, expand_paths, inspect_file
+from planning.metadata import FileInfo, VariableInfo, inspect_file
+from planning.sources import SourceFile, expand_paths
 from schemas.errors import UserError
 
 

@@ -1,4 +1,4 @@
-"""The input NetCDF files: listing them, reading their metadata, and reading slabs of variables."""
+"""The input NetCDF files: listing them, checking them, and opening them (locally or through fsspec)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import fsspec
-import numpy as np
 import xarray as xr
 from fsspec.implementations.local import LocalFileSystem
 
@@ -149,73 +147,6 @@ def open_netcdf(path: str, decode_times: bool = True, download: bool = False) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class VariableInfo:
-    """A data variable as the files describe it (dtype after CF decoding: scale, offset, fill)."""
-
-    name: str
-    dims: tuple[str, ...]
-    dtype: str
-    source_dtype: str
-    attrs: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class FileInfo:
-    """What planning needs from one file: dim sizes, coordinates and variables."""
-
-    path: str
-    nbytes: int
-    sizes: dict[str, int]
-    coords: dict[str, np.ndarray]  # decoded values of every dim coordinate
-    coord_attrs: dict[str, dict[str, Any]]
-    variables: dict[str, VariableInfo]
-
-
-def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
-    """Attributes as JSON-ready values, plus the CF encoding keys that decoding consumed."""
-    out = {}
-    merged = {**variable.attrs}
-    for key in ("units", "calendar"):
-        if key in variable.encoding:
-            merged.setdefault(key, variable.encoding[key])
-    for key, value in merged.items():
-        if isinstance(value, np.ndarray):
-            value = value.tolist()
-        elif isinstance(value, np.generic):
-            value = value.item()
-        if isinstance(value, bytes):
-            value = value.decode(errors="replace")
-        if isinstance(value, float) and not np.isfinite(value):
-            value = str(value)
-        out[str(key)] = value
-    return out
-
-
-def inspect_file(path: str) -> FileInfo:
-    """Read one file's metadata and its dim coordinates (no data variables are loaded)."""
-    nbytes = check_not_truncated(path)
-    with open_netcdf(path) as ds:
-        coords = {}
-        coord_attrs = {}
-        for dim in ds.dims:
-            if dim in ds.variables:
-                coords[dim] = ds[dim].values
-                coord_attrs[dim] = _attrs(ds[dim])
-        variables = {
-            str(name): VariableInfo(
-                name=str(name),
-                dims=tuple(str(d) for d in var.dims),
-                dtype=str(var.dtype),
-                source_dtype=str(var.encoding.get("dtype", var.dtype)),
-                attrs=_attrs(var),
-            )
-            for name, var in ds.data_vars.items()
-        }
-        sizes = {str(k): int(v) for k, v in ds.sizes.items()}
-        return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
-
-
-@dataclasses.dataclass(frozen=True)
 class SourceFile:
     """One input file, its size when planned, and the range [start, stop) it covers along the concat dim."""
 
@@ -223,61 +154,3 @@ class SourceFile:
     start: int
     stop: int
     nbytes: int
-
-
-def _values(path: str, ds: xr.Dataset, name: str, selection: dict[str, slice]) -> np.ndarray:
-    if name not in ds.variables:
-        raise UserError(f"{path}: variable {name!r} is missing; every input file needs it")
-    var = ds[name]
-    try:
-        return var.isel({d: s for d, s in selection.items() if d in var.dims}).values
-    except Exception as error:
-        reason = str(error).splitlines()[0][:200]
-        raise UserError(f"{path}: reading {name!r} failed ({reason}); the file may be truncated or corrupt") from None
-
-
-def _check_unchanged(source: SourceFile) -> None:
-    if file_size(source.path) != source.nbytes:
-        raise UserError(
-            f"{source.path}: changed size since the build was planned ({source.nbytes} bytes then); "
-            "do not modify input files during a build: run it again"
-        )
-
-
-def read_slabs(
-    files: Sequence[SourceFile],
-    concat_dim: str,
-    variables: Sequence[tuple[str, str | None]],
-    box: dict[str, tuple[int, int]],
-) -> dict[str, np.ndarray]:
-    """Each variable's values over ``box`` (source index ranges on the virtual dataset).
-
-    ``variables``: (name, static file) pairs; static variables (no concat dim) are read from
-    their file, the others along the concat dim, whose range may span several files: each
-    overlapping file is opened once and its part of every variable read, then the parts joined.
-    """
-    selection = {d: slice(*r) for d, r in box.items()}
-    out: dict[str, np.ndarray] = {}
-    for path in dict.fromkeys(p for _, p in variables if p is not None):
-        with open_netcdf(path, decode_times=False, download=True) as ds:
-            for name in (n for n, p in variables if p == path):
-                out[name] = _values(path, ds, name, selection)
-    along = [name for name, path in variables if path is None]
-    begin, end = box[concat_dim]
-    parts: dict[str, list[np.ndarray]] = {v: [] for v in along}
-    axis_of: dict[str, int] = {}
-    for source in files:
-        if not along or source.stop <= begin or source.start >= end:
-            continue
-        _check_unchanged(source)
-        local = dict(selection)
-        local[concat_dim] = slice(max(begin, source.start) - source.start, min(end, source.stop) - source.start)
-        with open_netcdf(source.path, decode_times=False, download=True) as ds:
-            for name in along:
-                parts[name].append(_values(source.path, ds, name, local))
-                axis_of[name] = ds[name].dims.index(concat_dim)
-    for name, pieces in parts.items():
-        if not pieces:
-            raise ValueError(f"no input file covers {concat_dim} range {begin}:{end}")
-        out[name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis_of[name])
-    return out

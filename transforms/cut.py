@@ -27,7 +27,7 @@ from planning.contracts import (
 )
 from planning.features import VariablePlan
 from planning.sampling import Unit
-from planning.sources import read_slabs
+from planning.slabs import read_slabs
 from planning.specs import CutSpec
 from schemas.errors import UserError
 
