@@ -7,14 +7,17 @@ Files that have the concat dim are joined along it in coordinate order; files wi
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 
 import numpy as np
 
 from planning.coords import format_value
 from planning.metadata import FileInfo, VariableInfo, inspect_file
-from planning.sources import SourceFile, expand_paths
+from planning.probe import FileProbe, decode_concat_values, probe_local
+from planning.sources import SourceFile, check_not_truncated, expand_paths
 from schemas.errors import UserError
+from schemas.urls import is_remote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,8 @@ class Inventory:
 
 
 def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
-    """List, inspect (sequentially: the netCDF and HDF5 C libraries are not thread-safe) and order the files."""
-    infos = [inspect_file(path) for path in expand_paths(patterns)]
+    """List, inspect and order the files."""
+    infos = inspect_files(expand_paths(patterns), concat_dim)
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
     if not along:
@@ -82,6 +85,50 @@ def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
     inventory = Inventory(concat_dim, tuple(ordered), static, values)
     _check_static_files(inventory)
     return inventory
+
+
+def probe_file(path: str, concat_dim: str) -> FileProbe | None:
+    """A quick look at a local file, or None where only the full look will do (remote or unusual files)."""
+    if is_remote(path):
+        return None
+    try:
+        return probe_local(path, os.path.getsize(path), concat_dim)
+    except Exception:  # the full look reads it through xarray, and names the problem if there is one
+        return None
+
+
+def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.ndarray | None) -> FileInfo:
+    """A probed file's info: the reference's variables and grid, its own size and concat coordinate."""
+    coords = dict(reference.coords)
+    if values is not None:
+        coords[concat_dim] = values
+    return dataclasses.replace(reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords)
+
+
+def inspect_files(paths: list[str], concat_dim: str) -> list[FileInfo]:
+    """Every file's info: in full (through xarray) for the first file of each structure, probed for the rest.
+
+    Files are read one after another: the netCDF and HDF5 C libraries are not thread-safe.
+    """
+    full: dict[str, FileInfo] = {}  # by fingerprint
+    infos: list[FileInfo | None] = []
+    probed: list[tuple[int, FileProbe]] = []
+    for path in paths:
+        probe = probe_file(path, concat_dim)
+        if probe is None or probe.fingerprint not in full:
+            info = inspect_file(path)
+            if probe is not None:
+                full[probe.fingerprint] = info
+            infos.append(info)
+            continue
+        if probe.classic:
+            check_not_truncated(path)
+        probed.append((len(infos), probe))
+        infos.append(None)
+    values = decode_concat_values([probe for _, probe in probed], concat_dim)
+    for (index, probe), decoded in zip(probed, values):
+        infos[index] = _like(full[probe.fingerprint], probe, concat_dim, decoded)
+    return infos
 
 
 def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.ndarray]:

@@ -87,12 +87,12 @@ def _local_copy(path: str) -> Iterator[str]:
 
 #: The netCDF and HDF5 C libraries are not thread-safe (concurrent opens crash the process), and
 #: Beam's multi_threading mode runs several units at once: one file is open at a time per process.
-_NETCDF_LOCK = threading.Lock()
+NETCDF_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
-    with _NETCDF_LOCK, warnings.catch_warnings():
+    with NETCDF_LOCK, warnings.catch_warnings():
         # Packed files often carry a NaN _FillValue on integer data, which xarray rightly drops
         # (NaN cannot be an integer fill); its warning says nothing the user can act on.
         warnings.simplefilter("ignore", xr.SerializationWarning)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,8 @@ def test_sdist_and_wheel_ship_no_test_data(tmp_path):
     source.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for folder in ("pipelines", "transforms", "schemas", "tests"):
+    packages = re.findall(r'"(\w+)"', re.search(r"packages=\[([^\]]*)\]", (REPO / "setup.py").read_text()).group(1))
+    for folder in (*packages, "tests"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(source)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

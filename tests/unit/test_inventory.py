@@ -1,0 +1,93 @@
+"""Planning's quick probe of a file gives what the full look through xarray gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from planning.inventory import inspect_files, probe_file
+from planning.metadata import inspect_file
+from schemas.errors import UserError
+
+
+def _split(source, directory, pieces: int, *, formats=("NETCDF4",), units=None, calendar=None) -> list[str]:
+    """Write ``source`` as ``pieces`` files along time, cycling through ``formats``; per-file time units."""
+    paths = []
+    with xr.open_dataset(source, decode_times=False) as ds:
+        ds = ds.load()
+    bounds = np.linspace(0, ds.sizes["time"], pieces + 1).astype(int)
+    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        part = ds.isel(time=slice(start, stop)).copy()
+        if units is not None:  # each file counts time from its own start, as many archives do
+            offset = float(part["time"].values[0])
+            part["time"] = part["time"] - offset
+            part["time"].attrs.update(units=units.format(offset=int(offset)))
+        if calendar is not None:
+            part["time"].attrs["calendar"] = calendar
+        path = directory / f"part{i:02d}.nc"
+        part.to_netcdf(path, format=formats[i % len(formats)])
+        paths.append(str(path))
+    return paths
+
+
+def _assert_same(probed, full, concat_dim="time"):
+    assert [i.path for i in probed] == [i.path for i in full]
+    for got, want in zip(probed, full):
+        assert (got.nbytes, got.sizes, got.variables) == (want.nbytes, want.sizes, want.variables), got.path
+        assert got.coords.keys() == want.coords.keys()
+        for dim, values in want.coords.items():
+            assert got.coords[dim].dtype == values.dtype, (got.path, dim)
+            np.testing.assert_array_equal(got.coords[dim], values)
+        others = {d: a for d, a in want.coord_attrs.items() if d != concat_dim}
+        assert {d: a for d, a in got.coord_attrs.items() if d != concat_dim} == others
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"formats": ("NETCDF3_CLASSIC", "NETCDF3_64BIT", "NETCDF4_CLASSIC", "NETCDF4")},
+        {"units": "days since 1870-03-01 00:00:00 +{offset} days"},
+        {"calendar": "noleap"},
+        {"calendar": "360_day", "formats": ("NETCDF3_64BIT",)},
+    ],
+    ids=["netcdf4", "mixed-formats", "units-per-file", "noleap", "360_day"],
+)
+def test_probed_files_equal_the_full_look(sample_file, tmp_path, options):
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    paths = _split(source, tmp_path, 11, **options)
+    probes = [probe_file(p, "time") for p in paths]
+    assert all(probes), "every file here can be probed"
+    # One full look per format at most: the other files are probed, not opened through xarray.
+    assert len({p.fingerprint for p in probes}) <= len(options.get("formats", ("NETCDF4",)))
+    probed = inspect_files(paths, "time")
+    _assert_same(probed, [inspect_file(p) for p in paths])
+
+
+def test_the_synthetic_archive_probes_like_the_full_look(small_archive):
+    paths = sorted(str(p) for p in small_archive.glob("*.nc"))
+    _assert_same(inspect_files(paths, "time"), [inspect_file(p) for p in paths])
+
+
+def test_a_different_grid_gets_its_own_full_look(sample_file, tmp_path):
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    paths = _split(source, tmp_path, 3)
+    with xr.open_dataset(paths[2], decode_times=False) as ds:
+        shifted = ds.load().assign_coords(lat=ds["lat"] + np.float32(1e-3))
+    shifted.to_netcdf(tmp_path / "shifted.nc")
+    paths[2] = str(tmp_path / "shifted.nc")
+    probed = inspect_files(paths, "time")
+    np.testing.assert_array_equal(probed[2].coords["lat"], shifted["lat"].values)
+    assert not np.array_equal(probed[2].coords["lat"], probed[0].coords["lat"])
+
+
+def test_a_truncated_classic_file_is_refused_though_probed(sample_file, tmp_path):
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    paths = _split(source, tmp_path, 3, formats=("NETCDF3_64BIT",))
+    data = Path(paths[1]).read_bytes()
+    Path(paths[1]).write_bytes(data[: len(data) - 1000])
+    with pytest.raises(UserError, match="truncated"):
+        inspect_files(paths, "time")
