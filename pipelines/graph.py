@@ -19,7 +19,7 @@ from pipelines.progress import ProgressLine
 from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner, with_local_defaults
 from planning.config import BuildConfig
 from planning.layout import plan_layout
-from planning.names import join, work_dir
+from planning.names import join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
@@ -30,7 +30,7 @@ from schemas.schema import Schema
 from transforms.cut import CutSamples
 from transforms.finalize import Finalize
 from transforms.in_place import preallocate
-from transforms.shards import use_anonymous_credentials_for_emulator
+from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
 from transforms.write import WriteShards
 
@@ -69,27 +69,30 @@ def run_build(
     strategy, reason = choose_write_strategy(plan, shared_filesystem=local)
     logger.info("records are written by %s: %s", strategy.value, reason)
     work = work_dir(plan.output, plan.run_id) if local else None
-    layout = None
-    if not dry_run:
-        prepare_output(plan.output, overwrite)
-        if strategy is WriteStrategy.IN_PLACE:
-            layout = plan_layout(plan, join(work, "layout"))
-    specs = compile_specs(plan, strategy, work, layout)
-    if layout is not None:
-        preallocate(specs.write)
+    sources = sources_path(plan.output, plan.run_id)
+    if dry_run:
+        with pipeline:
+            build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
+        return plan, None
+    prepare_output(plan.output, overwrite)
     try:
+        layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
+        specs = compile_specs(plan, strategy, work, layout, sources)
+        write_atomically(sources, [plan.sources.to_bytes()])
+        if layout is not None:
+            preallocate(specs.write)
         with contextlib.ExitStack() as stack:
             if progress is not None and specs.write.progress_dir is not None:
-                input_bytes = sum(f.nbytes for f in plan.files)
-                line = ProgressLine(specs.write.progress_dir, len(plan.units), plan.num_shards, input_bytes, progress)
-                stack.enter_context(line)
+                total = plan.sources.total_bytes
+                stack.enter_context(
+                    ProgressLine(specs.write.progress_dir, len(plan.units), plan.num_shards, total, progress)
+                )
             with pipeline:
                 build_pipeline(pipeline, list(plan.units), specs)
     except BaseException:
-        if not dry_run:
-            remove_temporary_files(plan.output, plan.run_id, work)
+        remove_temporary_files(plan.output, plan.run_id, work)
         raise
-    return plan, None if dry_run else load_schema(plan.output)
+    return plan, load_schema(plan.output)
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:

@@ -138,15 +138,17 @@ def geometry_lines(schema: Schema) -> list[str]:
         lines.extend(f"  {_axis_text(axis, schema.coords.get(axis['dim']))}" for axis in sample["axes"])
     for name, split in sample.get("splits", {}).items():
         lines.append(f"  split {name}: {split['first']} to {split['last']}")
-    along = [source for source in schema.sources if not source.get("static")]
-    if along:
-        lines.append(f"Sources: {len(along)} file(s) along {sample.get('concat_dim', '?')}")
-        shown = along if len(along) <= 4 else [*along[:2], None, along[-1]]
-        for source in shown:
-            lines.append("  ..." if source is None else f"  {source['path']}  [{source['start']}:{source['stop']}]")
-    for source in schema.sources:
-        if source.get("static"):
-            lines.append(f"  {source['path']}  (static variables)")
+    sources = schema.sources
+    if sources.get("files"):
+        globs = ", ".join(sources.get("globs", []))
+        lines.append(f"Sources: {sources['files']:,} file(s) along {sample.get('concat_dim', '?')} ({globs})")
+        listed = sources.get("listed", [])
+        for i, source in enumerate(listed):
+            if i == len(listed) - 1 and sources["files"] > len(listed):
+                lines.append("  ...")
+            lines.append(f"  {source['path']}  [{source['start']}:{source['stop']}]")
+    for source in sources.get("static", []):
+        lines.append(f"  {source['path']}  (static variables)")
     return lines
 
 

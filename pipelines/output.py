@@ -14,6 +14,7 @@ from planning.names import TMP_DIR, is_ours, join, relative, temporary_path
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote
+from transforms.shards import remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def remove_temporary_files(output: str, run_id: str, work_dir: str | None) -> No
         if path is None:
             continue
         try:
-            if FileSystems.exists(path):
-                FileSystems.delete([path])
+            remove_tree(path)
         except Exception as error:  # cleaning up must not hide why the run failed
             logger.warning("could not remove %s: %s", path, error)

@@ -10,7 +10,7 @@ from planning.config import BuildConfig
 from planning.coords import json_values
 from planning.inventory import Inventory
 from planning.sampling import SampleGrid
-from planning.sources import SourceFile
+from planning.source_index import SourceIndex
 from planning.splits import SplitPlan
 from schemas.schema import Feature, Schema
 
@@ -42,11 +42,28 @@ def sample_description(config: BuildConfig, grid: SampleGrid, inventory: Invento
     }
 
 
+#: Files named in schema.json's sources: the first few and the last (the rest are counted).
+LISTED_FILES = 3
+
+
+def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inventory) -> dict:
+    """schema.json's ``sources``: globs, counts, a fingerprint and a few files (it does not grow with the archive)."""
+    listed = [*range(min(LISTED_FILES - 1, len(sources))), len(sources) - 1]
+    return {
+        "globs": list(config.input.paths),
+        "files": len(sources),
+        "bytes": sources.total_bytes,
+        "fingerprint": f"sha256:{sources.fingerprint()}",
+        "listed": [dataclasses.asdict(sources[i]) for i in dict.fromkeys(listed)],
+        "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
+    }
+
+
 def describe_build(
     config: BuildConfig,
     grid: SampleGrid,
     inventory: Inventory,
-    files: Sequence[SourceFile],
+    sources: SourceIndex,
     features: Sequence[Feature],
     splits: Sequence[SplitPlan],
     drops: dict[str, int],
@@ -57,15 +74,13 @@ def describe_build(
         found = inventory.coordinate(axis.dim) if axis.role == "keep" else None
         if found is not None:
             kept[axis.dim] = json_values(found[0])
-    sources = [dataclasses.asdict(f) for f in files]
-    sources += [{"path": info.path, "static": True, "nbytes": info.nbytes} for info in inventory.static_files]
     return Schema(
         features=tuple(features),
         compression=config.output.compression,
         examples_per_record=config.output.examples_per_record,
         sample=sample_description(config, grid, inventory, splits),
         coords=kept,
-        sources=sources,
+        sources=describe_sources(config, sources, inventory),
         counts=drops,
         seed=config.shuffle.seed,
         config=config.model_dump(mode="json"),

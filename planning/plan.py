@@ -29,6 +29,7 @@ from planning.features import (
 from planning.inventory import Inventory, check_variables_agree, take_inventory
 from planning.positions import Positions
 from planning.sampling import SampleGrid, Unit, plan_units
+from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
 from schemas.errors import UserError
@@ -46,7 +47,7 @@ class BuildPlan:
     """Everything decided on the driver before any worker starts: what is cut, how, and where it goes."""
 
     config: BuildConfig
-    files: tuple[SourceFile, ...]
+    sources: SourceIndex  # the files along the concat dim
     positions: Positions  # the sample grid, each position's split and coordinate values
     variables: tuple[VariablePlan, ...]
     stacks: tuple[StackPlan, ...]
@@ -180,11 +181,12 @@ def make_plan(
     splits, labels, drops = _assign_splits(config, grid, inventory, files, record_bytes)
     _check_stats_config(config, splits)
     units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
-    schema = describe_build(config, grid, inventory, files, features, splits, drops)
+    sources = SourceIndex.of(files)
+    schema = describe_build(config, grid, inventory, sources, features, splits, drops)
     positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
     return BuildPlan(
         config=config,
-        files=tuple(files),
+        sources=sources,
         positions=positions,
         variables=tuple(variables),
         stacks=tuple(stacks),

@@ -16,7 +16,7 @@ from planning.layout import ShardLayout
 from planning.names import join, shard_path, temporary_path
 from planning.plan import BuildPlan
 from planning.positions import Positions
-from planning.sources import SourceFile
+from planning.source_index import SourceIndex
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
 from schemas.schema import Feature, Schema, default_split
@@ -26,7 +26,10 @@ from schemas.schema import Feature, Schema, default_split
 class CutSpec:
     """CutSamples: where the input is, which positions make samples, and how values are stored."""
 
-    files: tuple[SourceFile, ...]  # along the concat dim, in order
+    #: the files along the concat dim: in the spec (small runs, tests) or saved at sources_url,
+    #: which each worker loads once (the job graph does not grow with the archive)
+    sources: SourceIndex | None
+    sources_url: str | None
     positions: Positions
     variables: tuple[VariablePlan, ...]
     split_names: tuple[str, ...]
@@ -101,10 +104,12 @@ class FinalizeSpec:
     work_dir: str | None = None  # removed once the output is complete
 
 
-def cut_spec(plan: BuildPlan) -> CutSpec:
+def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
+    """The cut stage's spec; with ``sources_url`` the files' index is loaded from there, not pickled."""
     config = plan.config
     return CutSpec(
-        files=plan.files,
+        sources=None if sources_url else plan.sources,
+        sources_url=sources_url,
         positions=plan.positions,
         variables=plan.variables,
         split_names=tuple(s.name for s in plan.splits),
@@ -167,13 +172,18 @@ class StageSpecs:
 
 
 def compile_specs(
-    plan: BuildPlan, strategy: WriteStrategy, work_dir: str | None = None, layout: ShardLayout | None = None
+    plan: BuildPlan,
+    strategy: WriteStrategy,
+    work_dir: str | None = None,
+    layout: ShardLayout | None = None,
+    sources_url: str | None = None,
 ) -> StageSpecs:
-    """Every stage's spec. ``work_dir`` (local runs): where bucket files and progress markers go."""
+    """Every stage's spec. ``work_dir`` (local runs): where bucket files and progress markers go;
+    ``sources_url``: where the files' index is saved for the workers."""
     buckets = join(work_dir, "buckets") if work_dir and strategy is WriteStrategy.BUCKET_FILES else None
     progress = join(work_dir, "progress") if work_dir else None
     return StageSpecs(
-        cut_spec(plan),
+        cut_spec(plan, sources_url),
         write_spec(plan, strategy, buckets, progress, layout),
         stats_spec(plan),
         finalize_spec(plan, work_dir),

@@ -117,8 +117,9 @@ class Schema:
     sample: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: coordinate values of the dims kept whole in every sample
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: the input files in virtual-dataset order, with their range along the concat dim
-    sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the input: globs, file count, bytes, a fingerprint of every file's path, size and range
+    #: along the concat dim, a few of those files, and the static files
+    sources: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: counts beyond the per-split record counts (samples cut, dropped)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -191,7 +192,7 @@ class Schema:
             examples_per_record=obj.get("examples_per_record", 1),
             sample=obj.get("sample", {}),
             coords=obj.get("coords", {}),
-            sources=obj.get("sources", []),
+            sources=obj.get("sources", {}),
             counts=obj.get("counts", {}),
             seed=obj.get("seed", 0),
             config=obj.get("config", {}),

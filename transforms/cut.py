@@ -28,8 +28,10 @@ from planning.contracts import (
 from planning.features import VariablePlan
 from planning.sampling import Unit
 from planning.slabs import read_slabs
+from planning.source_index import SourceIndex
 from planning.specs import CutSpec
 from schemas.errors import UserError
+from transforms.shards import read_bytes
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
@@ -69,14 +71,16 @@ def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.nd
     return keep, has_nan
 
 
-def cut_unit(spec: CutSpec, unit: Unit) -> Block:
-    """The block of samples of one unit, in sample-id order."""
+def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
+    """The block of samples of one unit, in sample-id order; ``sources``: the files along the concat dim."""
     grid = spec.positions.grid
     positions = grid.unit_positions(unit)
     labels = spec.positions.split_labels(positions)
     in_split = labels >= 0
-    sources = [(v.name, v.static_path) for v in spec.variables]
-    slabs = read_slabs(spec.files, spec.positions.concat_dim, sources, grid.source_box(unit))
+    variables = [(v.name, v.static_path) for v in spec.variables]
+    box = grid.source_box(unit)
+    files = sources.overlapping(*box[spec.positions.concat_dim])
+    slabs = read_slabs(files, spec.positions.concat_dim, variables, box)
     data = {}
     for variable in spec.variables:
         samples = grid.cut(slabs.pop(variable.name), variable.dims, unit)
@@ -134,8 +138,12 @@ class _CutUnitFn(beam.DoFn):
         self._samples = Metrics.counter(METRICS_NAMESPACE, SAMPLES_CUT)
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
 
+    def setup(self):
+        spec = self._spec
+        self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
+
     def process(self, unit: Unit):
-        block = cut_unit(self._spec, unit)
+        block = cut_unit(self._spec, self._sources, unit)
         self._samples.inc(block.num_samples)
         self._dropped.inc(unit.num_samples - block.num_samples)
         self._units.inc()

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from planning.contracts import ShardResult
 from planning.names import TMP_DIR, join, shard_path
@@ -24,7 +23,7 @@ from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
-from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
+from transforms.shards import remove_tree, use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import Moments, SplitSummary, per_axes
 
 logger = logging.getLogger(__name__)
@@ -154,8 +153,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
     write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
     for temporary in {join(spec.output, TMP_DIR), spec.work_dir} - {None}:
-        if FileSystems.exists(temporary):
-            FileSystems.delete([temporary])
+        remove_tree(temporary)
     return schema
 
 

@@ -20,13 +20,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SHARD_BYTES, ShardResult
-from planning.names import temporary_path
+from planning.names import join, temporary_path
 from planning.progress import mark
 from planning.specs import WriteSpec
 from schemas.buckets import row_dtype, unpack_bucket
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature
 from schemas.tfrecord import frame
+from schemas.urls import is_remote
 
 
 def sorted_payloads(buckets: Iterable[bytes | str]) -> tuple[list[memoryview], np.ndarray]:
@@ -165,6 +166,16 @@ def write_atomically(path: str, chunks, compression: str | None = None) -> int:
     if compression is None:
         return written
     return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+
+
+def remove_tree(path: str) -> None:
+    """Delete a file or a directory with everything under it; on object stores, every object under the prefix."""
+    if is_remote(path):
+        found = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
+        if found:
+            FileSystems.delete(found)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
 
 
 def read_bytes(path: str) -> bytes:

@@ -56,7 +56,7 @@ def _samples(directory: Path, sample: dict, budget: float) -> dict[int, np.ndarr
     out: dict[int, np.ndarray] = {}
     spec = cut_spec(plan)
     for unit in plan.units:
-        samples = cut_unit(spec, unit).samples
+        samples = cut_unit(spec, plan.sources, unit).samples
         for sample_id, values, index in zip(
             samples["sample_id"].values, samples["x"].values, samples["index/time"].values
         ):

@@ -60,7 +60,7 @@ def test_cut_samples_covers_every_sample_once(plan):
 
 
 def test_compute_stats_equals_numpy_over_the_blocks(plan):
-    blocks = [cut_unit(cut_spec(plan), unit) for unit in plan.units]
+    blocks = [cut_unit(cut_spec(plan), plan.sources, unit) for unit in plan.units]
     expected = np.concatenate([b.samples["q"].values.reshape(-1) for b in blocks]).astype(np.float64)
 
     def check(results):
@@ -81,7 +81,7 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
-        for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, unit)):
+        for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, unit)):
             by_shard.setdefault(shard, []).append(b"".join(pieces))
     decoder = ExampleDecoder(plan.schema.features)
     seen = []
@@ -97,7 +97,7 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 def test_sorted_payloads_refuses_a_duplicate_sample(plan):
     encoder = ExampleEncoder(plan.schema.features)
     specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
-    _shard, pieces = bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.units[0]))[0]
+    _shard, pieces = bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, plan.units[0]))[0]
     blob = b"".join(pieces)
     with pytest.raises(RuntimeError, match="duplicate shuffle key"):
         sorted_payloads([blob, blob])

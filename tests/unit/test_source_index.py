@@ -1,0 +1,61 @@
+"""The files' index: bisection finds exactly the files a range needs, and it survives its byte form."""
+
+from __future__ import annotations
+
+import pickle
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planning.config import parse_config
+from planning.plan import make_plan
+from planning.source_index import SourceIndex
+from planning.sources import SourceFile
+from planning.specs import cut_spec
+
+
+def _index(lengths: list[int]) -> SourceIndex:
+    files, start = [], 0
+    for i, length in enumerate(lengths):
+        files.append(SourceFile(f"gs://bucket/f{i:03d}.nc", start, start + length, 1000 + i))
+        start += length
+    return SourceIndex.of(files)
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=30), st.data())
+def test_overlapping_finds_exactly_the_files_a_range_reads(lengths, data):
+    index = _index(lengths)
+    total = sum(lengths)
+    begin = data.draw(st.integers(0, total - 1))
+    end = data.draw(st.integers(begin + 1, total))
+    expected = [f for f in index if f.start < end and f.stop > begin]
+    assert index.overlapping(begin, end) == expected
+    assert index.containing(begin) == expected[0]
+
+
+def test_byte_form_round_trips():
+    index = _index([3, 1, 4, 1, 5])
+    again = SourceIndex.from_bytes(index.to_bytes())
+    assert list(again) == list(index)
+    assert again.fingerprint() == index.fingerprint()
+    assert _index([3, 1, 4, 1, 6]).fingerprint() != index.fingerprint()
+
+
+def _plan(directory, files: int, steps: int, output):
+    from pipelines.demo import ArchiveShape, write_archive
+
+    write_archive(directory, ArchiveShape(num_files=files, steps_per_file=steps, levels=2, lat=9, lon=9), seed=0)
+    config = {"input": {"paths": str(directory / "*.nc")}, "variables": ["t"], "output": {"path": str(output)}}
+    return make_plan(parse_config(config))
+
+
+def test_the_job_graph_and_schema_do_not_grow_with_the_file_count(tmp_path):
+    few = _plan(tmp_path / "few", 2, 30, tmp_path / "out")
+    many = _plan(tmp_path / "many", 60, 1, tmp_path / "out")
+    assert (len(few.sources), len(many.sources)) == (2, 60)
+    url = str(tmp_path / "out" / "sources.npz")
+    sizes = [len(pickle.dumps(cut_spec(plan, sources_url=url))) for plan in (few, many)]
+    assert abs(sizes[1] - sizes[0]) < 200, sizes
+    assert len(pickle.dumps(cut_spec(many))) > sizes[1] + 58 * 40  # in the spec, every file would travel
+    schema_sizes = [len(plan.schema.dumps()) for plan in (few, many)]
+    assert abs(schema_sizes[1] - schema_sizes[0]) < 200, schema_sizes
