@@ -7,15 +7,14 @@ Files that have the concat dim are joined along it in coordinate order; files wi
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable
 
 import numpy as np
 
 from planning.coords import format_value
 from planning.metadata import FileInfo, VariableInfo, inspect_file
-from planning.probe import FileProbe, decode_concat_values, probe_local
-from planning.sources import SourceFile, check_not_truncated, expand_paths
+from planning.probe import FileProbe, decode_concat_values, probe_local, probe_remote
+from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -72,7 +71,7 @@ class Inventory:
 
 def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
     """List, inspect and order the files."""
-    infos = inspect_files(expand_paths(patterns), concat_dim)
+    infos = inspect_files(list_files(patterns), concat_dim)
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
     if not along:
@@ -87,14 +86,20 @@ def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
     return inventory
 
 
-def probe_file(path: str, concat_dim: str) -> FileProbe | None:
-    """A quick look at a local file, or None where only the full look will do (remote or unusual files)."""
-    if is_remote(path):
-        return None
-    try:
-        return probe_local(path, os.path.getsize(path), concat_dim)
-    except Exception:  # the full look reads it through xarray, and names the problem if there is one
-        return None
+def probe_files(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
+    """A quick look at each file, or None where only the full look will do (unusual or unreadable files)."""
+    probes: dict[str, FileProbe | None] = {}
+    remote = [f for f in files if is_remote(f.path)]
+    for protocol in dict.fromkeys(f.path.split("://", 1)[0] for f in remote):
+        group = [f for f in remote if f.path.startswith(f"{protocol}://")]
+        probes.update(zip((f.path for f in group), probe_remote(group, concat_dim)))
+    for listed in files:
+        if not is_remote(listed.path):
+            try:
+                probes[listed.path] = probe_local(listed.path, listed.nbytes, concat_dim)
+            except Exception:  # the full look reads it through xarray, and names the problem if there is one
+                probes[listed.path] = None
+    return [probes[f.path] for f in files]
 
 
 def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.ndarray | None) -> FileInfo:
@@ -105,7 +110,7 @@ def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.nda
     return dataclasses.replace(reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords)
 
 
-def inspect_files(paths: list[str], concat_dim: str) -> list[FileInfo]:
+def inspect_files(files: list[ListedFile], concat_dim: str) -> list[FileInfo]:
     """Every file's info: in full (through xarray) for the first file of each structure, probed for the rest.
 
     Files are read one after another: the netCDF and HDF5 C libraries are not thread-safe.
@@ -113,8 +118,8 @@ def inspect_files(paths: list[str], concat_dim: str) -> list[FileInfo]:
     full: dict[str, FileInfo] = {}  # by fingerprint
     infos: list[FileInfo | None] = []
     probed: list[tuple[int, FileProbe]] = []
-    for path in paths:
-        probe = probe_file(path, concat_dim)
+    for listed, probe in zip(files, probe_files(files, concat_dim)):
+        path = listed.path
         if probe is None or probe.fingerprint not in full:
             info = inspect_file(path)
             if probe is not None:

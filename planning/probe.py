@@ -10,15 +10,17 @@ units and calendar).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import warnings
 from typing import Any
 
+import fsspec
 import numpy as np
 import xarray as xr
 
-from planning.sources import NETCDF_LOCK
+from planning.sources import NETCDF_LOCK, ListedFile, RangedFile
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -35,6 +37,7 @@ class FileProbe:
     sizes: dict[str, int]
     concat_raw: np.ndarray | None  # the concat coordinate's stored values (None: the file has none)
     concat_attrs: dict[str, Any]
+    bytes_read: int | None = None  # what probing a remote file fetched
 
 
 def decode_concat_values(probes: list[FileProbe], concat_dim: str) -> list[np.ndarray | None]:
@@ -62,11 +65,31 @@ def decode_concat_values(probes: list[FileProbe], concat_dim: str) -> list[np.nd
 
 
 def _plain(value: Any) -> Any:
+    """An attribute as the netCDF library gives it: text as str, a single value as a scalar."""
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        value = value.item() if value.size == 1 else value.tolist()
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
     return value
+
+
+def _probe(
+    path: str, nbytes: int, classic: bool, sizes: dict[str, int], variables, concat_dim: str, **extra
+) -> FileProbe:
+    """The probe of a file given its dim sizes and its variables as (name, dims, dtype, attrs, read values)."""
+    digest = hashlib.sha1(repr(sorted((d, n) for d, n in sizes.items() if d != concat_dim)).encode())
+    concat_raw, concat_attrs = None, {}
+    for name, dims, dtype, attrs, values in variables:
+        decoding = {key: attrs[key] for key in _DECODING_ATTRS if key in attrs and name != concat_dim}
+        digest.update(repr((name, tuple(dims), np.dtype(dtype).str, sorted(decoding.items()))).encode())
+        if name == concat_dim and tuple(dims) == (concat_dim,):
+            concat_raw, concat_attrs = np.asarray(values()), attrs
+        elif tuple(dims) == (name,):
+            # A grid coordinate: files whose grids differ must not share a fingerprint.
+            digest.update(np.ascontiguousarray(values()).tobytes())
+    return FileProbe(path, nbytes, classic, digest.hexdigest(), sizes, concat_raw, concat_attrs, **extra)
 
 
 def probe_local(path: str, nbytes: int, concat_dim: str) -> FileProbe:
@@ -77,18 +100,73 @@ def probe_local(path: str, nbytes: int, concat_dim: str) -> FileProbe:
         if ds.groups:
             raise ValueError("groups: take the full look")
         sizes = {str(name): len(dim) for name, dim in ds.dimensions.items()}
-        digest = hashlib.sha1(repr(sorted((d, n) for d, n in sizes.items() if d != concat_dim)).encode())
-        concat_raw, concat_attrs = None, {}
+        variables = []
         for name, variable in ds.variables.items():
             variable.set_auto_maskandscale(False)
             variable.set_auto_chartostring(False)
             attrs = {key: _plain(variable.getncattr(key)) for key in variable.ncattrs()}
-            decoding = {key: attrs[key] for key in _DECODING_ATTRS if key in attrs and name != concat_dim}
-            digest.update(repr((name, variable.dimensions, variable.dtype.str, sorted(decoding.items()))).encode())
-            if name == concat_dim and variable.dimensions == (concat_dim,):
-                concat_raw, concat_attrs = np.asarray(variable[:]), attrs
-            elif variable.dimensions == (name,):
-                # A grid coordinate: files whose grids differ must not share a fingerprint.
-                digest.update(np.ascontiguousarray(variable[:]).tobytes())
+            variables.append((str(name), variable.dimensions, variable.dtype, attrs, lambda v=variable: v[:]))
         classic = ds.data_model.startswith("NETCDF3")
-    return FileProbe(path, nbytes, classic, digest.hexdigest(), sizes, concat_raw, concat_attrs)
+        return _probe(path, nbytes, classic, sizes, variables, concat_dim)
+
+
+def probe_hdf5(path: str, stream: RangedFile, nbytes: int, concat_dim: str) -> FileProbe:
+    """Probe a NetCDF-4 (HDF5) file through h5py on a file object (a remote file's ranged reads).
+
+    Dims are the file's dimension scales; a variable's dims are recorded by their sizes (reading
+    its dimension list costs more than the rest of the probe), which is enough to tell apart the
+    structures of one archive: the reference file of each is read in full through xarray.
+    """
+    import h5py
+
+    with NETCDF_LOCK, h5py.File(stream, "r") as ds:
+        datasets = {name: item for name, item in ds.items() if isinstance(item, h5py.Dataset)}
+        if len(datasets) < len(ds):
+            raise ValueError("groups: take the full look")
+        scales = {name: item for name, item in datasets.items() if item.attrs.get("CLASS") == b"DIMENSION_SCALE"}
+        sizes = {name: int(item.shape[0]) for name, item in scales.items()}
+        variables = []
+        for name, item in datasets.items():
+            dims = (name,) if name in scales else tuple(f"<{n}>" for n in item.shape)
+            keys = [key for key in _DECODING_ATTRS if key in item.attrs]
+            attrs = {key: _plain(item.attrs[key]) for key in keys}
+            if name == concat_dim:
+                attrs = {key: _plain(value) for key, value in item.attrs.items() if not _hidden(key)}
+            variables.append((name, dims, item.dtype, attrs, lambda item=item: item[...]))
+        return _probe(path, nbytes, False, sizes, variables, concat_dim, bytes_read=stream.fetched)
+
+
+def _hidden(key: str) -> bool:
+    """HDF5 attributes of the netCDF-4 layer itself, which xarray does not show."""
+    return key in ("CLASS", "NAME", "DIMENSION_LIST", "REFERENCE_LIST") or key.startswith("_Netcdf4")
+
+
+#: Bytes fetched up front from each end of every remote file, all files at once (with the tail
+#: aligned to a block, at most 64 KiB a file). NetCDF-4 keeps
+#: its metadata at the start and, written by the netCDF library, small coordinate variables
+#: after the data, at the end; what lies elsewhere is fetched block by block on demand.
+END_BYTES = 24 * 1024
+_BLOCK = 16 * 1024
+#: Ranged requests in flight at once when fetching heads.
+REQUESTS_IN_FLIGHT = 32
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
+    """Probe remote files: heads fetched concurrently, then parsed one by one; None: the file needs the full look."""
+    fs, _, _ = fsspec.get_fs_token_paths(files[0].path)
+    paths = [fs._strip_protocol(f.path) for f in files]
+    head_ends = [min(END_BYTES, f.nbytes) for f in files]
+    # The tail starts on a block boundary, so its blocks can be cached whole.
+    tail_starts = [max(end, (f.nbytes - END_BYTES) // _BLOCK * _BLOCK) for f, end in zip(files, head_ends)]
+    starts, ends = [0] * len(files) + tail_starts, head_ends + [f.nbytes for f in files]
+    fetched = fs.cat_ranges(paths + paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
+    probes: list[FileProbe | None] = []
+    for i, (listed, path) in enumerate(zip(files, paths)):
+        head, tail, probe = fetched[i], fetched[len(files) + i], None
+        if isinstance(head, bytes) and isinstance(tail, bytes) and head.startswith(_HDF5_MAGIC):
+            stream = RangedFile(fs, path, listed.nbytes, {0: head, tail_starts[i]: tail}, _BLOCK)
+            with contextlib.suppress(Exception):  # the full look names the problem, if there is one
+                probe = probe_hdf5(listed.path, stream, listed.nbytes, concat_dim)
+        probes.append(probe)
+    return probes

@@ -26,20 +26,107 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _HEADER_READ = 2**20
 
 
-def expand_paths(patterns: Sequence[str]) -> list[str]:
-    """Every file the globs match, each once, sorted; an error names a pattern that matches none."""
-    found: list[str] = []
+@dataclasses.dataclass(frozen=True)
+class ListedFile:
+    """A file as its listing shows it; ``version`` changes whenever its content may have (mtime, GCS generation)."""
+
+    path: str
+    nbytes: int
+    version: str
+
+
+def _version(info: dict) -> str:
+    for key in ("generation", "mtime", "updated", "LastModified", "created"):
+        if info.get(key) is not None:
+            return str(info[key])
+    return ""
+
+
+def list_files(patterns: Sequence[str]) -> list[ListedFile]:
+    """Every file the globs match, each once, sorted, with its size and version; an error names a pattern
+    that matches none. Sizes come from the listing (gcsfs caches it), not from a request per file."""
+    found: dict[str, ListedFile] = {}
     for pattern in patterns:
         fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        paths = [p for p in paths if fs.exists(p)]
-        if not paths:
+        infos = {}
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                infos[path] = fs.info(path)
+        if not infos:
             raise UserError(f"input: {pattern!r} matches no file; check the path or glob (quote it in the shell)")
-        files = [p for p in paths if not fs.isdir(p)]
+        files = {path: info for path, info in infos.items() if info.get("type") != "directory"}
         if not files:
             raise UserError(f"input: {pattern!r} matches only directories; add a file glob such as '/*.nc'")
         local = isinstance(fs, LocalFileSystem)
-        found.extend(p if local else fs.unstrip_protocol(p) for p in files)
-    return sorted(dict.fromkeys(found))
+        for path, info in files.items():
+            name = path if local else fs.unstrip_protocol(path)
+            found[name] = ListedFile(name, int(info["size"]), _version(info))
+    return [found[name] for name in sorted(found)]
+
+
+def expand_paths(patterns: Sequence[str]) -> list[str]:
+    """Every file the globs match, each once, sorted; an error names a pattern that matches none."""
+    return [listed.path for listed in list_files(patterns)]
+
+
+class RangedFile(io.RawIOBase):
+    """A remote file read by ranged requests of whole blocks, each block fetched once.
+
+    ``prefetched``: {offset: bytes} fetched beforehand (e.g. many files' heads and tails at
+    once), offsets on block boundaries. Counts the bytes it fetched, prefetched ones included.
+    """
+
+    def __init__(self, fs, path: str, size: int, prefetched: dict[int, bytes] | None = None, block_size: int = 16384):
+        super().__init__()
+        self._fs, self._path, self._size, self._block = fs, path, size, block_size
+        self._cache: dict[int, bytes] = {}
+        self._position = 0
+        self.fetched = 0
+        for offset, data in (prefetched or {}).items():
+            self._keep(offset, data)
+
+    def _keep(self, offset: int, data: bytes) -> None:
+        """Cache the whole blocks of ``data`` (read at ``offset``), and a part block that ends the file."""
+        self.fetched += len(data)
+        first = offset // self._block
+        for i in range(first, first + -(-len(data) // self._block)):
+            block = data[(i - first) * self._block : (i - first + 1) * self._block]
+            if len(block) == self._block or i * self._block + len(block) == self._size:
+                self._cache.setdefault(i, block)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def _blocks(self, first: int, last: int) -> None:
+        missing = [i for i in range(first, last + 1) if i not in self._cache]
+        if not missing:
+            return
+        start, end = missing[0] * self._block, min(self._size, (missing[-1] + 1) * self._block)
+        self._keep(start, self._fs.cat_file(self._path, start=start, end=end))
+
+    def readinto(self, buffer) -> int:
+        end = min(self._size, self._position + len(buffer))
+        if end <= self._position:
+            return 0
+        first, last = self._position // self._block, (end - 1) // self._block
+        self._blocks(first, last)
+        data = b"".join(self._cache[i] for i in range(first, last + 1))
+        offset = self._position - first * self._block
+        chunk = data[offset : offset + end - self._position]
+        buffer[: len(chunk)] = chunk
+        self._position += len(chunk)
+        return len(chunk)
 
 
 def file_size(path: str) -> int:

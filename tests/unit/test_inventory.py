@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from planning.inventory import inspect_files, probe_file
+from planning.inventory import inspect_files, probe_files
 from planning.metadata import inspect_file
+from planning.sources import list_files
 from schemas.errors import UserError
 
 
@@ -59,17 +60,17 @@ def _assert_same(probed, full, concat_dim="time"):
 def test_probed_files_equal_the_full_look(sample_file, tmp_path, options):
     source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
     paths = _split(source, tmp_path, 11, **options)
-    probes = [probe_file(p, "time") for p in paths]
+    probes = probe_files(list_files(paths), "time")
     assert all(probes), "every file here can be probed"
     # One full look per format at most: the other files are probed, not opened through xarray.
     assert len({p.fingerprint for p in probes}) <= len(options.get("formats", ("NETCDF4",)))
-    probed = inspect_files(paths, "time")
+    probed = inspect_files(list_files(paths), "time")
     _assert_same(probed, [inspect_file(p) for p in paths])
 
 
 def test_the_synthetic_archive_probes_like_the_full_look(small_archive):
     paths = sorted(str(p) for p in small_archive.glob("*.nc"))
-    _assert_same(inspect_files(paths, "time"), [inspect_file(p) for p in paths])
+    _assert_same(inspect_files(list_files(paths), "time"), [inspect_file(p) for p in paths])
 
 
 def test_a_different_grid_gets_its_own_full_look(sample_file, tmp_path):
@@ -79,7 +80,7 @@ def test_a_different_grid_gets_its_own_full_look(sample_file, tmp_path):
         shifted = ds.load().assign_coords(lat=ds["lat"] + np.float32(1e-3))
     shifted.to_netcdf(tmp_path / "shifted.nc")
     paths[2] = str(tmp_path / "shifted.nc")
-    probed = inspect_files(paths, "time")
+    probed = inspect_files(list_files(paths), "time")
     np.testing.assert_array_equal(probed[2].coords["lat"], shifted["lat"].values)
     assert not np.array_equal(probed[2].coords["lat"], probed[0].coords["lat"])
 
@@ -90,4 +91,4 @@ def test_a_truncated_classic_file_is_refused_though_probed(sample_file, tmp_path
     data = Path(paths[1]).read_bytes()
     Path(paths[1]).write_bytes(data[: len(data) - 1000])
     with pytest.raises(UserError, match="truncated"):
-        inspect_files(paths, "time")
+        inspect_files(list_files(paths), "time")
