@@ -19,8 +19,9 @@ from pipelines.progress import ProgressLine
 from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner, with_local_defaults
 from planning.config import BuildConfig
 from planning.layout import plan_layout
-from planning.names import join, sources_path, work_dir
+from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
+from planning.probe_cache import load_probes, save_probes
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
 from planning.write_strategy import WriteStrategy, choose_write_strategy
@@ -63,8 +64,9 @@ def run_build(
     check_remote_setup(options, config)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
-    plan = make_plan(config)
     dry_run = is_dry_run(options)
+    inventory = join(config.output.path, INVENTORY_FILE)
+    plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
     local = is_local_runner(options)
     strategy, reason = choose_write_strategy(plan, shared_filesystem=local)
     logger.info("records are written by %s: %s", strategy.value, reason)
@@ -75,6 +77,7 @@ def run_build(
             build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
         return plan, None
     prepare_output(plan.output, overwrite)
+    save_probes(inventory, plan.concat_dim, plan.probes)
     try:
         layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
         specs = compile_specs(plan, strategy, work, layout, sources)

@@ -10,7 +10,7 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
-from planning.names import TMP_DIR, is_ours, join, relative, temporary_path
+from planning.names import INVENTORY_FILE, TMP_DIR, is_ours, join, relative, temporary_path
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote
@@ -33,7 +33,9 @@ def prepare_output(path: str, overwrite: bool) -> None:
     """
     if _is_file(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
-    existing = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
+    # The inventory cache (written by planning, just before) is kept: it is what makes a rerun fast.
+    kept = join(path, INVENTORY_FILE)
+    existing = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list if m.path != kept]
     if not existing:
         return
     if not overwrite:

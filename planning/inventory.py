@@ -7,13 +7,14 @@ Files that have the concat dim are joined along it in coordinate order; files wi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from planning.coords import format_value
 from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_local, probe_remote
+from planning.probe_cache import reuse_or_probe
 from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -25,6 +26,8 @@ class Inventory:
     files: tuple[FileInfo, ...]  # files along the concat dim, in coordinate order
     static_files: tuple[FileInfo, ...]  # files without the concat dim
     concat_values: np.ndarray  # the virtual dataset's concat coordinate
+    #: every probed file's probe, as listed: what planning.probe_cache keeps for the next run
+    probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
 
     @property
     def reference(self) -> FileInfo:
@@ -69,9 +72,11 @@ class Inventory:
         return files
 
 
-def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
-    """List, inspect and order the files."""
-    infos = inspect_files(list_files(patterns), concat_dim)
+def take_inventory(patterns: list[str], concat_dim: str, cached: Mapping | None = None) -> Inventory:
+    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache)."""
+    listed = list_files(patterns)
+    probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim))
+    infos = inspect_files(listed, concat_dim, probes)
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
     if not along:
@@ -81,7 +86,8 @@ def take_inventory(patterns: list[str], concat_dim: str) -> Inventory:
             "set input.concat_dim to the dim the files are split along"
         )
     ordered, values = _order(along, concat_dim)
-    inventory = Inventory(concat_dim, tuple(ordered), static, values)
+    kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
+    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept)
     _check_static_files(inventory)
     return inventory
 
@@ -110,15 +116,18 @@ def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.nda
     return dataclasses.replace(reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords)
 
 
-def inspect_files(files: list[ListedFile], concat_dim: str) -> list[FileInfo]:
+def inspect_files(files: list[ListedFile], concat_dim: str, probes: list | None = None) -> list[FileInfo]:
     """Every file's info: in full (through xarray) for the first file of each structure, probed for the rest.
 
-    Files are read one after another: the netCDF and HDF5 C libraries are not thread-safe.
+    ``probes``: the files' probes if already made (probe_files). The netCDF and HDF5 C libraries
+    are not thread-safe, so local files are read one after another.
     """
+    if probes is None:
+        probes = probe_files(files, concat_dim)
     full: dict[str, FileInfo] = {}  # by fingerprint
     infos: list[FileInfo | None] = []
     probed: list[tuple[int, FileProbe]] = []
-    for listed, probe in zip(files, probe_files(files, concat_dim)):
+    for listed, probe in zip(files, probes):
         path = listed.path
         if probe is None or probe.fingerprint not in full:
             info = inspect_file(path)

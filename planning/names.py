@@ -19,7 +19,9 @@ from schemas.urls import is_remote
 TMP_DIR = "_tmp"
 #: What a temporary file's name adds to the final name it will be renamed to.
 TEMPORARY_MARK = ".tmp-"
-_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB)
+#: The probes of the input files, kept so that a rerun reads no file's metadata again.
+INVENTORY_FILE = "_inventory.json"
+_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB, INVENTORY_FILE)
 
 
 def join(base: str, *parts: str) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import uuid
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -55,6 +56,7 @@ class BuildPlan:
     splits: tuple[SplitPlan, ...]
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
+    probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
 
     @property
     def grid(self) -> SampleGrid:
@@ -165,10 +167,16 @@ def _assign_splits(
 
 
 def make_plan(
-    config: BuildConfig, run_id: str | None = None, unit_budget_bytes: float = UNIT_BUDGET_BYTES
+    config: BuildConfig,
+    run_id: str | None = None,
+    unit_budget_bytes: float = UNIT_BUDGET_BYTES,
+    cached_probes: Mapping | None = None,
 ) -> BuildPlan:
-    """Inspect the input files and decide everything the workers will do."""
-    inventory = take_inventory(config.input.paths, config.input.concat_dim)
+    """Inspect the input files and decide everything the workers will do.
+
+    ``cached_probes``: the files' probes kept from an earlier run (planning.probe_cache).
+    """
+    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes)
     chosen = select_variables(config, inventory)
     check_variables_agree(inventory, chosen)
     grid = build_grid(config, chosen, inventory.sizes)
@@ -194,6 +202,7 @@ def make_plan(
         splits=tuple(splits),
         schema=schema,
         run_id=run_id or uuid.uuid4().hex[:12],
+        probes=inventory.probes,
     )
 
 

@@ -10,6 +10,7 @@ import xarray as xr
 
 from planning.inventory import inspect_files, probe_files
 from planning.metadata import inspect_file
+from planning.probe_cache import load_probes, reuse_or_probe, save_probes
 from planning.sources import list_files
 from schemas.errors import UserError
 
@@ -92,3 +93,30 @@ def test_a_truncated_classic_file_is_refused_though_probed(sample_file, tmp_path
     Path(paths[1]).write_bytes(data[: len(data) - 1000])
     with pytest.raises(UserError, match="truncated"):
         inspect_files(list_files(paths), "time")
+
+
+def test_a_rerun_reuses_the_cached_probes_of_unchanged_files_only(sample_file, tmp_path):
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    paths = _split(source, tmp_path, 4, formats=("NETCDF4", "NETCDF3_64BIT"))
+    listed = list_files(paths)
+    cache = str(tmp_path / "out" / "_inventory.json")
+    save_probes(cache, "time", zip(listed, probe_files(listed, "time")))
+    cached = load_probes(cache, "time")
+    assert len(cached) == 4
+    for probe, again in zip(probe_files(listed, "time"), cached.values()):
+        assert (probe.path, probe.fingerprint, probe.sizes) == (again.path, again.fingerprint, again.sizes)
+        assert repr(probe.concat_attrs) == repr(again.concat_attrs)  # repr: _FillValue is NaN
+        np.testing.assert_array_equal(probe.concat_raw, again.concat_raw)
+        assert probe.concat_raw.dtype == again.concat_raw.dtype
+
+    def must_not_probe(missing):
+        raise AssertionError(f"probed again: {missing}")
+
+    assert None not in reuse_or_probe(listed, cached, must_not_probe)
+    with xr.open_dataset(paths[1], decode_times=False) as ds:
+        shorter = ds.load().isel(time=slice(1, None))
+    shorter.to_netcdf(paths[1], format="NETCDF3_64BIT")  # rewritten: another size and modification time
+    probed = []
+    reuse_or_probe(list_files(paths), cached, lambda missing: probed.extend(missing) or [None] * len(missing))
+    assert [f.path for f in probed] == [paths[1]]
+    assert load_probes(cache, "lat") == {}  # planned along another dim: not reused
