@@ -47,7 +47,7 @@ def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs
     )
     shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
     summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
-    return shards | "Finalize" >> Finalize(specs.finalize, summaries)  # Schema, one element, once committed
+    return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
 def run_build(
