@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import fsspec
 import pytest
 import xarray as xr
 import yaml
@@ -19,10 +12,9 @@ from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from schemas import load_schema
 
-from conftest import REPO
+from conftest import BUCKET, REPO
 from helpers import expected_feature, parse_with_generated_parser
 
-BUCKET = "xtf-test"
 DATAFLOW = [
     "--runner=DataflowRunner",
     "--project=my-project",
@@ -32,53 +24,6 @@ DATAFLOW = [
     "--dry_run=True",
     "--sdk_location=container",
 ]
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the storage emulator exited"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError("the storage emulator did not start")
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    """A GCS emulator on 127.0.0.1 with an empty bucket; the environment points gcsfs and Beam at it."""
-    port = _free_port()
-    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={port}"]
-    process = subprocess.Popen(
-        [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    try:
-        _wait_for(port, process)
-        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs probes the bucket over gRPC for 60 s
-        fsspec.config.conf.pop("gs", None)
-        yield fsspec.filesystem("gs", skip_instance_cache=True)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
