@@ -100,10 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
-        from pipelines.runners import check_known_flags
+        from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config
 
         check_known_flags(beam_args, parser)
+        chosen, beam_args = beam_args, with_runner_defaults(beam_args)
+        shipped = [a for a in beam_args if a.startswith("--setup_file=") and a not in chosen]
+        if shipped:
+            print(f"Shipping this checkout to the workers with {shipped[0]} (or choose: --sdk_container_image=IMAGE).")
 
         overwrite = args.overwrite
         if args.config is None:

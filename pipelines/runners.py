@@ -8,8 +8,9 @@ import difflib
 import io
 import logging
 import os
+from pathlib import Path
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, WorkerOptions
 
 from schemas.errors import UserError
 
@@ -20,6 +21,9 @@ _LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 _SHORT_NAMES = {"DaskRunner": DASK_RUNNER}
 DATAFLOW_RUNNER = "DataflowRunner"
+
+#: Where this package's setup.py sits in a checkout (an editable or development install).
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _with_full_runner_names(beam_args: list[str]) -> list[str]:
@@ -105,12 +109,35 @@ def _chosen(beam_args: list[str], *flags: str) -> bool:
     return any(arg.split("=", 1)[0] in flags for arg in beam_args)
 
 
+def ships_code(options: PipelineOptions) -> bool:
+    """Whether the options give Dataflow's workers this package: a setup file, a container or packages."""
+    setup = options.view_as(SetupOptions)
+    worker = options.view_as(WorkerOptions)
+    return bool(
+        setup.setup_file
+        or setup.extra_packages
+        or setup.requirements_file
+        or worker.sdk_container_image
+        or worker.worker_harness_container_image
+    )
+
+
+def checkout_setup_file() -> Path | None:
+    """This package's setup.py beside the installed packages (an editable install of a checkout), if there."""
+    setup = PACKAGE_ROOT / "setup.py"
+    if setup.is_file() and 'name="xarray-tfrecords"' in setup.read_text():
+        return setup
+    return None
+
+
 def with_runner_defaults(beam_args: list[str]) -> list[str]:
     """Beam arguments with this tool's defaults for the chosen runner; the user's own choices win.
 
     - local: one thread per core, up to 4.
     - Dask: one partition (one task) per work unit. Beam's default puts up to 128 elements in
       one partition, so a build of up to 128 units would run on one worker.
+    - Dataflow, when nothing ships this package to the workers: ``--setup_file`` of this
+      checkout, if the package is installed from one (check_remote_setup refuses otherwise).
     """
     beam_args = _with_full_runner_names(beam_args)
     options = PipelineOptions(beam_args)
@@ -121,6 +148,10 @@ def with_runner_defaults(beam_args: list[str]) -> list[str]:
         return [*beam_args, f"--direct_num_workers={threads}", "--direct_running_mode=multi_threading"]
     if is_dask_runner(options) and not _chosen(beam_args, "--dask_npartitions", "--dask_partition_size"):
         return [*beam_args, "--dask_partition_size=1"]
+    if runner_name(options) == DATAFLOW_RUNNER and not ships_code(options):
+        setup = checkout_setup_file()
+        if setup is not None:
+            return [*beam_args, f"--setup_file={setup}"]
     return beam_args
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import xarray as xr
 import yaml
 
+from pipelines import runners
 from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from schemas import load_schema
@@ -134,6 +136,16 @@ def test_dataflow_graph_builds_offline_for_every_config(uploaded, tmp_path, caps
         ({"output": "out/local"}, "output: out/local is a local path, but DataflowRunner runs on remote workers"),
         ({"input": "/data/*.nc"}, "input: /data/*.nc is a local path"),
         ({"flag": "--project=P"}, "Beam options: Invalid Project ID (P)"),
+        ({"flag": "--region=Central US"}, "--region=Central US is not a Google Cloud region name"),
+        (
+            {"flag": "--temp_location=gs://no-such-bucket/tmp"},
+            "--temp_location=gs://no-such-bucket/tmp: bucket gs://no-such-bucket does not exist",
+        ),
+        ({"flag": "--staging_location=gs://nope/staging"}, "--staging_location=gs://nope/staging: bucket gs://nope"),
+        (
+            {"output": "gs://no-such-bucket/out"},
+            "output: bucket gs://no-such-bucket of gs://no-such-bucket/out does not",
+        ),
     ],
 )
 def test_bad_dataflow_setups_fail_before_submission(uploaded, tmp_path, capsys, change, expected):
@@ -150,3 +162,31 @@ def test_bad_dataflow_setups_fail_before_submission(uploaded, tmp_path, capsys, 
     assert main(["--config", str(config), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
+
+
+def _dry_run_config(tmp_path: Path) -> Path:
+    return _config(tmp_path, f"gs://{BUCKET}/in/era5/*.nc", f"gs://{BUCKET}/dry/ship", {"window": {"lat": 9, "lon": 9}})
+
+
+def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, tmp_path, capsys):
+    assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
+    out = capsys.readouterr().out
+    assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}" in out
+    assert "Dry run: the job graph" in out
+    # The temp location was checked by writing a probe object there, which is gone again.
+    assert not [p for p in gcs.find(f"{BUCKET}/tmp") if "write-check" in p]
+
+
+def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runners, "PACKAGE_ROOT", tmp_path)  # installed without a checkout: no setup.py beside it
+    assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--setup_file=" in err and "--sdk_container_image=" in err, err
+
+
+def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, tmp_path, capsys, caplog):
+    flags = [f for f in DATAFLOW if not f.startswith("--region")] + ["--region=moon-central9"]
+    assert main(["--config", str(_dry_run_config(tmp_path)), *flags]) == 0
+    assert "Dry run: the job graph" in capsys.readouterr().out
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("--region=moon-central9 is not among the Dataflow regions" in w for w in warnings), warnings
