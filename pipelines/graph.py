@@ -23,6 +23,7 @@ from pipelines.runners import (
     is_local_runner,
     load_runner_options,
     make_runner,
+    runner_context,
     with_runner_defaults,
 )
 from planning.config import BuildConfig, with_absolute_paths
@@ -101,6 +102,7 @@ def run_build(
         preallocate(specs.write)
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(runner_context(options))
             if progress is not None and specs.write.progress_dir is not None:
                 input_bytes = sum(f.nbytes for f in plan.files)
                 line = ProgressLine(specs.write.progress_dir, len(plan.units), plan.num_shards, input_bytes, progress)
