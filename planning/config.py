@@ -176,9 +176,9 @@ class OutputConfig(_Strict):
     in_place: bool = Field(
         True,
         description=(
-            "write each record straight to its final offset in its shard when the build allows it (local "
-            "runner and output; no nan_policy: drop, packing, compression or integer variables); false: "
-            "always go through bucket files. Same bytes either way"
+            "write each record straight to its final offset in its shard when the build allows it (a local "
+            "output the workers share: the local runner, or --shared_filesystem; no nan_policy: drop, packing, "
+            "compression or integer variables); false: always go through bucket files. Same bytes either way"
         ),
     )
 
