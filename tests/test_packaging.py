@@ -17,7 +17,7 @@ def test_sdist_and_wheel_ship_no_test_data(tmp_path):
     source.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for folder in ("pipelines", "transforms", "schemas", "tests"):
+    for folder in ("pipelines", "transforms", "planning", "schemas", "tests"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(source)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
