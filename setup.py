@@ -4,6 +4,7 @@ from setuptools import setup
 
 BEAM_VERSION = "2.77.0"  # the Dockerfile's worker image must use the same version (a test checks)
 TENSORFLOW = "tensorflow-cpu==2.21.0"
+DASK_VERSION = "2026.8.0"  # dask and distributed release together: pin both to one version
 
 setup(
     name="xarray-tfrecords",
@@ -27,6 +28,9 @@ setup(
         "google-crc32c>=1.6",
         "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
         "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
+        # --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud)
+        f"dask=={DASK_VERSION}",
+        f"distributed=={DASK_VERSION}",
     ],
     extras_require={
         "tf": [TENSORFLOW],

@@ -41,6 +41,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", help="output directory (overrides output.path)")
     parser.add_argument("--seed", type=int, help="shuffle seed (overrides shuffle.seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--shared_filesystem",
+        action="store_true",
+        help=(
+            "the workers of a remote runner (e.g. a Dask cluster on HPC) see this machine's files at the same "
+            "paths: allows local input and output paths, in-place writes and the live progress line"
+        ),
+    )
     parser.add_argument("--quiet", action="store_true", help="no live progress line (the summary still prints)")
     parser.add_argument("--verbose", action="store_true", help="log progress details; show tracebacks on errors")
     return parser
@@ -92,10 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
-        from pipelines.runners import check_known_flags
+        from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config
 
         check_known_flags(beam_args, parser)
+        chosen, beam_args = beam_args, with_runner_defaults(beam_args)
+        shipped = [a for a in beam_args if a.startswith("--setup_file=") and a not in chosen]
+        if shipped:
+            print(f"Shipping this checkout to the workers with {shipped[0]} (or choose: --sdk_container_image=IMAGE).")
 
         overwrite = args.overwrite
         if args.config is None:
@@ -114,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_output = io.StringIO()
         progress = None if args.quiet else sys.stderr  # the terminal's stream, taken before the redirect
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
-            plan, schema = run_build(config, beam_args, overwrite, progress=progress)
+            plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem)
         sys.stderr.write(worker_output.getvalue())
     except KeyboardInterrupt:
         print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)

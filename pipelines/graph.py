@@ -15,9 +15,18 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.output import prepare_output, remove_temporary_files
+from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
-from pipelines.runners import check_remote_setup, is_dry_run, is_local_runner, make_runner, with_local_defaults
-from planning.config import BuildConfig
+from pipelines.runners import (
+    close_run,
+    is_dry_run,
+    is_local_runner,
+    load_runner_options,
+    make_runner,
+    runner_context,
+    with_runner_defaults,
+)
+from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
 from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
@@ -28,6 +37,7 @@ from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
+from schemas.urls import is_remote
 from transforms.cut import CutSamples
 from transforms.finalize import Finalize
 from transforms.in_place import preallocate
@@ -48,29 +58,42 @@ def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs
     )
     shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
     summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
-    return shards | "Finalize" >> Finalize(specs.finalize, summaries)  # Schema, one element, once committed
+    return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
 def run_build(
-    config: BuildConfig, beam_args: list[str], overwrite: bool = False, progress: TextIO | None = None
+    config: BuildConfig,
+    beam_args: list[str],
+    overwrite: bool = False,
+    progress: TextIO | None = None,
+    shared_filesystem: bool = False,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
     A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
-    nothing and returns no schema. ``progress``: a stream to draw the live line on (local runs).
+    nothing and returns no schema. ``progress``: a stream to draw the live line on (runs whose
+    workers share the output's filesystem). ``shared_filesystem``: a remote runner's workers see
+    this machine's files (a cluster on a shared parallel filesystem); local runs always do.
     """
-    options = PipelineOptions(with_local_defaults(beam_args))
+    beam_args = with_runner_defaults(beam_args)
+    load_runner_options(beam_args)
+    options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
-    check_remote_setup(options, config)
+    check_remote_setup(options, config, shared_filesystem)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
     dry_run = is_dry_run(options)
+    local = is_local_runner(options)
+    if shared_filesystem and not local:
+        config = with_absolute_paths(config)  # the workers' working directory is not this one
     inventory = join(config.output.path, INVENTORY_FILE)
     plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
-    local = is_local_runner(options)
-    strategy, reason = choose_write_strategy(plan, shared_filesystem=local)
+    # A local output on a filesystem the workers share: bucket files, progress markers and
+    # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
+    shared = local or (shared_filesystem and not is_remote(plan.output))
+    strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
     logger.info("records are written by %s: %s", strategy.value, reason)
-    work = work_dir(plan.output, plan.run_id) if local else None
+    work = work_dir(plan.output, plan.run_id) if shared else None
     sources = sources_path(plan.output, plan.run_id)
     if dry_run:
         with pipeline:
@@ -85,13 +108,15 @@ def run_build(
         if layout is not None:
             preallocate(specs.write)
         with contextlib.ExitStack() as stack:
+            stack.enter_context(runner_context(options))
             if progress is not None and specs.write.progress_dir is not None:
-                total = plan.sources.total_bytes
-                stack.enter_context(
-                    ProgressLine(specs.write.progress_dir, len(plan.units), plan.num_shards, total, progress)
-                )
-            with pipeline:
-                build_pipeline(pipeline, list(plan.units), specs)
+                counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
+                stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
+            try:
+                with pipeline:
+                    build_pipeline(pipeline, list(plan.units), specs)
+            finally:
+                close_run(pipeline)
     except BaseException:
         remove_temporary_files(plan.output, plan.run_id, work)
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,9 +176,9 @@ class OutputConfig(_Strict):
     in_place: bool = Field(
         True,
         description=(
-            "write each record straight to its final offset in its shard when the build allows it (local "
-            "runner and output; no nan_policy: drop, packing, compression or integer variables); false: "
-            "always go through bucket files. Same bytes either way"
+            "write each record straight to its final offset in its shard when the build allows it (a local "
+            "output the workers share: the local runner, or --shared_filesystem; no nan_policy: drop, packing, "
+            "compression or integer variables); false: always go through bucket files. Same bytes either way"
         ),
     )
 
@@ -321,3 +322,21 @@ def load_config(path: str | Path | None = None, data: dict | None = None, **over
         if overrides.get("seed") is not None:
             raw["shuffle"] = {**(raw.get("shuffle") or {}), "seed": overrides["seed"]}
     return parse_config(raw, source)
+
+
+def with_absolute_paths(config: BuildConfig) -> BuildConfig:
+    """The config with relative local input and output paths made absolute (URLs unchanged).
+
+    For workers on other machines of a shared filesystem: their working directory is not the
+    driver's, so a relative path would name another place there.
+    """
+
+    def absolute(path: str) -> str:
+        return path if "://" in path else os.path.abspath(path)
+
+    return config.model_copy(
+        update={
+            "input": config.input.model_copy(update={"paths": [absolute(p) for p in config.input.paths]}),
+            "output": config.output.model_copy(update={"path": absolute(config.output.path)}),
+        }
+    )

@@ -1,9 +1,10 @@
-"""Progress markers of local runs: each finished unit or shard leaves a small file the driver sums up.
+"""Progress markers: each finished unit or shard leaves a small file the driver sums up.
 
-Beam's local runner reports metrics only when the pipeline ends, so the live progress line
-reads these instead. Workers on the same machine (threads or processes) all write to one local
-directory; a retried unit rewrites its own marker, so nothing is counted twice. Distributed
-runners get no directory and report through Beam counters instead.
+Beam's local runner reports metrics only when the pipeline ends (the Dask runner not at all),
+so the live progress line reads these instead. Workers that share the output's filesystem
+(threads, processes, or a cluster with --shared_filesystem) all write to one directory; a
+retried unit rewrites its own marker, so nothing is counted twice. Runs whose workers share no
+filesystem get no directory and report through Beam counters (Dataflow's UI) instead.
 """
 
 from __future__ import annotations

@@ -23,7 +23,11 @@ def _values(path: str, ds: xr.Dataset, name: str, selection: dict[str, slice]) -
 
 
 def _check_unchanged(source: SourceFile) -> None:
-    if file_size(source.path) != source.nbytes:
+    try:
+        size = file_size(source.path)
+    except FileNotFoundError:
+        raise UserError(f"{source.path}: file not found (was it moved or deleted during the build?)") from None
+    if size != source.nbytes:
         raise UserError(
             f"{source.path}: changed size since the build was planned ({source.nbytes} bytes then); "
             "do not modify input files during a build: run it again"

@@ -27,7 +27,8 @@ def choose_write_strategy(plan: BuildPlan, shared_filesystem: bool) -> tuple[Wri
     ========================  =================================================================
     strategy                  when
     ========================  =================================================================
-    ``IN_PLACE``              workers share the output's local filesystem, output.in_place is
+    ``IN_PLACE``              workers share the output's local filesystem (the local runner, or a
+                              cluster with --shared_filesystem), output.in_place is
                               true, and every record's size and shard are known at planning: no
                               nan_policy: drop, no packing, no compression, no integer
                               variables, at most MAX_IN_PLACE_SAMPLES samples. Every byte is
@@ -35,8 +36,9 @@ def choose_write_strategy(plan: BuildPlan, shared_filesystem: bool) -> tuple[Wri
     ``BUCKET_FILES``          workers share a filesystem, otherwise. The local runner holds every
                               grouped value in memory, so bulk bytes must not ride its
                               GroupByKey (DESIGN.md, decision 3); shard writers read the files.
-    ``RUNNER_SHUFFLE``        distributed runners (Dataflow, Dask, Flink, ...): their shuffle is
-                              built for bulk bytes, and workers share no disk.
+    ``RUNNER_SHUFFLE``        distributed runners whose workers share no disk (Dataflow; Dask,
+                              Flink, ... without --shared_filesystem): their shuffle is built
+                              for bulk bytes.
     ========================  =================================================================
     """
     if not shared_filesystem:

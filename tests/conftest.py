@@ -1,9 +1,13 @@
-"""Shared fixtures: the real sample files (or a stand-in), small synthetic archives, and quiet TensorFlow."""
+"""Shared fixtures: the sample files (or a stand-in), small synthetic archives, a GCS emulator, quiet TensorFlow."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,55 @@ def small_archive(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("archive")
     write_archive(directory, ArchiveShape(num_files=3, steps_per_file=4, levels=3, lat=20, lon=24), seed=1)
     return directory
+
+
+BUCKET = "xtf-test"  # the storage emulator's bucket (fixture gcs)
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the storage emulator exited"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the storage emulator did not start")
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """A GCS emulator on 127.0.0.1 with an empty bucket; the environment points gcsfs and Beam at it."""
+    import fsspec
+
+    port = _free_port()
+    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={port}"]
+    process = subprocess.Popen(
+        [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    try:
+        _wait_for(port, process)
+        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs probes the bucket over gRPC for 60 s
+        fsspec.config.conf.pop("gs", None)
+        yield fsspec.filesystem("gs", skip_instance_cache=True)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -56,3 +56,14 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
     # The floor uses the pipeline's encoder, keys and framing: its shards must equal the pipeline's.
     assert results["scales"]["1"]["identical_to_pipeline"] == {"floor": True, "pipeline-2w": True}
     assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"}
+
+
+def test_quick_dask_comparison_builds_identical_shards(tmp_path):
+    result_file = tmp_path / "dask.json"
+    command = [sys.executable, "-m", "benchmarks.dask_vs_local", "--quick", "--rounds", "1"]
+    command += ["--workdir", str(tmp_path), "--json", str(result_file)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(result_file.read_text())
+    assert results["identical_shards"] is True and results["samples"] > 0
+    assert len(results["walls"]["local"]) == len(results["walls"]["dask"]) == 1

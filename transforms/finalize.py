@@ -24,7 +24,7 @@ from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
 from transforms.shards import remove_tree, use_anonymous_credentials_for_emulator, write_atomically
-from transforms.stats import Moments, SplitSummary, per_axes
+from transforms.stats import Moments, SplitSummary, merge_summaries, per_axes
 
 logger = logging.getLogger(__name__)
 
@@ -157,21 +157,63 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     return schema
 
 
-def _finalize(results: list[ShardResult], spec: FinalizeSpec, summaries) -> Schema:
+def _finalize(collected: tuple[list[ShardResult], dict[str, SplitSummary]], spec: FinalizeSpec) -> Schema:
     use_anonymous_credentials_for_emulator()
+    results, summaries = collected
     return finalize_output(spec, results, summaries)
+
+
+#: Tags of what Finalize joins: one ShardResult per shard written, and the merged split summaries.
+SHARD, STATS = "shard", "stats"
+
+
+def _tagged(value, tag: str) -> tuple:
+    return tag, value
+
+
+class _CollectFn(beam.CombineFn):
+    """(tag, value) pairs -> (every shard result, the split summaries merged), as one element."""
+
+    def create_accumulator(self):
+        return [], {}
+
+    def add_input(self, accumulator, element):
+        results, summaries = accumulator
+        tag, value = element
+        if tag == SHARD:
+            results.append(value)
+            return results, summaries
+        return results, merge_summaries([summaries, value])
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        results = [r for part, _ in accumulators for r in part]
+        return results, merge_summaries(summaries for _, summaries in accumulators)
+
+    def extract_output(self, accumulator):
+        return accumulator
 
 
 @dataclasses.dataclass
 class Finalize(beam.PTransform):
-    """Shard results + the merged split summaries -> the written schema (one element)."""
+    """(shard results, merged split summaries) -> the written schema (one element).
+
+    The two branches meet through a Flatten and one combine rather than a side input: Beam's
+    DaskRunner evaluates a side input in a computation of its own, which would run everything
+    upstream of it (cutting every unit) a second time.
+    """
 
     spec: FinalizeSpec
-    summaries: beam.PCollection
 
-    def expand(self, results):
+    def expand(self, inputs):
+        shards, summaries = inputs
         return (
-            results
-            | "CollectShards" >> beam.combiners.ToList()
-            | "WriteMetadata" >> beam.Map(_finalize, self.spec, beam.pvalue.AsSingleton(self.summaries))
+            (
+                shards | "TagShards" >> beam.Map(_tagged, SHARD),
+                summaries | "TagStats" >> beam.Map(_tagged, STATS),
+            )
+            | "Join" >> beam.Flatten()
+            # Without defaults: a global combine's default value is a side input (see above).
+            | "Collect" >> beam.CombineGlobally(_CollectFn()).without_defaults()
+            | "WriteMetadata" >> beam.Map(_finalize, self.spec)
         )

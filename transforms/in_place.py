@@ -108,6 +108,8 @@ class WriteInPlace(beam.PTransform):
         return (
             blocks
             | "WriteRecords" >> beam.ParDo(_WriteInPlaceFn(self.spec))
-            | "AddCounts" >> beam.CombineGlobally(_add_counts)
+            # Without defaults: a global combine's default value is a side input, which Beam's
+            # DaskRunner evaluates by running every stage upstream of it again.
+            | "AddCounts" >> beam.CombineGlobally(_add_counts).without_defaults()
             | "CommitShards" >> beam.FlatMap(commit_shards, self.spec)
         )

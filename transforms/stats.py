@@ -189,7 +189,7 @@ class _MergeSummariesFn(beam.CombineFn):
 
 @dataclasses.dataclass
 class ComputeStats(beam.PTransform):
-    """Blocks -> one {split: SplitSummary} dict over every sample."""
+    """Blocks -> one {split: SplitSummary} dict over every sample (none without blocks)."""
 
     spec: StatsSpec
 
@@ -197,5 +197,7 @@ class ComputeStats(beam.PTransform):
         return (
             blocks
             | "SummarizeBlock" >> beam.Map(summarize_block, self.spec.split_names, self.spec.per)
-            | "MergeSummaries" >> beam.CombineGlobally(_MergeSummariesFn())
+            # Without defaults: a global combine's default value is a side input, which Beam's
+            # DaskRunner evaluates by running every stage upstream of it again.
+            | "MergeSummaries" >> beam.CombineGlobally(_MergeSummariesFn()).without_defaults()
         )

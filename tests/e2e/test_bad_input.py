@@ -127,6 +127,18 @@ def test_a_file_changed_after_planning_fails_on_the_worker(archive, tmp_path, ca
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "b.nc", "changed size")
 
 
+def test_a_file_deleted_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):
+    plan_then_delete = graph.make_plan
+
+    def make_plan(config):
+        plan = plan_then_delete(config)
+        (archive / "b.nc").unlink()
+        return plan
+
+    monkeypatch.setattr(graph, "make_plan", make_plan)
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "b.nc", "file not found")
+
+
 def test_a_variable_missing_from_one_file(archive, tmp_path, capsys):
     make_file(archive / "c.nc", "2020-01-03T00", 4, variables=("t",))
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "'q' is missing")

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
-import subprocess
-import sys
-import time
+import logging
 from pathlib import Path
 
-import fsspec
 import pytest
 import xarray as xr
 import yaml
 
+from pipelines import runners
 from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from schemas import load_schema
 
-from conftest import REPO
+from conftest import BUCKET, REPO
 from helpers import expected_feature, parse_with_generated_parser
 
-BUCKET = "xtf-test"
 DATAFLOW = [
     "--runner=DataflowRunner",
     "--project=my-project",
@@ -32,53 +26,6 @@ DATAFLOW = [
     "--dry_run=True",
     "--sdk_location=container",
 ]
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the storage emulator exited"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError("the storage emulator did not start")
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    """A GCS emulator on 127.0.0.1 with an empty bucket; the environment points gcsfs and Beam at it."""
-    port = _free_port()
-    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={port}"]
-    process = subprocess.Popen(
-        [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    try:
-        _wait_for(port, process)
-        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs probes the bucket over gRPC for 60 s
-        fsspec.config.conf.pop("gs", None)
-        yield fsspec.filesystem("gs", skip_instance_cache=True)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +136,16 @@ def test_dataflow_graph_builds_offline_for_every_config(uploaded, tmp_path, caps
         ({"output": "out/local"}, "output: out/local is a local path, but DataflowRunner runs on remote workers"),
         ({"input": "/data/*.nc"}, "input: /data/*.nc is a local path"),
         ({"flag": "--project=P"}, "Beam options: Invalid Project ID (P)"),
+        ({"flag": "--region=Central US"}, "--region=Central US is not a Google Cloud region name"),
+        (
+            {"flag": "--temp_location=gs://no-such-bucket/tmp"},
+            "--temp_location=gs://no-such-bucket/tmp: bucket gs://no-such-bucket does not exist",
+        ),
+        ({"flag": "--staging_location=gs://nope/staging"}, "--staging_location=gs://nope/staging: bucket gs://nope"),
+        (
+            {"output": "gs://no-such-bucket/out"},
+            "output: bucket gs://no-such-bucket of gs://no-such-bucket/out does not",
+        ),
     ],
 )
 def test_bad_dataflow_setups_fail_before_submission(uploaded, tmp_path, capsys, change, expected):
@@ -205,3 +162,31 @@ def test_bad_dataflow_setups_fail_before_submission(uploaded, tmp_path, capsys, 
     assert main(["--config", str(config), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
+
+
+def _dry_run_config(tmp_path: Path) -> Path:
+    return _config(tmp_path, f"gs://{BUCKET}/in/era5/*.nc", f"gs://{BUCKET}/dry/ship", {"window": {"lat": 9, "lon": 9}})
+
+
+def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, tmp_path, capsys):
+    assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
+    out = capsys.readouterr().out
+    assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}" in out
+    assert "Dry run: the job graph" in out
+    # The temp location was checked by writing a probe object there, which is gone again.
+    assert not [p for p in gcs.find(f"{BUCKET}/tmp") if "write-check" in p]
+
+
+def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runners, "PACKAGE_ROOT", tmp_path)  # installed without a checkout: no setup.py beside it
+    assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--setup_file=" in err and "--sdk_container_image=" in err, err
+
+
+def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, tmp_path, capsys, caplog):
+    flags = [f for f in DATAFLOW if not f.startswith("--region")] + ["--region=moon-central9"]
+    assert main(["--config", str(_dry_run_config(tmp_path)), *flags]) == 0
+    assert "Dry run: the job graph" in capsys.readouterr().out
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("--region=moon-central9 is not among the Dataflow regions" in w for w in warnings), warnings

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from pipelines.demo import DEMO_CONFIG
-from planning.config import load_config, parse_config
+from planning.config import load_config, parse_config, with_absolute_paths
 from schemas.errors import UserError
 
 from conftest import REPO
@@ -89,3 +89,12 @@ def test_shipped_configs_are_valid(name):
 
 def test_demo_yaml_is_the_built_in_demo():
     assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEMO_CONFIG
+
+
+def test_relative_local_paths_become_absolute_for_cluster_workers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = {"input": {"paths": ["in/*.nc", "gs://b/x/*.nc", "/abs/*.nc"]}, "output": {"path": "out"}}
+    config = with_absolute_paths(parse_config(data))
+    assert config.input.paths == [f"{tmp_path}/in/*.nc", "gs://b/x/*.nc", "/abs/*.nc"]
+    assert config.output.path == f"{tmp_path}/out"
+    assert with_absolute_paths(parse_config({**data, "output": {"path": "gs://b/out"}})).output.path == "gs://b/out"

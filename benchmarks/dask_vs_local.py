@@ -1,0 +1,102 @@
+"""The build on a Dask cluster against the local runner, on one archive (``python -m benchmarks.dask_vs_local``).
+
+A LocalCluster of single-threaded worker processes is started once and warmed with one
+untimed build (its workers import Beam and xarray once, as a long-lived HPC cluster's would).
+Then builds alternate, each ``python -m pipelines.build`` in its own process: the local default
+runner, and DaskRunner with --shared_filesystem (records written in place, as locally). Prints
+each one's median wall time, their ratio, and whether every shard is byte-identical.
+Memory is not compared: the Dask workers live outside the measured process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import datasets
+from benchmarks.measure import run_measured
+from benchmarks.run import REPO, input_bytes, same_shards, warm_page_cache
+
+DEFAULT_FILES = 12  # a quarter of the 1x patches set: ~200 MB, 4,704 samples
+
+
+def build_command(config: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet", *flags]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dask_vs_local", description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=DEFAULT_FILES, help="files of the patches archive (1x: 48)")
+    parser.add_argument("--workers", type=int, default=2, help="Dask worker processes, one thread each")
+    parser.add_argument("--rounds", type=int, default=3, help="timed builds per runner (alternating)")
+    parser.add_argument("--quick", action="store_true", help="tiny data: a smoke test, not a measurement")
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"))
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--dask-flag", action="append", default=[], help="another flag for the Dask build, e.g. --dask_npartitions=4"
+    )
+    args = parser.parse_args(argv)
+
+    from distributed import LocalCluster
+
+    workdir = Path(args.workdir).resolve()
+    spec = datasets.patches(1, args.quick, num_files=None if args.quick else args.files)
+    archive = datasets.ensure_archive(workdir, spec)
+    outputs = {name: workdir / "out" / spec.name / name for name in ("local", "dask")}
+    configs = {name: datasets.write_config(workdir, spec, archive, output) for name, output in outputs.items()}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    cluster = LocalCluster(
+        n_workers=args.workers, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
+    )
+    try:
+        dask = ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}", "--shared_filesystem"]
+        dask += args.dask_flag
+        commands = {"local": build_command(configs["local"]), "dask": build_command(configs["dask"], *dask)}
+        print(f"{spec.name}: {spec.num_samples:,} samples, {input_bytes(archive) / 1e6:,.0f} MB; warming the cluster")
+        warm = run_measured(commands["dask"], str(REPO), env)
+        if not warm.ok:
+            print(warm.output_tail, file=sys.stderr)
+            return 1
+        walls: dict[str, list[float]] = {"local": [], "dask": []}
+        for round_ in range(args.rounds):
+            for name, command in commands.items():
+                warm_page_cache(archive)
+                measurement = run_measured(command, str(REPO), env)
+                if not measurement.ok:
+                    print(measurement.output_tail, file=sys.stderr)
+                    return 1
+                walls[name].append(measurement.wall_seconds)
+                print(f"  round {round_ + 1}: {name} {measurement.wall_seconds:.1f} s", flush=True)
+    finally:
+        cluster.close()
+    medians = {name: statistics.median(values) for name, values in walls.items()}
+    identical = same_shards(outputs["dask"], outputs["local"])
+    results = {
+        "dataset": spec.name,
+        "samples": spec.num_samples,
+        "input_bytes": input_bytes(archive),
+        "workers": args.workers,
+        "dask_flags": args.dask_flag,
+        "walls": walls,
+        "medians": medians,
+        "dask_over_local": medians["dask"] / medians["local"],
+        "identical_shards": identical,
+    }
+    print(
+        f"local runner {medians['local']:.1f} s, Dask ({args.workers} workers) {medians['dask']:.1f} s: "
+        f"Dask/local = {results['dask_over_local']:.2f}x (medians of {args.rounds}); identical shards: {identical}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

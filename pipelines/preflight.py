@@ -1,0 +1,235 @@
+"""Checking a remote runner's setup before anything is submitted: paths, code, buckets, region, scheduler."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.runners.runner import create_runner
+
+from pipelines.runners import DATAFLOW_RUNNER, is_dask_runner, is_local_runner, runner_name, ships_code
+from planning.config import BuildConfig
+from schemas.errors import UserError
+from schemas.urls import is_remote
+
+logger = logging.getLogger(__name__)
+
+#: Dataflow regions, as documented in "Dataflow locations"
+#: (https://cloud.google.com/dataflow/docs/resources/locations). A new region appears there
+#: before this list learns of it, so a name shaped like a region but missing here is only a warning.
+DATAFLOW_REGIONS = frozenset(
+    {
+        "africa-south1",
+        "asia-east1",
+        "asia-east2",
+        "asia-northeast1",
+        "asia-northeast2",
+        "asia-northeast3",
+        "asia-south1",
+        "asia-south2",
+        "asia-southeast1",
+        "asia-southeast2",
+        "australia-southeast1",
+        "australia-southeast2",
+        "europe-central2",
+        "europe-north1",
+        "europe-north2",
+        "europe-southwest1",
+        "europe-west1",
+        "europe-west2",
+        "europe-west3",
+        "europe-west4",
+        "europe-west6",
+        "europe-west8",
+        "europe-west9",
+        "europe-west10",
+        "europe-west12",
+        "me-central1",
+        "me-central2",
+        "me-west1",
+        "northamerica-northeast1",
+        "northamerica-northeast2",
+        "northamerica-south1",
+        "southamerica-east1",
+        "southamerica-west1",
+        "us-central1",
+        "us-east1",
+        "us-east4",
+        "us-east5",
+        "us-south1",
+        "us-west1",
+        "us-west2",
+        "us-west3",
+        "us-west4",
+    }
+)
+#: What every Google Cloud region name looks like: area-direction plus a number (us-central1).
+REGION_PATTERN = re.compile(r"^[a-z]+-[a-z]+\d+$")
+
+
+def check_remote_setup(options: PipelineOptions, config: BuildConfig, shared_filesystem: bool = False) -> None:
+    """Fail in one line, before planning or submission, on a remote-runner setup that cannot work.
+
+    ``shared_filesystem``: the workers see this machine's filesystem (a cluster on a shared
+    parallel filesystem), so local paths are allowed.
+    """
+    if is_local_runner(options):
+        return
+    runner = runner_name(options)
+    try:
+        create_runner(runner)
+    except ValueError as error:  # an unknown name: Beam lists the ones it knows
+        raise UserError(f"--runner={runner} is not a runner Beam knows. {str(error).split('. ', 1)[-1]}") from None
+    short = runner.rsplit(".", 1)[-1]
+    if shared_filesystem and runner == DATAFLOW_RUNNER:
+        raise UserError(
+            "--shared_filesystem: Dataflow workers never see this machine's filesystem; "
+            "drop the flag and use gs:// paths"
+        )
+    if not shared_filesystem:
+        _check_paths_are_remote(config, short)
+    if runner == DATAFLOW_RUNNER:
+        _check_dataflow(options)
+    if is_dask_runner(options):
+        _check_dask_scheduler(options)
+    if _can_reach_storage(options):
+        _check_output_bucket(config.output.path)
+
+
+def _check_paths_are_remote(config: BuildConfig, runner: str) -> None:
+    alternative = "" if runner == DATAFLOW_RUNNER else ", or pass --shared_filesystem if every worker sees this path"
+    if not is_remote(config.output.path):
+        raise UserError(
+            f"output: {config.output.path} is a local path, but {runner} runs on remote workers that cannot "
+            f"write there; use a gs:// output{alternative}"
+        )
+    local_inputs = [p for p in config.input.paths if not is_remote(p)]
+    if local_inputs:
+        raise UserError(
+            f"input: {local_inputs[0]} is a local path, but {runner} runs on remote workers that cannot read it; "
+            f"copy the files to gs:// and give that path{alternative}"
+        )
+
+
+def _check_dataflow(options: PipelineOptions) -> None:
+    cloud = options.view_as(GoogleCloudOptions)
+    if not cloud.temp_location:
+        raise UserError("DataflowRunner needs --temp_location=gs://BUCKET/tmp (where Dataflow stages its files)")
+    for flag, value in (("--temp_location", cloud.temp_location), ("--staging_location", cloud.staging_location)):
+        if value and not is_remote(value):
+            raise UserError(f"{flag}={value} is local; DataflowRunner needs a gs:// path")
+    for flag, value in (("--project", cloud.project), ("--region", cloud.region)):
+        if not value:
+            raise UserError(f"DataflowRunner needs {flag} (e.g. --project=my-project --region=us-central1)")
+    check_region(cloud.region)
+    if not ships_code(options):
+        raise UserError(
+            "DataflowRunner: nothing ships this package to the workers, and it is not installed from a checkout "
+            "whose setup.py could be sent; pass --setup_file=PATH/TO/setup.py, or "
+            "--sdk_container_image=IMAGE built from the Dockerfile"
+        )
+    if _can_reach_storage(options):
+        for flag, value in (("--temp_location", cloud.temp_location), ("--staging_location", cloud.staging_location)):
+            if value:
+                _check_writable(flag, value)
+
+
+def check_region(region: str) -> None:
+    """Refuse a name that is no region at all; warn about a region-shaped name missing from the list."""
+    if not REGION_PATTERN.match(region):
+        raise UserError(
+            f"--region={region} is not a Google Cloud region name (such as us-central1 or europe-west4); "
+            "see https://cloud.google.com/dataflow/docs/resources/locations"
+        )
+    if region not in DATAFLOW_REGIONS:
+        logger.warning(
+            "--region=%s is not among the Dataflow regions this tool knows; if the job is refused, "
+            "choose one of https://cloud.google.com/dataflow/docs/resources/locations",
+            region,
+        )
+
+
+def _can_reach_storage(options: PipelineOptions) -> bool:
+    """Whether bucket checks can run: not with --no_auth (no credentials), unless a storage emulator stands in."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return True
+    if options.view_as(GoogleCloudOptions).no_auth:
+        logger.info("--no_auth: bucket checks skipped (they need credentials)")
+        return False
+    return True
+
+
+def _bucket(url: str) -> str:
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+def _filesystem(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)[0]
+
+
+def _reason(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _check_output_bucket(output: str) -> None:
+    if not output.startswith("gs://"):
+        return
+    bucket = _bucket(output)
+    try:
+        exists = _filesystem(output).exists(bucket)
+    except Exception as error:
+        reason = _reason(error)
+        raise UserError(f"output: cannot look up bucket gs://{bucket} ({reason}); check your credentials") from None
+    if not exists:
+        raise UserError(
+            f"output: bucket gs://{bucket} of {output} does not exist; create it "
+            f"(gcloud storage buckets create gs://{bucket}) or choose another"
+        )
+
+
+def _check_writable(flag: str, location: str) -> None:
+    """Write and delete a tiny object under ``location``: what Dataflow does there first."""
+    bucket = _bucket(location)
+    fs = _filesystem(location)
+    probe = f"{location.rstrip('/')}/.xarray-tfrecords-write-check-{uuid.uuid4().hex[:8]}"
+    try:
+        if not fs.exists(bucket):
+            raise UserError(f"{flag}={location}: bucket gs://{bucket} does not exist; create it or choose another")
+        fs.pipe(probe, b"ok")
+        fs.rm(probe)
+    except UserError:
+        raise
+    except Exception as error:
+        raise UserError(
+            f"{flag}={location}: cannot write there ({_reason(error)}); choose a bucket this account can write to"
+        ) from None
+
+
+def _check_dask_scheduler(options: PipelineOptions) -> None:
+    """The scheduler answers (else the build would fail after planning, with the output already cleared)."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    from distributed import Client
+
+    dask = options.view_as(DaskOptions)
+    if not (dask.address or dask.scheduler_file):
+        raise UserError(
+            "DaskRunner needs the cluster's scheduler: --dask_client_address=tcp://HOST:PORT "
+            "(or --dask_scheduler_file=FILE); see the README, Running on a Dask cluster"
+        )
+    where = dask.address or dask.scheduler_file
+    timeout = {"timeout": dask.timeout} if dask.timeout is not None else {}
+    try:
+        with Client(address=dask.address, scheduler_file=dask.scheduler_file, **timeout) as client:
+            workers = len(client.scheduler_info().get("workers", {}))
+    except (OSError, ValueError) as error:
+        raise UserError(
+            f"DaskRunner: no Dask scheduler answers at {where} ({_reason(error)}); start the cluster first, "
+            "or fix --dask_client_address"
+        ) from None
+    if workers == 0:
+        logger.warning("the Dask cluster at %s has no workers yet: the build waits until some join", where)

@@ -1,0 +1,241 @@
+"""Builds on a Dask cluster (Beam's DaskRunner, LocalCluster worker processes) equal the local runner's builds."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from distributed import Client, LocalCluster, get_task_stream
+
+from pipelines import graph
+from pipelines.build import main
+from planning.config import load_config
+from planning.plan import make_plan
+from schemas import load_schema
+
+from conftest import BUCKET
+
+#: Seconds one test may take before it fails: a hung cluster must fail CI, not hang it.
+TIME_LIMIT = 300
+#: Small units, so that the small archive makes several and the cluster spreads them.
+UNIT_BUDGET_BYTES = 200_000
+SAMPLE = {"window": {"lat": 5, "lon": 6}, "offsets": {"time": [0, 1]}, "keep": ["level"]}
+
+
+@pytest.fixture(scope="session")
+def dask_cluster():
+    """Two single-threaded worker processes, as a real cluster has: every element crosses a process boundary."""
+    cluster = LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def client(dask_cluster):
+    with Client(dask_cluster.scheduler_address, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    def expired(signum, frame):
+        raise TimeoutError(f"the test took more than {TIME_LIMIT} s: is the Dask cluster hung?")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TIME_LIMIT)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def small_units(monkeypatch):
+    monkeypatch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=UNIT_BUDGET_BYTES))
+
+
+def dask_flags(client: Client, *more: str) -> list[str]:
+    address = client.scheduler.address
+    return ["--runner=DaskRunner", f"--dask_client_address={address}", "--dask_connection_timeout=30", *more]
+
+
+def write_config(tmp_path: Path, name: str, inputs, output: str, in_place: bool = True) -> Path:
+    config = {
+        "input": {"paths": inputs},
+        "variables": ["t", "q"],
+        "sample": SAMPLE,
+        "output": {"path": output, "num_shards": 3, "in_place": in_place},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def build(config: Path, *flags: str) -> None:
+    assert main(["--config", str(config), "--quiet", *flags]) == 0
+
+
+def assert_close(a, b, path="stats"):
+    """Equal JSON documents, numbers equal to float precision (merge order may change the last digits)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert np.isclose(a, b, rtol=1e-9, atol=0), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def assert_same_output(read, dask_output: str, local_output: Path) -> None:
+    """Every shard byte-identical, the same shard list and counts, statistics equal."""
+    schema, reference = load_schema(dask_output), load_schema(str(local_output))
+    assert schema.splits == reference.splits and schema.counts == reference.counts
+    files = [shard.file for shards in reference.splits.values() for shard in shards]
+    assert len(files) == 3 and reference.num_examples() > 0
+    for file in files:
+        assert read(f"{dask_output}/{file}") == (local_output / file).read_bytes(), file
+    assert_close(json.loads(read(f"{dask_output}/stats.json")), json.loads((local_output / "stats.json").read_text()))
+
+
+def read_local(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def strategy_logged(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("records are written by")]
+    return line
+
+
+def test_in_place_on_a_shared_filesystem_equals_the_local_build(small_archive, tmp_path, client, caplog):
+    caplog.set_level(logging.INFO, logger="pipelines.graph")
+    inputs = str(small_archive / "*.nc")
+    local = write_config(tmp_path, "local", inputs, str(tmp_path / "local"))
+    build(local)
+    caplog.clear()
+    config = write_config(tmp_path, "dask", inputs, str(tmp_path / "dask"))
+    with get_task_stream(client) as tasks:
+        build(config, "--shared_filesystem", *dask_flags(client))
+    assert "in place" in strategy_logged(caplog)
+    assert_same_output(read_local, str(tmp_path / "dask"), tmp_path / "local")
+    assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == sorted(
+        p.name for p in (tmp_path / "local").iterdir()
+    )
+
+    # The units were cut by tasks the scheduler ran on the worker processes, each unit once:
+    # a stage run twice (a side input recomputing its inputs) would cut them again.
+    units = make_plan(load_config(config), unit_budget_bytes=UNIT_BUDGET_BYTES).units
+    assert len(units) > 2
+    cut = [t for t in tasks.data if "from_sequence" in str(t["key"])]
+    workers = client.scheduler_info()["workers"]
+    assert len(cut) == len(units)
+    assert {t["worker"] for t in cut} <= set(workers)
+    assert os.getpid() not in client.run(os.getpid).values()
+
+
+def test_bucket_files_on_a_shared_filesystem_equal_the_local_build(small_archive, tmp_path, client, caplog):
+    caplog.set_level(logging.INFO, logger="pipelines.graph")
+    inputs = str(small_archive / "*.nc")
+    build(write_config(tmp_path, "local", inputs, str(tmp_path / "local")))
+    caplog.clear()
+    config = write_config(tmp_path, "dask", inputs, str(tmp_path / "dask"), in_place=False)
+    build(config, "--shared_filesystem", *dask_flags(client))
+    assert "bucket files" in strategy_logged(caplog)
+    assert_same_output(read_local, str(tmp_path / "dask"), tmp_path / "local")
+    assert not (tmp_path / "dask" / "_tmp").exists()
+
+
+@pytest.fixture
+def workers_see_the_emulator(gcs, client):
+    """The workers started before the emulator: give them its address, as a real cluster's environment would."""
+    names = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+    env = {name: os.environ[name] for name in names}
+    client.run(lambda: os.environ.update(env))
+    try:
+        yield gcs
+    finally:
+        client.run(lambda: [os.environ.pop(name, None) for name in names])
+
+
+def test_runner_shuffle_through_gs_equals_the_local_build(
+    small_archive, tmp_path, client, workers_see_the_emulator, caplog
+):
+    gcs = workers_see_the_emulator
+    caplog.set_level(logging.INFO, logger="pipelines.graph")
+    for path in sorted(small_archive.glob("*.nc")):
+        gcs.put(str(path), f"{BUCKET}/dask/in/{path.name}")
+    build(write_config(tmp_path, "local", str(small_archive / "*.nc"), str(tmp_path / "local")))
+    caplog.clear()
+    output = f"gs://{BUCKET}/dask/out"
+    build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask/in/*.nc", output), *dask_flags(client))
+    assert "runner shuffle" in strategy_logged(caplog)
+    assert_same_output(gcs.cat, output, tmp_path / "local")
+    assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in (tmp_path / "local").iterdir())
+
+
+def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, capsys, monkeypatch):
+    archive = tmp_path / "in"
+    archive.mkdir()
+    for path in small_archive.glob("*.nc"):
+        (archive / path.name).write_bytes(path.read_bytes())
+    doomed = sorted(archive.glob("*.nc"))[1]
+    plan = graph.make_plan
+
+    def plan_then_delete(config):
+        planned = plan(config)
+        doomed.unlink()  # after planning: only a worker cutting a unit of it finds out
+        return planned
+
+    monkeypatch.setattr(graph, "make_plan", plan_then_delete)
+    config = write_config(tmp_path, "dask", str(archive / "*.nc"), str(tmp_path / "out"))
+    assert main(["--config", str(config), "--quiet", "--shared_filesystem", *dask_flags(client)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {doomed}: file not found"), lines
+    assert not list((tmp_path / "out").rglob("*"))  # no schema.json, no temporary shards or buckets
+
+
+NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--shared_filesystem"], "DaskRunner needs the cluster's scheduler: --dask_client_address=tcp://HOST:PORT"),
+        (["--shared_filesystem", *NOWHERE], "DaskRunner: no Dask scheduler answers at tcp://127.0.0.1:9"),
+        (
+            NOWHERE,
+            "is a local path, but DaskRunner runs on remote workers that cannot write there; use a gs:// output, "
+            "or pass --shared_filesystem",
+        ),
+    ],
+)
+def test_bad_dask_setups_fail_before_planning(small_archive, tmp_path, capsys, flags, expected):
+    output = tmp_path / "out"
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(output))
+    assert main(["--config", str(config), "--runner=DaskRunner", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
+    assert not output.exists()
+
+
+def test_dataflow_workers_share_no_filesystem(small_archive, tmp_path, capsys):
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(tmp_path / "out"))
+    assert main(["--config", str(config), "--runner=DataflowRunner", "--shared_filesystem"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Dataflow workers never see this machine's filesystem" in err, err
