@@ -31,7 +31,7 @@ from planning.slabs import read_slabs
 from planning.source_index import SourceIndex
 from planning.specs import CutSpec
 from schemas.errors import UserError
-from transforms.shards import read_bytes
+from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
@@ -140,6 +140,8 @@ class _CutUnitFn(beam.DoFn):
 
     def setup(self):
         spec = self._spec
+        if spec.sources is None:
+            use_anonymous_credentials_for_emulator()
         self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
 
     def process(self, unit: Unit):
