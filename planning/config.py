@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from schemas.errors import UserError
 
-#: Shards stay well under 1 GiB: a shard writer holds one shard in memory, and readers and
-#: tools handle files of this size well (tensorflow/datasets#10995).
+#: Shards stay well under 1 GiB: readers and tools handle files of this size well
+#: (tensorflow/datasets#10995). Planning sizes shards so none can exceed it; writers check it.
 MAX_SHARD_MB = 512
+MAX_SHARD_BYTES = int(MAX_SHARD_MB * 1e6)
 
 
 class _Strict(BaseModel):
