@@ -162,7 +162,13 @@ class OutputConfig(_Strict):
         None, description="shards per split; default: enough for about target_shard_mb each"
     )
     target_shard_mb: float = Field(
-        256.0, gt=0, le=MAX_SHARD_MB, description="shard size to aim for when num_shards is not set"
+        256.0,
+        gt=0,
+        le=MAX_SHARD_MB,
+        description=(
+            "shard size to aim for when num_shards is not set (records counted at their largest: int64 values "
+            "at 10 bytes, so shards of int64-heavy records come out smaller)"
+        ),
     )
     allow_float32_overflow: bool = Field(
         False,

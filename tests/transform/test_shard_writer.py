@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.testing import test_pipeline
 
-from planning.specs import WriteSpec
+from pipelines.graph import build_pipeline
+from pipelines.output import prepare_output
+from planning import plan as plan_module
+from planning.config import parse_config
+from planning.names import work_dir
+from planning.specs import WriteSpec, compile_specs
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
+from schemas import load_schema
 from schemas.bucket_sort import INDEX_BYTES_PER_RECORD, BufferLedger, SortedBuckets
 from schemas.buckets import bucket_pieces, row_dtype
 from schemas.errors import UserError
@@ -190,6 +199,46 @@ def test_a_shard_over_the_cap_fails_in_one_line_with_the_fix(tmp_path, per_recor
     assert "raise output.num_shards or lower output.target_shard_mb" in str(error.value)
     assert "\n" not in str(error.value)
     assert not list((tmp_path / "out").glob("*"))  # nothing written, or the temporary file removed
+
+
+@pytest.mark.parametrize("per_record", [1, 4])
+def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_path, monkeypatch, per_record):
+    """With the cap lowered to 100 kB, planning splits the one configured shard; none written exceeds it."""
+    cap = 100_000
+    monkeypatch.setattr(plan_module, "MAX_SHARD_BYTES", cap)
+    config = parse_config(
+        {
+            "input": {"paths": str(small_archive / "*.nc")},
+            "variables": ["t", "q"],
+            "sample": {"window": {"lat": 4, "lon": 4}, "keep": ["level"]},
+            "output": {"path": str(tmp_path / "out"), "num_shards": 1, "examples_per_record": per_record},
+        }
+    )
+    plan = plan_module.make_plan(config)
+    assert plan.num_shards > 1
+    prepare_output(plan.output, overwrite=False)
+    specs = compile_specs(plan, WriteStrategy.BUCKET_FILES, work_dir(plan.output, plan.run_id))
+    specs = dataclasses.replace(specs, write=dataclasses.replace(specs.write, max_shard_bytes=cap))
+    with test_pipeline.TestPipeline(runner=fn_runner.FnApiRunner()) as p:
+        build_pipeline(p, list(plan.units), specs)
+    shards = load_schema(plan.output).splits["data"]
+    assert sum(s.examples for s in shards) == plan.num_samples
+    assert max(s.bytes for s in shards) <= cap
+    assert sum(s.bytes for s in shards) > cap
+
+
+def test_a_record_larger_than_a_shard_may_hold_fails_at_planning(small_archive, tmp_path, monkeypatch):
+    monkeypatch.setattr(plan_module, "MAX_SHARD_BYTES", 10_000)
+    config = parse_config(
+        {
+            "input": {"paths": str(small_archive / "*.nc")},
+            "variables": ["t"],
+            "sample": {"window": {"lat": 4, "lon": 4}, "keep": ["level"]},
+            "output": {"path": str(tmp_path / "out"), "examples_per_record": 64},
+        }
+    )
+    with pytest.raises(UserError, match=r"^output: a record of 64 samples may take .* output.examples_per_record$"):
+        plan_module.make_plan(config)
 
 
 def test_runs_beyond_the_open_file_limit_merge_in_several_passes(tmp_path):
