@@ -231,6 +231,7 @@ def run(
     repeat: int = 1,
     timeout: float = 3600,
     compression: str | None = None,
+    cases: tuple[str, ...] = tuple(c.name for c in CASES),
 ) -> dict:
     """Every case, each writer in its own process (the fastest of ``repeat`` runs kept)."""
     workdir = Path(workdir)
@@ -243,7 +244,7 @@ def run(
         key=lambda r: r["peak_rss"],
     )
     section["baseline_rss"] = baseline["peak_rss"]
-    for case in CASES:
+    for case in (c for c in CASES if c.name in cases):
         buckets = ensure_buckets(workdir, case, shard_mb)
         # The shard's payload bytes (buckets less their keys and lengths): the same for every writer.
         section.setdefault("bucket_bytes", {})[case.name] = sum(p.stat().st_size for p in buckets.glob("*.bucket"))
@@ -320,6 +321,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per writer; the fastest is kept")
     parser.add_argument("--compression", choices=["gzip"], help="write gzip shards")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a writer is stopped")
+    parser.add_argument("--cases", nargs="+", choices=[c.name for c in CASES], help="run only these cases")
     parser.add_argument("--json", help="also write the results here")
     # One measured process (used by the orchestrator):
     parser.add_argument("--child", choices=["baseline", *WRITERS], help=argparse.SUPPRESS)
@@ -335,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
-    section = run(
-        Path(args.workdir).resolve(), args.shard_mb, args.budget_mb, args.repeat, args.timeout, args.compression
-    )
+    cases = tuple(args.cases or (c.name for c in CASES))
+    workdir = Path(args.workdir).resolve()
+    section = run(workdir, args.shard_mb, args.budget_mb, args.repeat, args.timeout, args.compression, cases)
     print()
     print(render(section))
     if args.json:
