@@ -39,11 +39,14 @@ _DUPLICATE = "duplicate shuffle key in a shard: a sample was cut twice; this is 
 
 
 def max_open_files() -> int:
-    """Files a writer keeps open at once: half the process's limit, between 16 and 4096."""
+    """Files one writer keeps open at once: an eighth of the process's limit, between 16 and 1024.
+
+    Several writers may run in one process, a thread each; a shard of more buckets spills runs.
+    """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(16, min(4096, soft // 2))
+        return 1024
+    return max(16, min(1024, soft // 8))
 
 
 @dataclasses.dataclass

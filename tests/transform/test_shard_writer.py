@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import tracemalloc
 from pathlib import Path
 
@@ -248,8 +249,12 @@ def test_runs_beyond_the_open_file_limit_merge_in_several_passes(tmp_path):
     payloads = [rng.integers(0, 256, s, dtype=np.uint8).tobytes() for s in sizes]
     ledger = BufferLedger()
     with SortedBuckets(2**16, ledger, max_open=4) as buckets:
-        for part in np.array_split(np.arange(len(keys)), 20):
-            buckets.add_blob(b"".join(bucket_pieces(keys[part], [[payloads[i]] for i in part])))
+        for number, part in enumerate(np.array_split(np.arange(len(keys)), 20)):
+            blob = b"".join(bucket_pieces(keys[part], [[payloads[i]] for i in part]))
+            if number % 2:
+                buckets.add_blob(blob)
+            else:  # as a remote bucket file is read
+                buckets.add_stream(io.BytesIO(blob), f"gs://bucket/unit-{number}")
         out = b"".join(bytes(batch.payloads) for batch in buckets.batches(10_000))
     assert out == b"".join(payloads[i] for i in np.argsort(keys))
     assert ledger.runs > 4  # more runs than a merge of 4 open files takes at once
