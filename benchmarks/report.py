@@ -242,6 +242,10 @@ def render(results: dict) -> str:
         text = build(results)
         if text:
             sections.append(text)
+    if "shard_writer" in results:
+        from benchmarks.shard_writer import render as shard_writer_section
+
+        sections.append(shard_writer_section(results["shard_writer"]))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

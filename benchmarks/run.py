@@ -20,19 +20,21 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks import datasets, report
+from benchmarks import datasets, report, shard_writer
 from benchmarks.datasets import DatasetSpec
 from benchmarks.measure import Measurement, run_measured
 from benchmarks.targets import all_targets
 
 REPO = Path(__file__).resolve().parents[1]
-COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help")
+COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help", "shard-writer")
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
 #: Batch sizes of the read side: a training-sized batch of big samples, a larger one of small.
 READ_BATCH = {"patches": 128, "points": 1024}
 READ_ROUNDS = 5
 PACKED = 32  # point series per record in the packed read-side set
 HELP_RUNS = 3
+#: The shard-writer competitor's shard and budget in MB (quick: a smoke test).
+SHARD_WRITER_MB = {False: (256, 64), True: (16, 4)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +355,9 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
         results["startup"] = (bench.quick and quick_startup(results, scales)) or run_startup(bench)
     if "read" in bench.selected:
         read_side(bench, results, scales)
+    if "shard-writer" in bench.selected:
+        shard_mb, budget_mb = SHARD_WRITER_MB[bench.quick]
+        results["shard_writer"] = shard_writer.run(bench.workdir, shard_mb, budget_mb, bench.repeat, bench.timeout)
     results["targets"] = [t.to_json() for t in all_targets(results)]
     return results
 
@@ -362,7 +367,8 @@ def failures(results: dict) -> list[str]:
     rows += [(f"{s}x read", sec["read"]) for s, sec in results["scales"].items() if "read" in sec]
     rows += [(f"start-up {n}", results["startup"][n]) for n in ("pipeline", "pipeline-2w") if "startup" in results]
     rows += [(name, results[name]) for name in ("read_small", "help") if name in results]
-    return [name for name, row in rows if not row.get("ok")]
+    failed = [name for name, row in rows if not row.get("ok")]
+    return failed + (shard_writer.failed(results["shard_writer"]) if "shard_writer" in results else [])
 
 
 def main(argv: list[str] | None = None) -> int:

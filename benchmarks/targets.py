@@ -13,6 +13,8 @@ MAX_RSS_GROWTH = 1.2  # peak RSS at 4x / at 1x
 SCALING_SLACK = 1.1  # time at Nx <= 1.1 N x time at 1x, start-up subtracted
 MIN_PARSER_VS_EXPERT = 0.95
 MAX_HELP_SECONDS = 2.0
+#: the streaming shard writer's peak RSS above the interpreter's, as a multiple of its budget
+MAX_WRITER_RSS_OVER_BUDGET = 1.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,11 @@ def all_targets(results: dict) -> list[Target]:
         targets.append(
             Target("parser / expert examples/s (point series)", small.get("ratio"), MIN_PARSER_VS_EXPERT, False)
         )
+    writer = results.get("shard_writer")
+    for case in (writer or {}).get("cases", {}):
+        row = writer["cases"][case]["stream"]
+        over = (row["peak_rss"] - writer["baseline_rss"]) / (writer["budget_mb"] * 1e6) if row["ok"] else None
+        targets.append(Target(f"shard writer RSS / budget ({case})", over, MAX_WRITER_RSS_OVER_BUDGET, True))
     help_run = results.get("help")
     if help_run is not None:
         targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))

@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from schemas.errors import UserError
 
-#: Shards stay well under 1 GiB: a shard writer holds one shard in memory, and readers and
-#: tools handle files of this size well (tensorflow/datasets#10995).
+#: Shards stay well under 1 GiB: readers and tools handle files of this size well
+#: (tensorflow/datasets#10995). Planning sizes shards so none can exceed it; writers check it.
 MAX_SHARD_MB = 512
+MAX_SHARD_BYTES = int(MAX_SHARD_MB * 1e6)
 
 
 class _Strict(BaseModel):
@@ -162,7 +163,13 @@ class OutputConfig(_Strict):
         None, description="shards per split; default: enough for about target_shard_mb each"
     )
     target_shard_mb: float = Field(
-        256.0, gt=0, le=MAX_SHARD_MB, description="shard size to aim for when num_shards is not set"
+        256.0,
+        gt=0,
+        le=MAX_SHARD_MB,
+        description=(
+            "shard size to aim for when num_shards is not set (records counted at their largest: int64 values "
+            "at 10 bytes, so shards of int64-heavy records come out smaller)"
+        ),
     )
     allow_float32_overflow: bool = Field(
         False,

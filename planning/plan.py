@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from planning.config import MAX_SHARD_MB, BuildConfig
+from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
 from planning.coords import record_values
 from planning.describe import describe_build
 from planning.features import (
@@ -34,9 +34,15 @@ from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
 from schemas.errors import UserError
+from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema
+from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
 
 logger = logging.getLogger(__name__)
+
+#: Shards receive uneven numbers of samples (each sample's key picks its shard): planning keeps
+#: this many standard deviations above the mean within MAX_SHARD_MB.
+_SHARD_SIGMAS = 6
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
@@ -85,24 +91,49 @@ class BuildPlan:
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:
+    """A typical sample's record size (int64 values counted as 5 bytes): what a unit holds per sample."""
     payload = sum(4 * f.size if f.dtype == "float32" else 5 * f.size for f in features)
     headers = sum(len(f.name) + 12 for f in features)
     return payload + headers + 16
 
 
-def _num_shards(config: BuildConfig, total_bytes: float, records: int) -> int:
-    """The configured shard count, or enough for target_shard_mb; never shards over MAX_SHARD_MB."""
-    needed = math.ceil(total_bytes / (MAX_SHARD_MB * 1e6))
+def _record_bytes_bound(features: tuple[Feature, ...], per_record: int) -> int:
+    """The most bytes one framed record (of ``per_record`` samples) can take.
+
+    Exact for float32 features and every header; int64 values at a varint's longest, 10 bytes.
+    """
+    record = Schema(features, examples_per_record=per_record).record_features()
+    return ExampleEncoder(record).max_record_length() + HEADER_BYTES + FOOTER_BYTES
+
+
+def _num_shards(config: BuildConfig, samples: int, record_bound: int) -> int:
+    """The configured shard count, or enough for target_shard_mb; never enough samples for a shard over MAX_SHARD_MB."""
+    per_record = config.output.examples_per_record
+    records_per_shard = MAX_SHARD_BYTES // record_bound
+    if records_per_shard < 1:
+        what = "a sample's record" if per_record == 1 else f"a record of {per_record} samples"
+        fix = "cut smaller samples or fewer variables" if per_record == 1 else "lower output.examples_per_record"
+        raise UserError(
+            f"output: {what} may take {record_bound / 1e6:,.0f} MB, more than a shard may hold "
+            f"({MAX_SHARD_MB} MB); {fix}"
+        )
+    # A shard of c samples holds ceil(c / per_record) records, so up to `fits` samples fit in one.
+    fits = per_record * records_per_shard
+    # A sample's key picks its shard, so a shard's count is binomial about the mean, with a
+    # standard deviation under sqrt(mean): keep mean + _SHARD_SIGMAS deviations within `fits`.
+    most = ((math.sqrt(_SHARD_SIGMAS**2 + 4 * fits) - _SHARD_SIGMAS) / 2) ** 2
+    needed = math.ceil(samples / most)
+    total_bytes = samples / per_record * record_bound
     wanted = config.output.num_shards or math.ceil(total_bytes / (config.output.target_shard_mb * 1e6))
     if wanted < needed:
         logger.warning(
-            "output.num_shards: %d shards would hold about %.0f MB each; writing %d instead (at most %d MB each)",
+            "output.num_shards: %d shards could hold up to about %.0f MB each; writing %d instead (at most %d MB each)",
             wanted,
             total_bytes / wanted / 1e6,
             needed,
             MAX_SHARD_MB,
         )
-    return max(1, min(max(wanted, needed), records))
+    return max(1, min(max(wanted, needed), samples))
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -128,7 +159,7 @@ def _coordinates(grid: SampleGrid, inventory: Inventory) -> dict[str, tuple[np.n
 
 
 def _assign_splits(
-    config: BuildConfig, grid: SampleGrid, inventory: Inventory, files: list[SourceFile], record_bytes: int
+    config: BuildConfig, grid: SampleGrid, inventory: Inventory, files: list[SourceFile], record_bound: int
 ) -> tuple[list[SplitPlan], np.ndarray | None, dict[str, int]]:
     """Splits with their sample and shard counts, each concat position's split, and the drop counts."""
     concat_dim = config.input.concat_dim
@@ -158,7 +189,7 @@ def _assign_splits(
     for split, count in zip(splits, counts):
         if count == 0:
             raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
-        shards = _num_shards(config, count * record_bytes, count)
+        shards = _num_shards(config, count, record_bound)
         planned.append(dataclasses.replace(split, num_samples=count, num_shards=shards, first_shard=first))
         first += shards
     if labels is not None and not config.splits and (labels == 0).all():
@@ -186,7 +217,8 @@ def make_plan(
     features = record_features(grid, variables, stacks, coords)
     files = inventory.source_files()
     record_bytes = _record_bytes(tuple(features))
-    splits, labels, drops = _assign_splits(config, grid, inventory, files, record_bytes)
+    record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
+    splits, labels, drops = _assign_splits(config, grid, inventory, files, record_bound)
     _check_stats_config(config, splits)
     units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
     sources = SourceIndex.of(files)

@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from planning.config import MAX_SHARD_BYTES
 from planning.features import StackPlan, VariablePlan
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
@@ -20,6 +21,10 @@ from planning.source_index import SourceIndex
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
 from schemas.schema import Feature, Schema, default_split
+
+#: Bytes a shard writer may hold in its buffers, whatever the shard's size, record size or
+#: packing (transforms.shards; the bucket-file and runner-shuffle strategies).
+WRITER_BUDGET_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -56,6 +61,9 @@ class WriteSpec:
     bucket_dir: str | None = None
     progress_dir: str | None = None
     layout: ShardLayout | None = None  # IN_PLACE only
+    writer_budget_bytes: int = WRITER_BUDGET_BYTES
+    #: a shard writer fails rather than write more (before compression); planning keeps shards below it
+    max_shard_bytes: int = MAX_SHARD_BYTES
 
     @property
     def num_shards(self) -> int:

@@ -8,6 +8,7 @@ after the shard's sort), a raw row: every feature's little-endian values, in ``r
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from schemas.schema import Feature
 
 MAGIC = b"XTFBKT01"
 _COUNT = struct.Struct("<Q")
+_HEAD_BYTES = len(MAGIC) + _COUNT.size
 
 
 def bucket_pieces(keys: np.ndarray, payloads: Sequence[Sequence[bytes]] | np.ndarray) -> list[bytes]:
@@ -53,3 +55,25 @@ def unpack_bucket(blob: bytes, name: str = "bucket") -> tuple[np.ndarray, np.nda
     if len(payload) != int(lengths.sum()):
         raise ValueError(f"{name}: truncated bucket ({len(payload)} payload bytes, expected {int(lengths.sum())})")
     return keys, lengths, payload
+
+
+def payload_start(count: int) -> int:
+    """Where the payloads of a bucket of ``count`` records begin."""
+    return _HEAD_BYTES + 16 * count
+
+
+def read_bucket_count(fd: int, name: str = "bucket") -> int:
+    """The number of records of the bucket file open as ``fd`` (its magic checked)."""
+    head = os.pread(fd, _HEAD_BYTES, 0)
+    if head[: len(MAGIC)] != MAGIC or len(head) < _HEAD_BYTES:
+        raise ValueError(f"{name}: not a bucket file (bad magic)")
+    return _COUNT.unpack_from(head, len(MAGIC))[0]
+
+
+def read_bucket_entries(fd: int, count: int, first: int, n: int, name: str = "bucket") -> tuple[np.ndarray, np.ndarray]:
+    """Keys and lengths of records ``first`` to ``first + n`` of a bucket file of ``count`` records."""
+    keys = os.pread(fd, 8 * n, _HEAD_BYTES + 8 * first)
+    lengths = os.pread(fd, 8 * n, _HEAD_BYTES + 8 * (count + first))
+    if len(keys) < 8 * n or len(lengths) < 8 * n:
+        raise ValueError(f"{name}: truncated bucket (its header ends early)")
+    return np.frombuffer(keys, dtype="<u8"), np.frombuffer(lengths, dtype="<u8")

@@ -107,6 +107,11 @@ class ExampleEncoder:
         head = np.array([len(field_header(1, int(size))) for size in distinct], dtype=np.int64)
         return length + head[which]
 
+    def max_record_length(self) -> int:
+        """The longest Example these features serialise to: exact for floats, every int64 at a varint's 10 bytes."""
+        longest = {f.name: np.full((1, f.size), -1, dtype=np.int64) for f in self._ints}
+        return int(self.record_lengths(longest, 1)[0])
+
     def encode(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
         """One serialized Example per sample; ``columns[name]`` has shape (samples, *feature.shape)."""
         n = len(columns[self.features[0].name]) if self.features else 0

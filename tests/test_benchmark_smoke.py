@@ -28,6 +28,8 @@ ROWS = [
     "point series (32 steps of t)",
     "same, 32 per record",
     "series per record (output.examples_per_record: 32)",
+    "== shard writer",
+    "~0.5 KB samples, 32 per record",
     "== targets ==",
 ]
 

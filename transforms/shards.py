@@ -1,9 +1,12 @@
-"""WriteBucketedShards: merge each shard's buckets, sort by shuffle key, write one TFRecord file atomically.
+"""WriteBucketedShards: merge each shard's buckets in shuffle-key order, write one TFRecord file atomically.
 
-With ``output.examples_per_record`` N > 1 the sorted samples are packed N to a record here:
-each feature gains a leading axis of N and ``record/count`` says how many rows are real (the
-last record of a shard may be part empty, its unused rows zero). Every file the stages write
-goes through ``write_atomically`` here (Beam's FileSystems: local paths and gs:// alike).
+The writer streams: it holds an index of the shard's records and a few batches of payloads,
+never the shard (schemas.bucket_sort), so its memory stays within ``WriteSpec.writer_budget_bytes``
+whatever the shard's size. With ``output.examples_per_record`` N > 1 the sorted samples are
+packed N to a record here, a batch at a time: each feature gains a leading axis of N and
+``record/count`` says how many rows are real (the last record of a shard may be part empty, its
+unused rows zero). Every file the stages write goes through ``write_atomically`` here (Beam's
+FileSystems: local paths and gs:// alike).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -23,42 +26,36 @@ from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN
 from planning.names import join, temporary_path
 from planning.progress import mark
 from planning.specs import WriteSpec
-from schemas.buckets import row_dtype, unpack_bucket
+from schemas.bucket_sort import BufferLedger, SortedBuckets
+from schemas.buckets import row_dtype
+from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature
-from schemas.tfrecord import frame
+from schemas.tfrecord import frame_parts
 from schemas.urls import is_remote
 
+#: Payload bytes per batch, as a fraction of the writer's budget: a batch of framed records is
+#: held about twice (read, then compressed); a batch of packed rows about four times (rows,
+#: encoded records, framed records, compressed), beside an index of up to a quarter.
+_PLAIN_BATCH_FRACTION = 4
+_PACKED_BATCH_FRACTION = 16
 
-def sorted_payloads(buckets: Iterable[bytes | str]) -> tuple[list[memoryview], np.ndarray]:
-    """All payloads of a shard's buckets in shuffle-key order, and their keys.
 
-    A bucket is its bytes or the path of its file. Keys are unique by construction (a
-    bijective hash of unique sample ids); a repeat means a sample was cut twice, which fails
-    the build rather than writing a duplicate.
-    """
-    all_keys, payloads = [], []
-    for bucket in buckets:
-        blob = read_bytes(bucket) if isinstance(bucket, str) else bucket
-        keys, lengths, payload = unpack_bucket(blob, name=bucket if isinstance(bucket, str) else "bucket")
-        ends = np.cumsum(lengths, dtype=np.int64).tolist()
-        starts = [0, *ends[:-1]]
-        payloads.extend(payload[s:e] for s, e in zip(starts, ends))
-        all_keys.append(keys)
-    keys = np.concatenate(all_keys) if all_keys else np.zeros(0, np.uint64)
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]
-    if len(keys) > 1 and np.any(keys[1:] == keys[:-1]):
-        raise RuntimeError("duplicate shuffle key in a shard: a sample was cut twice; this is a bug, please report it")
-    return [payloads[i] for i in order.tolist()], keys
+@dataclasses.dataclass
+class _Tally:
+    records: int = 0
+    examples: int = 0
+    bytes: int = 0
 
 
 def pack_rows(features: tuple[Feature, ...], rows: np.ndarray, per_record: int) -> dict[str, np.ndarray]:
     """Columns of packed records: every feature shaped (records, per_record, *shape), plus the counts."""
     n = len(rows)
     records = -(-n // per_record)
-    padded = np.zeros(records * per_record, dtype=rows.dtype)
-    padded[:n] = rows
+    padded = rows
+    if n != records * per_record:  # only a shard's last record is part empty: its unused rows are zero
+        padded = np.zeros(records * per_record, dtype=rows.dtype)
+        padded[:n] = rows
     columns = {f.name: padded[f"f{i}"].reshape((records, per_record, *f.shape)) for i, f in enumerate(features)}
     counts = np.full(records, per_record, dtype=np.int64)
     if records:
@@ -67,26 +64,80 @@ def pack_rows(features: tuple[Feature, ...], rows: np.ndarray, per_record: int) 
     return columns
 
 
-def framed_records(spec: WriteSpec, payloads: list[memoryview]) -> tuple[list, int]:
-    """The shard's framed records in order, and the number of samples they hold."""
+def framed_chunks(spec: WriteSpec, buckets: SortedBuckets, tally: _Tally) -> Iterator[bytes | bytearray]:
+    """The shard's framed records in key order, a batch at a time (packed N to a record if N > 1)."""
     per_record = spec.examples_per_record
     if per_record == 1:
-        return payloads, len(payloads)
-    features = spec.features
-    rows = np.frombuffer(b"".join(payloads), dtype=row_dtype(features))
+        for batch in buckets.batches(spec.writer_budget_bytes // _PLAIN_BATCH_FRACTION):
+            tally.records += batch.count
+            tally.examples += batch.count
+            yield batch.payloads
+            del batch  # before the next batch is read
+        return
+    dtype = row_dtype(spec.features)
     encoder = ExampleEncoder(spec.record_features)
-    records = encoder.encode(pack_rows(features, rows, per_record)) if len(rows) else []
-    return [frame(r) for r in records], len(rows)
+    ledger = buckets.ledger
+    # Whole records per batch: every batch but the last holds a multiple of N rows.
+    for batch in buckets.batches(spec.writer_budget_bytes // _PACKED_BATCH_FRACTION, multiple=per_record):
+        rows = np.frombuffer(batch.payloads, dtype=dtype)
+        records = encoder.encode(pack_rows(spec.features, rows, per_record))
+        del rows
+        encoded = sum(map(len, records))
+        ledger.hold(2 * encoded)  # the encoder's working array, then the records
+        ledger.release(encoded)
+        chunk = b"".join(part for record in records for part in frame_parts(record))
+        ledger.hold(len(chunk))
+        del records
+        ledger.release(encoded)
+        tally.records += -(-batch.count // per_record)
+        tally.examples += batch.count
+        del batch
+        yield chunk
+        ledger.release(len(chunk))
+        del chunk
 
 
-def write_shard(spec: WriteSpec, shard: int, buckets: Iterable[bytes | str]) -> ShardResult:
+def _capped(chunks: Iterable, tally: _Tally, limit: int, name: str) -> Iterator:
+    """Pass chunks through, counting their bytes; fail once they exceed ``limit``."""
+    for chunk in chunks:
+        tally.bytes += len(chunk)
+        if tally.bytes > limit:
+            raise UserError(_too_large(name, tally.bytes, limit, more=True))
+        yield chunk
+        del chunk
+
+
+def _too_large(name: str, size: int, limit: int, more: bool = False) -> str:
+    written = f"over {size / 1e6:,.1f} MB" if more else f"{size / 1e6:,.1f} MB"
+    return (
+        f"shard {name}: {written}, above the {limit / 1e6:g} MB a shard may hold; "
+        "raise output.num_shards or lower output.target_shard_mb"
+    )
+
+
+def write_shard(
+    spec: WriteSpec, shard: int, buckets: Iterable[bytes | str], ledger: BufferLedger | None = None
+) -> ShardResult:
+    """Write one shard from its buckets (file paths or bytes); ``ledger`` counts the bytes held."""
     split, number = spec.split_of_shard(shard)
-    payloads, _ = sorted_payloads(buckets)
-    records, examples = framed_records(spec, payloads)
     path = spec.shard_path(shard)
-    # Records go to the file one by one: joining them first would copy the shard once more.
-    size = write_atomically(path, records, spec.compression)
-    return ShardResult(split.name, number, os.path.basename(path), len(records), size, examples)
+    name = os.path.basename(path)
+    tally = _Tally()
+    with SortedBuckets(spec.writer_budget_bytes, ledger) as sorted_buckets:
+        for bucket in buckets:
+            if not isinstance(bucket, str):
+                sorted_buckets.add_blob(bucket)
+            elif is_remote(bucket):
+                with FileSystems.open(bucket, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                    sorted_buckets.add_stream(stream, bucket)
+            else:
+                sorted_buckets.add_file(bucket)
+            del bucket  # a blob's memory is the runner's to release once it is on disk
+        if spec.examples_per_record == 1 and sorted_buckets.payload_bytes > spec.max_shard_bytes:
+            raise UserError(_too_large(name, sorted_buckets.payload_bytes, spec.max_shard_bytes))
+        chunks = _capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)
+        size = write_atomically(path, chunks, spec.compression, join_small=False)
+    return ShardResult(split.name, number, name, tally.records, size, tally.examples)
 
 
 class _WriteShardFn(beam.DoFn):
@@ -120,6 +171,9 @@ class WriteBucketedShards(beam.PTransform):
 
 
 _WRITE_BYTES = 8 * 2**20
+#: Bytes handed to the compressor at a time: zlib builds each call's output in blocks and then
+#: joins them, so a large write would briefly hold its compressed size twice.
+_COMPRESS_BYTES = 2**16
 
 
 def _batched(chunks, size: int = _WRITE_BYTES):
@@ -142,19 +196,27 @@ def _batched(chunks, size: int = _WRITE_BYTES):
         yield b"".join(pending)
 
 
-def write_atomically(path: str, chunks, compression: str | None = None) -> int:
+def write_atomically(path: str, chunks, compression: str | None = None, join_small: bool = True) -> int:
     """Write bytes chunks to a temporary name beside ``path``, then rename; returns the file's size.
 
-    ``compression="gzip"`` writes one gzip stream (what TensorFlow's GZIP TFRecord reader expects).
+    ``compression="gzip"`` writes one gzip stream (what TensorFlow's GZIP TFRecord reader expects);
+    its bytes do not depend on how the data is cut into chunks. ``join_small``: join small chunks
+    into writes of about 8 MB (pass False when the chunks are batches already).
     """
     temporary = temporary_path(path, uuid.uuid4().hex[:8])
     written = 0
     kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
     stream = FileSystems.create(temporary, compression_type=kind)
     try:
-        for chunk in _batched(chunks):
-            stream.write(chunk)
+        for chunk in _batched(chunks) if join_small else chunks:
+            if compression is None:
+                stream.write(chunk)
+            else:
+                with memoryview(chunk) as view:
+                    for start in range(0, len(view), _COMPRESS_BYTES):
+                        stream.write(view[start : start + _COMPRESS_BYTES])
             written += len(chunk)
+            del chunk  # let it go before the next chunk is made
     except BaseException:
         stream.close()
         FileSystems.delete([temporary])

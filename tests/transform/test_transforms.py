@@ -20,12 +20,14 @@ from planning.plan import make_plan
 from planning.specs import compile_specs, cut_spec, stats_spec
 from planning.write_strategy import WriteStrategy
 from schemas import load_schema
+from schemas.bucket_sort import SortedBuckets
+from schemas.buckets import unpack_bucket
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
-from schemas.tfrecord import read_records
+from schemas.tfrecord import frame, read_records
 from transforms.cut import CutSamples, cut_unit
 from transforms.encode import bucket_block
-from transforms.shards import sorted_payloads, write_atomically
+from transforms.shards import write_atomically
 from transforms.stats import ComputeStats
 
 
@@ -86,21 +88,21 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     decoder = ExampleDecoder(plan.schema.features)
     seen = []
     for blobs in by_shard.values():
-        records, keys = sorted_payloads(blobs)
-        assert np.all(np.diff(keys.astype(np.float64)) > 0)
-        for framed in records:
-            (record,) = list(read_records(io.BytesIO(bytes(framed))))
+        key_of = {}
+        for blob in blobs:
+            keys, lengths, payload = unpack_bucket(blob)
+            starts = np.concatenate(([0], np.cumsum(lengths))).astype(int).tolist()
+            key_of.update({bytes(payload[a:b]): k for a, b, k in zip(starts[:-1], starts[1:], keys.tolist())})
+        with SortedBuckets(2**20) as buckets:
+            for blob in blobs:
+                buckets.add_blob(blob)
+            framed = b"".join(bytes(batch.payloads) for batch in buckets.batches(2**14))
+        records = list(read_records(io.BytesIO(framed)))
+        keys = [key_of[frame(record)] for record in records]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys) == len(key_of)
+        for record in records:
             seen.append(tuple(int(decoder.decode(record)[f"index/{d}"]) for d in ("time", "lat", "lon")))
     assert len(seen) == len(set(seen)) == plan.num_samples
-
-
-def test_sorted_payloads_refuses_a_duplicate_sample(plan):
-    encoder = ExampleEncoder(plan.schema.features)
-    specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
-    _shard, pieces = bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, plan.units[0]))[0]
-    blob = b"".join(pieces)
-    with pytest.raises(RuntimeError, match="duplicate shuffle key"):
-        sorted_payloads([blob, blob])
 
 
 def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):

@@ -79,6 +79,17 @@ def test_decoder_rejects_a_record_of_another_shape():
         ExampleDecoder(smaller).decode(record)
 
 
+def test_the_longest_record_bounds_every_record_and_is_exact_for_floats():
+    encoder = ExampleEncoder(FEATURES)
+    columns = _columns(200, np.random.default_rng(3))
+    assert max(len(r) for r in encoder.encode(columns)) <= encoder.max_record_length()
+    columns["index/time"][:] = -1  # negative int64s take a varint's longest, 10 bytes
+    columns["coord/time"][:] = -(2**63)
+    assert {len(r) for r in encoder.encode(columns)} == {encoder.max_record_length()}
+    floats = ExampleEncoder([f for f in FEATURES if f.dtype == "float32"])
+    assert {len(r) for r in floats.encode(columns)} == {floats.max_record_length()}
+
+
 def test_varints_match_the_scalar_reference():
     values = np.array([INT64_EDGES, INT64_EDGES[::-1]], dtype=np.int64)
     data, lengths = varints_by_row(values)
