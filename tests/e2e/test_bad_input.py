@@ -130,8 +130,8 @@ def test_a_file_changed_after_planning_fails_on_the_worker(archive, tmp_path, ca
 def test_a_file_deleted_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):
     plan_then_delete = graph.make_plan
 
-    def make_plan(config):
-        plan = plan_then_delete(config)
+    def make_plan(config, **options):
+        plan = plan_then_delete(config, **options)
         (archive / "b.nc").unlink()
         return plan
 

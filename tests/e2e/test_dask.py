@@ -197,8 +197,8 @@ def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, c
     doomed = sorted(archive.glob("*.nc"))[1]
     plan = graph.make_plan
 
-    def plan_then_delete(config):
-        planned = plan(config)
+    def plan_then_delete(config, **options):
+        planned = plan(config, **options)
         doomed.unlink()  # after planning: only a worker cutting a unit of it finds out
         return planned
 
@@ -207,7 +207,8 @@ def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, c
     assert main(["--config", str(config), "--quiet", "--shared_filesystem", *dask_flags(client)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {doomed}: file not found"), lines
-    assert not list((tmp_path / "out").rglob("*"))  # no schema.json, no temporary shards or buckets
+    # No schema.json, no temporary shards or buckets: only the inputs' probes, kept for a rerun.
+    assert [p.name for p in (tmp_path / "out").rglob("*")] == ["_inventory.json"]
 
 
 NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]
