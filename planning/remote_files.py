@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-import contextlib
+import bisect
+import functools
 import io
-from collections.abc import Iterator
 
 import fsspec
-import xarray as xr
 from fsspec.asyn import AsyncFileSystem
 
 from planning.netcdf3 import ClassicHeader, read_header
-from planning.sources import open_locked
 from schemas.errors import UserError
 
 #: First read of a file: its format and, for classic files, the whole header in most files
 #: (a few KB; read again four times larger when it is not).
-HEADER_BYTES = 16 * 1024
-#: Block size of the cache HDF5 reads through. Every metadata read and every chunk costs at
-#: least one block: smaller blocks fetch fewer unneeded bytes, larger ones fewer requests
-#: (benchmarks/unit_memory.py measures bytes read per stored byte of the slab).
-HDF5_BLOCK_BYTES = 256 * 1024
+HEADER_BYTES = 4 * 1024
+#: Block size of HDF5's reads outside the prefetched slab (its metadata, mostly): smaller blocks
+#: fetch fewer unneeded bytes, larger ones make fewer requests (benchmarks/unit_memory.py
+#: measures both per unit).
+HDF5_BLOCK_BYTES = 16 * 1024
 #: Range requests in flight per file: enough to overlap latency, few enough for a server's queue.
 REQUESTS_IN_FLIGHT = 8
 
 
 class RemoteFile:
-    """One remote file (any fsspec URL) and the bytes read from it so far."""
+    """One remote file (any fsspec URL), and the bytes and range requests read from it so far."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, size: int | None = None):
         self.path = path
         self._fs, self._resolved = fsspec.core.url_to_fs(path)
+        self._size = size
         self.bytes_read = 0
+        self.requests = 0
 
     def fetch(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each range [start, stop), in order."""
@@ -46,6 +46,7 @@ class RemoteFile:
             **extra,
         )
         self.bytes_read += sum(len(p) for p in parts)
+        self.requests += len(ranges)
         return parts
 
     def classic_header(self) -> ClassicHeader | None:
@@ -62,24 +63,75 @@ class RemoteFile:
             except ValueError as error:
                 raise UserError(f"{self.path}: corrupt NetCDF header ({error}); fix or remove the file") from None
 
-    @contextlib.contextmanager
-    def open_hdf5(self) -> Iterator[xr.Dataset]:
-        """The file opened lazily through h5netcdf, read by cached blocks (NetCDF-4 and other HDF5 files)."""
-        with self._fs.open(self._resolved, "rb", cache_type="blockcache", block_size=HDF5_BLOCK_BYTES) as stream:
-            fetch_range = stream.cache.fetcher
+    @property
+    def size(self) -> int:
+        if self._size is None:
+            self._size = int(self._fs.size(self._resolved))
+        return self._size
 
-            def counted(start: int, stop: int) -> bytes:
-                data = fetch_range(start, stop)
-                self.bytes_read += len(data)
-                return data
 
-            stream.cache.fetcher = counted
-            with contextlib.ExitStack() as stack:
-                try:
-                    dataset = stack.enter_context(open_locked(stream, engine="h5netcdf", decode_times=False))
-                except Exception as error:  # h5py raises OSError, ValueError, ... for what it cannot read
-                    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                    raise UserError(
-                        f"{self.path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file"
-                    ) from None
-                yield dataset
+class BlockReader(io.RawIOBase):
+    """A read-only file over a RemoteFile, for h5py: prefetched ranges first, else exact or cached-block reads.
+
+    What a slab needs is prefetched, its ranges fetched concurrently (``prefetch``); HDF5's
+    reads inside them cost nothing more. Other reads of a block or more are fetched exactly.
+    Smaller ones (HDF5 reads its metadata a few bytes at a time, near each other) go through
+    aligned blocks, the last few kept, so they take a few requests.
+    """
+
+    def __init__(self, remote: RemoteFile, block_bytes: int | None = None, blocks_kept: int = 32):
+        self._remote = remote
+        self._block_bytes = block_bytes or HDF5_BLOCK_BYTES
+        self._position = 0
+        self._block = functools.lru_cache(blocks_kept)(self._fetch_block)
+        self._ready_starts: list[int] = []
+        self._ready: list[bytes] = []
+
+    def prefetch(self, ranges: list[tuple[int, int]]) -> None:
+        """Fetch these ranges (sorted, not overlapping) now, concurrently, and serve reads inside them."""
+        self._ready = self._remote.fetch(ranges)
+        self._ready_starts = [start for start, _ in ranges]
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._remote.size}[whence]
+        self._position = base + offset
+        return self._position
+
+    def _fetch_block(self, number: int) -> bytes:
+        start = number * self._block_bytes
+        (data,) = self._remote.fetch([(start, min(start + self._block_bytes, self._remote.size))])
+        return data
+
+    def _prefetched(self, start: int, stop: int) -> bytes | None:
+        at = bisect.bisect_right(self._ready_starts, start) - 1
+        if at < 0 or stop > self._ready_starts[at] + len(self._ready[at]):
+            return None
+        offset = start - self._ready_starts[at]
+        return self._ready[at][offset : offset + stop - start]
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        start = self._position
+        stop = min(start + len(view), self._remote.size)
+        if stop <= start:
+            return 0
+        data = self._prefetched(start, stop)
+        if data is None and stop - start >= self._block_bytes:
+            (data,) = self._remote.fetch([(start, stop)])
+        elif data is None:
+            first, last = start // self._block_bytes, (stop - 1) // self._block_bytes
+            joined = b"".join(self._block(n) for n in range(first, last + 1))
+            offset = start - first * self._block_bytes
+            data = joined[offset : offset + stop - start]
+        view[: len(data)] = data
+        self._position += len(data)
+        return len(data)

@@ -2,8 +2,9 @@
 
 Only the box is read. Local files open in place (the netCDF library reads just the requested
 hyperslab); remote classic NetCDF files are read by the byte ranges their header locates
-(planning.classic_reads); remote NetCDF-4 files through h5netcdf on cached blocks. Every value
-is decoded by xarray's CF rules, so each route gives the values ``xr.open_dataset`` gives.
+(planning.classic_reads); remote NetCDF-4 files through h5netcdf, the box's bytes prefetched
+(planning.hdf5_reads). Every value is decoded by xarray's CF rules, so each route gives the
+values ``xr.open_dataset`` gives.
 """
 
 from __future__ import annotations
@@ -16,18 +17,22 @@ import xarray as xr
 
 from planning.classic_reads import read_box
 from planning.features import VariablePlan
+from planning.hdf5_reads import open_prefetched
 from planning.remote_files import RemoteFile
 from planning.sources import SourceFile, file_size, open_netcdf
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
+Box = dict[str, tuple[int, int]]
+
 
 @dataclasses.dataclass
 class Slabs:
-    """Each variable's values over the box, and the bytes fetched from remote files to get them."""
+    """Each variable's values over the box, and the bytes (and range requests) fetched from remote files."""
 
     values: dict[str, np.ndarray]
     bytes_read: int = 0
+    requests: int = 0
 
 
 def _failed(path: str, name: str, error: Exception) -> UserError:
@@ -39,7 +44,7 @@ def _missing(path: str, name: str) -> UserError:
     return UserError(f"{path}: variable {name!r} is missing; every input file needs it")
 
 
-def _values(path: str, ds: xr.Dataset, name: str, box: dict[str, tuple[int, int]]) -> np.ndarray:
+def _values(path: str, ds: xr.Dataset, name: str, box: Box) -> np.ndarray:
     if name not in ds.variables:
         raise _missing(path, name)
     var = ds[name]
@@ -49,13 +54,13 @@ def _values(path: str, ds: xr.Dataset, name: str, box: dict[str, tuple[int, int]
         raise _failed(path, name, error) from None
 
 
-def _read_remote(remote: RemoteFile, names: Sequence[str], box: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+def _read_remote(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
     header = remote.classic_header()
     if header is None:
-        with remote.open_hdf5() as ds:
-            return {name: _values(remote.path, ds, name, box) for name in names}
+        with open_prefetched(remote, variables, box) as ds:
+            return {v.name: _values(remote.path, ds, v.name, box) for v in variables}
     out = {}
-    for name in names:
+    for name in (v.name for v in variables):
         variable = header.variables.get(name)
         if variable is None:
             raise _missing(remote.path, name)
@@ -67,16 +72,21 @@ def _read_remote(remote: RemoteFile, names: Sequence[str], box: dict[str, tuple[
     return out
 
 
-def _read_file(path: str, names: Sequence[str], box: dict[str, tuple[int, int]]) -> tuple[dict[str, np.ndarray], int]:
-    """Values of ``names`` over ``box`` in one file, and the bytes fetched remotely."""
+def _read_file(
+    slabs: Slabs, path: str, variables: Sequence[VariablePlan], box: Box, size: int | None = None
+) -> dict[str, np.ndarray]:
+    """Values of ``variables`` over ``box`` in one file of ``size`` bytes (if known); counts remote reads."""
     if not is_remote(path):
         with open_netcdf(path, decode_times=False) as ds:
-            return {name: _values(path, ds, name, box) for name in names}, 0
-    remote = RemoteFile(path)
+            return {v.name: _values(path, ds, v.name, box) for v in variables}
+    remote = RemoteFile(path, size)
     try:
-        return _read_remote(remote, names, box), remote.bytes_read
+        values = _read_remote(remote, variables, box)
     except FileNotFoundError:
         raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+    slabs.bytes_read += remote.bytes_read
+    slabs.requests += remote.requests
+    return values
 
 
 def _check_unchanged(source: SourceFile) -> None:
@@ -87,9 +97,7 @@ def _check_unchanged(source: SourceFile) -> None:
         )
 
 
-def read_slabs(
-    files: Sequence[SourceFile], concat_dim: str, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
-) -> Slabs:
+def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
     """Each variable's values over ``box`` (source index ranges on the virtual dataset).
 
     Static variables (no concat dim) are read from their file, the others along the concat dim,
@@ -99,9 +107,7 @@ def read_slabs(
     slabs = Slabs({})
     static = [v for v in variables if v.static_path is not None]
     for path in dict.fromkeys(v.static_path for v in static):
-        values, nbytes = _read_file(path, [v.name for v in static if v.static_path == path], box)
-        slabs.values.update(values)
-        slabs.bytes_read += nbytes
+        slabs.values.update(_read_file(slabs, path, [v for v in static if v.static_path == path], box))
     along = [v for v in variables if v.static_path is None]
     begin, end = box[concat_dim]
     parts: dict[str, list[np.ndarray]] = {v.name: [] for v in along}
@@ -110,9 +116,7 @@ def read_slabs(
             continue
         _check_unchanged(source)
         local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
-        values, nbytes = _read_file(source.path, list(parts), local)
-        slabs.bytes_read += nbytes
-        for name, value in values.items():
+        for name, value in _read_file(slabs, source.path, along, local, source.nbytes).items():
             parts[name].append(value)
     for variable in along:
         pieces = parts[variable.name]

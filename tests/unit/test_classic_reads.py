@@ -13,7 +13,8 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planning.classic_reads import box_runs, coalesce, read_box
+from planning.byte_ranges import merge_ranges
+from planning.classic_reads import read_box, variable_runs
 from planning.netcdf3 import expected_size, read_header
 from planning.remote_files import HEADER_BYTES, RemoteFile
 
@@ -165,9 +166,9 @@ def test_rows_spanning_the_inner_dims_are_read_without_a_wasted_byte(classic_fil
     header = read_header(path.open("rb"))
     variable = header.variables["T"]  # (time, lev, lat, lon), fixed size
     box = [(0, 1), (2, 9), (10, 30), (0, 128)]
-    starts, length = box_runs(variable, header.record_size, box)
+    starts, length = variable_runs(variable, header.record_size, box)
     assert len(starts) == 7 and length == 20 * 128 * 4  # one run per level
-    assert len(coalesce(starts, length)) == 7  # the gaps (44 rows) are longer than the runs
+    assert len(merge_ranges(starts, starts + length)) == 7  # the gaps (44 rows) are longer than the runs
     remote = RemoteFile(str(path))
     read_box(remote.fetch, variable, header.record_size, box)
     assert remote.bytes_read == 4 * math.prod(b - a for a, b in box)
@@ -176,9 +177,9 @@ def test_rows_spanning_the_inner_dims_are_read_without_a_wasted_byte(classic_fil
 def test_small_gaps_between_records_are_bridged(classic_files):
     header = read_header(classic_files["trefht"].open("rb"))
     variable = header.variables["TREFHT"]  # each record also holds the 8-byte time value
-    starts, length = box_runs(variable, header.record_size, [(3, 40), (0, 64), (0, 128)])
+    starts, length = variable_runs(variable, header.record_size, [(3, 40), (0, 64), (0, 128)])
     assert len(starts) == 37
-    (only,) = coalesce(starts, length)
+    (only,) = merge_ranges(starts, starts + length)
     assert only[1] - only[0] == 37 * length + 36 * 8
 
 
