@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import functools
 import io
+import math
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem
@@ -15,12 +16,15 @@ from schemas.errors import UserError
 #: First read of a file: its format and, for classic files, the whole header in most files
 #: (a few KB; read again four times larger when it is not).
 HEADER_BYTES = 4 * 1024
-#: Block size of HDF5's reads outside the prefetched slab (its metadata, mostly): smaller blocks
-#: fetch fewer unneeded bytes, larger ones make fewer requests (benchmarks/unit_memory.py
-#: measures both per unit).
+#: Block size of HDF5's reads outside the prefetched slab (its metadata, mostly), which h5py
+#: makes one after another. Measured per unit on ERA5-like files (benchmarks/unit_memory.py):
+#: 16 KiB fetches 1.15x (contiguous) and 1.29x (chunked) the slab's stored bytes in 19 and 55
+#: round trips; 64 KiB 1.45x and 2.1x in 18 and 51; 4 KiB 1.08x and 1.13x but in 22 and 89.
 HDF5_BLOCK_BYTES = 16 * 1024
-#: Range requests in flight per file: enough to overlap latency, few enough for a server's queue.
-REQUESTS_IN_FLIGHT = 8
+#: Blocks kept per open file: the file is opened twice (to locate the slab, then to read it).
+BLOCK_CACHE_BYTES = 4 * 1024 * 1024
+#: Range requests in flight per file: a unit's few hundred ranges go in a dozen waves of latency.
+REQUESTS_IN_FLIGHT = 16
 
 
 class RemoteFile:
@@ -32,6 +36,7 @@ class RemoteFile:
         self._size = size
         self.bytes_read = 0
         self.requests = 0
+        self.round_trips = 0  # waves of requests in flight: what latency multiplies
 
     def fetch(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each range [start, stop), in order."""
@@ -47,6 +52,7 @@ class RemoteFile:
         )
         self.bytes_read += sum(len(p) for p in parts)
         self.requests += len(ranges)
+        self.round_trips += math.ceil(len(ranges) / REQUESTS_IN_FLIGHT)
         return parts
 
     def classic_header(self) -> ClassicHeader | None:
@@ -79,11 +85,11 @@ class BlockReader(io.RawIOBase):
     aligned blocks, the last few kept, so they take a few requests.
     """
 
-    def __init__(self, remote: RemoteFile, block_bytes: int | None = None, blocks_kept: int = 32):
+    def __init__(self, remote: RemoteFile, block_bytes: int | None = None):
         self._remote = remote
         self._block_bytes = block_bytes or HDF5_BLOCK_BYTES
         self._position = 0
-        self._block = functools.lru_cache(blocks_kept)(self._fetch_block)
+        self._block = functools.lru_cache(max(1, BLOCK_CACHE_BYTES // self._block_bytes))(self._fetch_block)
         self._ready_starts: list[int] = []
         self._ready: list[bytes] = []
 

@@ -28,11 +28,12 @@ Box = dict[str, tuple[int, int]]
 
 @dataclasses.dataclass
 class Slabs:
-    """Each variable's values over the box, and the bytes (and range requests) fetched from remote files."""
+    """Each variable's values over the box, and what was fetched from remote files: bytes, requests, round trips."""
 
     values: dict[str, np.ndarray]
     bytes_read: int = 0
     requests: int = 0
+    round_trips: int = 0
 
 
 def _failed(path: str, name: str, error: Exception) -> UserError:
@@ -86,6 +87,7 @@ def _read_file(
         raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
     slabs.bytes_read += remote.bytes_read
     slabs.requests += remote.requests
+    slabs.round_trips += remote.round_trips
     return values
 
 

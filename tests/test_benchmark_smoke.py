@@ -56,3 +56,17 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
     # The floor uses the pipeline's encoder, keys and framing: its shards must equal the pipeline's.
     assert results["scales"]["1"]["identical_to_pipeline"] == {"floor": True, "pipeline-2w": True}
     assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"}
+
+
+def test_quick_unit_memory_benchmark_prints_every_row(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.unit_memory", "--quick", "--workdir", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in [
+        "peak RSS of the process, one planned unit",
+        "peak RSS, one whole step as one unit (before)",
+        "NetCDF-4, contiguous",
+        "NetCDF-4, chunked + zlib",
+        "classic (CDF-2, records)",
+    ]:
+        assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
