@@ -22,6 +22,8 @@ METRICS_NAMESPACE = "xarray_tfrecords"
 UNITS_DONE = "units_done"
 SAMPLES_CUT = "samples_cut"
 SAMPLES_DROPPED = "samples_dropped"
+#: Bytes fetched from remote input files (local files are read in place and not counted).
+BYTES_READ = "bytes_read"
 BYTES_ENCODED = "bytes_encoded"
 RECORDS_WRITTEN = "records_written"
 BYTES_WRITTEN = "bytes_written"

@@ -29,7 +29,7 @@ from planning.features import (
 )
 from planning.inventory import Inventory, check_variables_agree, take_inventory
 from planning.positions import Positions
-from planning.sampling import SampleGrid, Unit, plan_units
+from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
@@ -248,23 +248,18 @@ def _plan_units(
     labels: np.ndarray | None,
 ) -> list[Unit]:
     concat_dim = inventory.concat_dim
-    sizes = inventory.sizes
     grid_dims = [a.dim for a in grid.grid_axes]
-    split_dim = concat_dim if concat_dim in grid_dims else max(grid.grid_axes, key=lambda a: a.count).dim
-    axis = grid.axis(split_dim)
-    # A source step along split_dim holds every other dim of every variable along it.
-    step_bytes = sum(
-        np.dtype(v.dtype).itemsize * math.prod(sizes[d] for d in v.dims if d != split_dim)
-        for v in variables
-        if split_dim in v.dims
-    )
-    samples_per_position = grid.num_samples // max(axis.count, 1)
     # Samples are held about three times over: cut, encoded, and in buckets.
-    per_position = step_bytes * axis.stride + 3 * samples_per_position * record_bytes
-    breaks = [-(-f.start // axis.stride) for f in files] if split_dim == concat_dim else []
-    units = plan_units(grid, split_dim, per_position, budget_bytes, breaks)
-    if labels is not None and split_dim == concat_dim:
+    cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables), 3 * record_bytes)
+    if concat_dim not in grid_dims:
+        return plan_units(grid, cost, budget_bytes)
+    stride = grid.axis(concat_dim).stride
+    starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts)
+    if labels is not None:
         which = grid_dims.index(concat_dim)
-        units = [u for u in units if (labels[slice(*u.ranges[which])] >= 0).any()]
+        # Positions that make samples, counted up to each position: a unit has some if the count grows.
+        made = np.concatenate([[0], np.cumsum(labels >= 0)])
+        units = [u for u in units if made[u.ranges[which][1]] > made[u.ranges[which][0]]]
         units = [dataclasses.replace(u, index=i) for i, u in enumerate(units)]
     return units

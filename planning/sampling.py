@@ -9,7 +9,10 @@ samples with a leading sample axis, in sample-id order.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -201,38 +204,93 @@ def _take_every(array: np.ndarray, axis: int, stride: int, count: int) -> np.nda
     return array[tuple(index)]
 
 
+@dataclasses.dataclass(frozen=True)
+class UnitCost:
+    """Estimated worker memory of a unit: its source slab (halos included) and its samples."""
+
+    arrays: tuple[tuple[tuple[str, ...], int], ...]  # (dims, bytes per element) of each variable read
+    bytes_per_sample: float  # what each sample costs once cut (held a few times: cut, encoded, bucketed)
+
+    def __call__(self, grid: SampleGrid, ranges: Sequence[tuple[int, int]]) -> float:
+        box = grid.source_box(Unit(0, tuple(ranges)))
+        slab = sum(size * math.prod(box[d][1] - box[d][0] for d in dims) for dims, size in self.arrays)
+        return slab + self.bytes_per_sample * math.prod(stop - start for start, stop in ranges)
+
+
+def _largest_fitting(fits, count: int) -> int:
+    """The largest k in [1, count] with fits(k), given fits is monotone (true up to some k); at least 1."""
+    low, high = 1, count
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int]) -> list[int]:
+    """Positions per unit along each grid dim: whole dims, except along ``order``'s first dims.
+
+    The dims in ``order`` are narrowed one after another: each to the most positions that fit
+    the budget with the dims after it whole; if one position does not fit, to one, and on to
+    the next. A unit then fits the budget whenever one position along every dim does.
+    """
+    chunk = [a.count for a in grid.grid_axes]
+
+    def fits(which: int, k: int) -> bool:
+        trial = list(chunk)
+        trial[which] = k
+        return cost(grid, [(0, n) for n in trial]) <= budget_bytes
+
+    for which in order:
+        if fits(which, chunk[which]):
+            break
+        chunk[which] = _largest_fitting(functools.partial(fits, which), chunk[which])
+    return chunk
+
+
+def _bounds(count: int, chunk: int, breaks: Sequence[int]) -> list[int]:
+    """Unit boundaries along one dim: every ``chunk`` positions, ending early at a break that fits."""
+    bounds = [0]
+    while bounds[-1] < count:
+        start = bounds[-1]
+        limit = min(count, start + chunk)
+        at = bisect.bisect_right(breaks, limit) - 1  # the last break at or before limit
+        bounds.append(breaks[at] if limit < count and at >= 0 and breaks[at] > start else limit)
+    return bounds
+
+
 def plan_units(
     grid: SampleGrid,
-    split_dim: str,
-    bytes_per_position: float,
+    cost: UnitCost,
     budget_bytes: float,
+    first_dim: str | None = None,
     preferred_breaks: Sequence[int] = (),
 ) -> list[Unit]:
-    """Cut the grid into units along ``split_dim``, about ``budget_bytes`` each.
+    """Cut the grid into boxes of positions whose estimated cost fits ``budget_bytes``.
 
-    ``bytes_per_position`` is what one position along split_dim costs (source slab and cut
-    samples). Units end at ``preferred_breaks`` (positions where a file starts) when one fits
-    the budget, so most units open whole files and no halo.
+    Units are narrowed along ``first_dim`` (the concat dim) first, then along the other grid
+    dims in grid order (the variables' storage order: a box spanning the inner dims whole is
+    a few long runs of bytes in the files) while one position of the dims before does not fit.
+    Along ``first_dim`` units end at ``preferred_breaks`` (positions where a file starts) when
+    one fits, so most units open whole files and no halo. Time is linear in the units.
     """
     if grid.num_samples == 0:
         return []
     dims = [a.dim for a in grid.grid_axes]
-    full = [(0, a.count) for a in grid.grid_axes]
-    if split_dim not in dims:
-        return [Unit(0, tuple(full))]
-    which = dims.index(split_dim)
-    count = grid.grid_axes[which].count
-    per_unit = max(1, int(budget_bytes // max(bytes_per_position, 1.0)))
-    breaks = sorted({b for b in preferred_breaks if 0 < b < count})
-    bounds = [0]
-    while bounds[-1] < count:
-        start = bounds[-1]
-        limit = min(count, start + per_unit)
-        fitting = [b for b in breaks if start < b <= limit]
-        bounds.append(fitting[-1] if fitting and limit < count else limit)
+    order = list(range(len(dims)))
+    if first_dim in dims:
+        order.remove(dims.index(first_dim))
+        order.insert(0, dims.index(first_dim))
+    chunk = _chunks(grid, cost, budget_bytes, order)
+    breaks = sorted({b for b in preferred_breaks if 0 < b < grid.shape[order[0]]}) if first_dim in dims else []
+    spans = {}
+    for which in order:
+        bounds = _bounds(grid.shape[which], chunk[which], breaks if which == order[0] else [])
+        spans[which] = list(zip(bounds[:-1], bounds[1:]))
     units = []
-    for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-        ranges = list(full)
-        ranges[which] = (start, stop)
-        units.append(Unit(index, tuple(ranges)))
+    for index, picked in enumerate(itertools.product(*(spans[which] for which in order))):
+        ranges = dict(zip(order, picked))
+        units.append(Unit(index, tuple(ranges[which] for which in range(len(dims)))))
     return units

@@ -1,25 +1,94 @@
-"""Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset."""
+"""Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset.
+
+Only the box is read. Local files open in place (the netCDF library reads just the requested
+hyperslab); remote classic NetCDF files are read by the byte ranges their header locates
+(planning.classic_reads); remote NetCDF-4 files through h5netcdf, the box's bytes prefetched
+(planning.hdf5_reads). Every value is decoded by xarray's CF rules, so each route gives the
+values ``xr.open_dataset`` gives.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
 
+from planning.classic_reads import read_box
+from planning.features import VariablePlan
+from planning.hdf5_reads import open_prefetched
+from planning.remote_files import RemoteFile
 from planning.sources import SourceFile, file_size, open_netcdf
 from schemas.errors import UserError
+from schemas.urls import is_remote
+
+Box = dict[str, tuple[int, int]]
 
 
-def _values(path: str, ds: xr.Dataset, name: str, selection: dict[str, slice]) -> np.ndarray:
+@dataclasses.dataclass
+class Slabs:
+    """Each variable's values over the box, and what was fetched from remote files: bytes, requests, round trips."""
+
+    values: dict[str, np.ndarray]
+    bytes_read: int = 0
+    requests: int = 0
+    round_trips: int = 0
+
+
+def _failed(path: str, name: str, error: Exception) -> UserError:
+    reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    return UserError(f"{path}: reading {name!r} failed ({reason}); the file may be truncated or corrupt")
+
+
+def _missing(path: str, name: str) -> UserError:
+    return UserError(f"{path}: variable {name!r} is missing; every input file needs it")
+
+
+def _values(path: str, ds: xr.Dataset, name: str, box: Box) -> np.ndarray:
     if name not in ds.variables:
-        raise UserError(f"{path}: variable {name!r} is missing; every input file needs it")
+        raise _missing(path, name)
     var = ds[name]
     try:
-        return var.isel({d: s for d, s in selection.items() if d in var.dims}).values
+        return var.isel({d: slice(*r) for d, r in box.items() if d in var.dims}).values
     except Exception as error:
-        reason = str(error).splitlines()[0][:200]
-        raise UserError(f"{path}: reading {name!r} failed ({reason}); the file may be truncated or corrupt") from None
+        raise _failed(path, name, error) from None
+
+
+def _read_remote(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
+    header = remote.classic_header()
+    if header is None:
+        with open_prefetched(remote, variables, box) as ds:
+            return {v.name: _values(remote.path, ds, v.name, box) for v in variables}
+    out = {}
+    for name in (v.name for v in variables):
+        variable = header.variables.get(name)
+        if variable is None:
+            raise _missing(remote.path, name)
+        ranges = [box.get(d, (0, n)) for d, n in zip(variable.dims, variable.shape)]
+        try:
+            out[name] = read_box(remote.fetch, variable, header.record_size, ranges)
+        except (EOFError, ValueError) as error:
+            raise _failed(remote.path, name, error) from None
+    return out
+
+
+def _read_file(
+    slabs: Slabs, path: str, variables: Sequence[VariablePlan], box: Box, size: int | None = None
+) -> dict[str, np.ndarray]:
+    """Values of ``variables`` over ``box`` in one file of ``size`` bytes (if known); counts remote reads."""
+    if not is_remote(path):
+        with open_netcdf(path, decode_times=False) as ds:
+            return {v.name: _values(path, ds, v.name, box) for v in variables}
+    remote = RemoteFile(path, size)
+    try:
+        values = _read_remote(remote, variables, box)
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+    slabs.bytes_read += remote.bytes_read
+    slabs.requests += remote.requests
+    slabs.round_trips += remote.round_trips
+    return values
 
 
 def _check_unchanged(source: SourceFile) -> None:
@@ -34,40 +103,31 @@ def _check_unchanged(source: SourceFile) -> None:
         )
 
 
-def read_slabs(
-    files: Sequence[SourceFile],
-    concat_dim: str,
-    variables: Sequence[tuple[str, str | None]],
-    box: dict[str, tuple[int, int]],
-) -> dict[str, np.ndarray]:
+def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
     """Each variable's values over ``box`` (source index ranges on the virtual dataset).
 
-    ``variables``: (name, static file) pairs; static variables (no concat dim) are read from
-    their file, the others along the concat dim, whose range may span several files: each
-    overlapping file is opened once and its part of every variable read, then the parts joined.
+    Static variables (no concat dim) are read from their file, the others along the concat dim,
+    whose range may span several files: each overlapping file is read once for all of them, then
+    the parts joined.
     """
-    selection = {d: slice(*r) for d, r in box.items()}
-    out: dict[str, np.ndarray] = {}
-    for path in dict.fromkeys(p for _, p in variables if p is not None):
-        with open_netcdf(path, decode_times=False, download=True) as ds:
-            for name in (n for n, p in variables if p == path):
-                out[name] = _values(path, ds, name, selection)
-    along = [name for name, path in variables if path is None]
+    slabs = Slabs({})
+    static = [v for v in variables if v.static_path is not None]
+    for path in dict.fromkeys(v.static_path for v in static):
+        slabs.values.update(_read_file(slabs, path, [v for v in static if v.static_path == path], box))
+    along = [v for v in variables if v.static_path is None]
     begin, end = box[concat_dim]
-    parts: dict[str, list[np.ndarray]] = {v: [] for v in along}
-    axis_of: dict[str, int] = {}
+    parts: dict[str, list[np.ndarray]] = {v.name: [] for v in along}
     for source in files:
         if not along or source.stop <= begin or source.start >= end:
             continue
         _check_unchanged(source)
-        local = dict(selection)
-        local[concat_dim] = slice(max(begin, source.start) - source.start, min(end, source.stop) - source.start)
-        with open_netcdf(source.path, decode_times=False, download=True) as ds:
-            for name in along:
-                parts[name].append(_values(source.path, ds, name, local))
-                axis_of[name] = ds[name].dims.index(concat_dim)
-    for name, pieces in parts.items():
+        local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
+        for name, value in _read_file(slabs, source.path, along, local, source.nbytes).items():
+            parts[name].append(value)
+    for variable in along:
+        pieces = parts[variable.name]
         if not pieces:
             raise ValueError(f"no input file covers {concat_dim} range {begin}:{end}")
-        out[name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis_of[name])
-    return out
+        axis = variable.dims.index(concat_dim)
+        slabs.values[variable.name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
+    return slabs

@@ -178,7 +178,8 @@ NETCDF_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
+def open_locked(target, **kwargs) -> Iterator[xr.Dataset]:
+    """``xr.open_dataset`` of a path or file object, holding the process's NetCDF lock until closed."""
     with NETCDF_LOCK, warnings.catch_warnings():
         # Packed files often carry a NaN _FillValue on integer data, which xarray rightly drops
         # (NaN cannot be an integer fill); its warning says nothing the user can act on.
@@ -192,35 +193,34 @@ def _opened(target, **kwargs) -> Iterator[xr.Dataset]:
 
 
 @contextlib.contextmanager
-def _open_any(path: str, decode_times: bool, download: bool) -> Iterator[xr.Dataset]:
+def _open_any(path: str, decode_times: bool) -> Iterator[xr.Dataset]:
     if not is_remote(path):
-        with _opened(path, decode_times=decode_times) as dataset:
+        with open_locked(path, decode_times=decode_times) as dataset:
             yield dataset
-    elif download or not _is_hdf5(path):
-        # Workers read most of a file, so one download beats many range requests, and the same
-        # engine as for local files reads the same bytes into the same values. Classic NetCDF
-        # (CDF) files can only be read from a local file.
-        with _local_copy(path) as local, _opened(local, decode_times=decode_times) as dataset:
+    elif not _is_hdf5(path):
+        # The netCDF library reads classic NetCDF (CDF) files only from a local file. (Workers
+        # read them by byte ranges instead: planning.remote_files.)
+        with _local_copy(path) as local, open_locked(local, decode_times=decode_times) as dataset:
             yield dataset
     else:
         # Planning reads only metadata and coordinates: HDF5 reads them with range requests.
         with (
             fsspec.open(path, "rb", cache_type="blockcache", block_size=2**20) as stream,
-            _opened(stream, engine="h5netcdf", decode_times=decode_times) as dataset,
+            open_locked(stream, engine="h5netcdf", decode_times=decode_times) as dataset,
         ):
             yield dataset
 
 
 @contextlib.contextmanager
-def open_netcdf(path: str, decode_times: bool = True, download: bool = False) -> Iterator[xr.Dataset]:
+def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
     """Open one NetCDF file lazily (nothing is read until a variable's values are asked for).
 
     Local paths open in place. Remote files (gs://, any fsspec URL) are downloaded to a local
-    temp file if ``download`` or if they are classic NetCDF; NetCDF-4 metadata is read remotely.
+    temp file if they are classic NetCDF; NetCDF-4 metadata is read remotely.
     """
     with contextlib.ExitStack() as stack:
         try:
-            dataset = stack.enter_context(_open_any(path, decode_times, download))
+            dataset = stack.enter_context(_open_any(path, decode_times))
         except FileNotFoundError:
             raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
         except Exception as error:  # netCDF4, h5netcdf and scipy each raise their own types

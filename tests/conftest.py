@@ -89,7 +89,13 @@ def gcs(tmp_path_factory):
     import fsspec
 
     port = _free_port()
-    command = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={port}"]
+    # Planning and workers fetch byte ranges concurrently; the emulator's one-threaded server
+    # would drop connections beyond its default listen queue of 5 and stall each on a TCP retry.
+    start = (
+        "import socketserver, sys; socketserver.TCPServer.request_queue_size = 128; "
+        "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])"
+    )
+    command = [sys.executable, "-c", start, "start", "--host=127.0.0.1", f"--port={port}"]
     process = subprocess.Popen(
         [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
         stdout=subprocess.DEVNULL,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +67,32 @@ def parse_with_generated_parser(output: Path, split: str = "data") -> dict[str, 
     parser = import_generated_parser(output)
     batches = list(parser.make_dataset(split, batch_size=256).as_numpy_iterator())
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
+    """Bytes ``path`` stores for variables ``names`` over ``box``: the chunks holding it, or its elements.
+
+    The least any reader must fetch: a chunk is read whole even where a box takes part of it.
+    """
+    import h5py
+
+    with warnings.catch_warnings(), xr.open_dataset(path, decode_times=False) as ds:
+        warnings.simplefilter("ignore", xr.SerializationWarning)  # the ERA-Interim stand-in's NaN _FillValue
+        dims = {name: ds[name].dims for name in names}
+        itemsize = {name: ds[name].encoding["dtype"].itemsize for name in names}
+    if not h5py.is_hdf5(path):
+        return sum(itemsize[n] * int(np.prod([box[d][1] - box[d][0] for d in dims[n]])) for n in names)
+    total = 0
+    with h5py.File(path) as file:
+        for name in names:
+            dataset = file[name]
+            low, high = np.array([box[d][0] for d in dims[name]]), np.array([box[d][1] for d in dims[name]])
+            if dataset.chunks is None:
+                total += dataset.dtype.itemsize * int(np.prod(high - low))
+                continue
+            for i in range(dataset.id.get_num_chunks()):
+                info = dataset.id.get_chunk_info(i)
+                start = np.array(info.chunk_offset)
+                if np.all(start < high) and np.all(start + np.array(dataset.chunks) > low):
+                    total += info.size
+    return total

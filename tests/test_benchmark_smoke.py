@@ -69,3 +69,17 @@ def test_quick_dask_comparison_builds_identical_shards(tmp_path):
     results = json.loads(result_file.read_text())
     assert results["identical_shards"] is True and results["samples"] > 0
     assert len(results["walls"]["local"]) == len(results["walls"]["dask"]) == 1
+
+
+def test_quick_unit_memory_benchmark_prints_every_row(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.unit_memory", "--quick", "--workdir", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in [
+        "peak RSS of the process, one planned unit",
+        "peak RSS, one whole step as one unit (before)",
+        "NetCDF-4, contiguous",
+        "NetCDF-4, chunked + zlib",
+        "classic (CDF-2, records)",
+    ]:
+        assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"

@@ -15,6 +15,7 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.contracts import (
+    BYTES_READ,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
     SAMPLE_ID,
@@ -27,7 +28,7 @@ from planning.contracts import (
 )
 from planning.features import VariablePlan
 from planning.sampling import Unit
-from planning.slabs import read_slabs
+from planning.slabs import Slabs, read_slabs
 from planning.source_index import SourceIndex
 from planning.specs import CutSpec
 from schemas.errors import UserError
@@ -71,19 +72,26 @@ def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.nd
     return keep, has_nan
 
 
-def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
-    """The block of samples of one unit, in sample-id order; ``sources``: the files along the concat dim."""
+def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
+    """Every variable's values over the unit's source box (its samples' elements, halos included).
+
+    ``sources``: the files along the concat dim.
+    """
+    box = spec.positions.grid.source_box(unit)
+    files = sources.overlapping(*box[spec.positions.concat_dim])
+    return read_slabs(files, spec.positions.concat_dim, spec.variables, box)
+
+
+def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
+    """The block of samples of one unit, in sample-id order, cut from what ``read_unit`` read (consumed)."""
     grid = spec.positions.grid
     positions = grid.unit_positions(unit)
     labels = spec.positions.split_labels(positions)
     in_split = labels >= 0
-    variables = [(v.name, v.static_path) for v in spec.variables]
-    box = grid.source_box(unit)
-    files = sources.overlapping(*box[spec.positions.concat_dim])
-    slabs = read_slabs(files, spec.positions.concat_dim, variables, box)
+    values = slabs.values
     data = {}
     for variable in spec.variables:
-        samples = grid.cut(slabs.pop(variable.name), variable.dims, unit)
+        samples = grid.cut(values.pop(variable.name), variable.dims, unit)
         if not in_split.all():
             samples = samples[in_split]
         data[variable.name] = to_record_dtype(samples, variable, unit, spec.allow_float32_overflow)
@@ -109,6 +117,11 @@ def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
         coords[name] = ((SAMPLE_DIM, *dims), values)
     data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
     return Block(unit.index, xr.Dataset(data_vars, coords), counts)
+
+
+def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
+    """The block of samples of one unit, in sample-id order; ``sources``: the files along the concat dim."""
+    return cut_slabs(spec, unit, read_unit(spec, sources, unit))
 
 
 class BlockCoder(beam.coders.Coder):
@@ -137,6 +150,7 @@ class _CutUnitFn(beam.DoFn):
         self._units = Metrics.counter(METRICS_NAMESPACE, UNITS_DONE)
         self._samples = Metrics.counter(METRICS_NAMESPACE, SAMPLES_CUT)
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
+        self._bytes_read = Metrics.counter(METRICS_NAMESPACE, BYTES_READ)
 
     def setup(self):
         spec = self._spec
@@ -145,7 +159,9 @@ class _CutUnitFn(beam.DoFn):
         self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
 
     def process(self, unit: Unit):
-        block = cut_unit(self._spec, self._sources, unit)
+        slabs = read_unit(self._spec, self._sources, unit)
+        self._bytes_read.inc(slabs.bytes_read)
+        block = cut_slabs(self._spec, unit, slabs)
         self._samples.inc(block.num_samples)
         self._dropped.inc(unit.num_samples - block.num_samples)
         self._units.inc()

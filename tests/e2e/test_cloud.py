@@ -5,17 +5,25 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import apache_beam as beam
 import pytest
 import xarray as xr
 import yaml
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from pipelines import runners
 from pipelines.build import main
 from pipelines.inspect import main as inspect_main
+from planning.config import parse_config
+from planning.contracts import BYTES_READ
+from planning.plan import make_plan
+from planning.specs import cut_spec
 from schemas import load_schema
+from transforms.cut import CutSamples
 
 from conftest import BUCKET, REPO
-from helpers import expected_feature, parse_with_generated_parser
+from helpers import expected_feature, parse_with_generated_parser, stored_bytes
 
 DATAFLOW = [
     "--runner=DataflowRunner",
@@ -95,6 +103,37 @@ def test_gs_input_and_output_equal_a_local_build(gcs, uploaded, tmp_path, name):
     for i in range(0, schema.num_records(), max(1, schema.num_records() // 40)):
         record = {key: values[i] for key, values in parsed.items()}
         assert (record[variable] == expected_feature(source, schema, variable, record)).all()
+
+
+def _stored_bytes(plan, files: list[Path]) -> int:
+    """Bytes the input files store for every unit's slab (its source box, halos included)."""
+    total = 0
+    for unit in plan.units:
+        box = plan.grid.source_box(unit)
+        for source, path in zip(plan.sources, files):
+            begin, end = max(box[plan.concat_dim][0], source.start), min(box[plan.concat_dim][1], source.stop)
+            if begin < end:
+                local = {**box, plan.concat_dim: (begin - source.start, end - source.start)}
+                total += stored_bytes(path, local, [v.name for v in plan.variables])
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_workers_read_little_more_than_their_slabs(gcs, uploaded, name):
+    """No whole-file copies: the bytes fetched by all units stay within 1.3x what their slabs store."""
+    sample, concat_dim = CASES[name]
+    paths = f"gs://{BUCKET}/in/{name}/*.nc"
+    config = parse_config(
+        {"input": {"paths": paths, "concat_dim": concat_dim}, "sample": sample, "output": {"path": "x"}}
+    )
+    plan = make_plan(config, unit_budget_bytes=2e6)  # several units per file, as on real archives
+    assert len(plan.units) > len(plan.sources)
+    with beam.Pipeline(runner=fn_runner.FnApiRunner()) as pipeline:
+        _ = pipeline | beam.Create(list(plan.units)) | CutSamples(cut_spec(plan))
+    (counter,) = pipeline.result.metrics().query(MetricsFilter().with_name(BYTES_READ))["counters"]
+    stored = _stored_bytes(plan, uploaded[name])
+    print(f"{name}: {len(plan.units)} units read {counter.committed / stored:.3f}x the bytes their slabs store")
+    assert 0 < counter.committed <= 1.3 * stored
 
 
 def test_multi_process_local_runner_with_gs(gcs, uploaded, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planning.sampling import Axis, SampleGrid, plan_units
+from planning.sampling import Axis, SampleGrid, UnitCost, plan_units
 
 
 def naive_sample(array: np.ndarray, axes: list[Axis], position: dict[str, int]) -> np.ndarray:
@@ -48,14 +48,23 @@ def grids(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(grid=grids(), budget=st.integers(1, 12), breaks=st.lists(st.integers(0, 9), max_size=3), data=st.data())
-def test_units_cut_exactly_the_samples_of_the_whole_array(grid, budget, breaks, data):
+@given(
+    grid=grids(),
+    budget=st.integers(1, 2000),
+    per_sample=st.integers(0, 50),
+    breaks=st.lists(st.integers(0, 9), max_size=3),
+    data=st.data(),
+)
+def test_units_cut_exactly_the_samples_of_the_whole_array(grid, budget, per_sample, breaks, data):
     shape = tuple(a.length for a in grid.axes)
     dims = [a.dim for a in grid.axes]
     array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
     grid_dims = [a.dim for a in grid.grid_axes]
-    split = data.draw(st.sampled_from(grid_dims)) if grid_dims else "time"
-    units = plan_units(grid, split, 1.0, budget, breaks)
+    first = data.draw(st.sampled_from([*grid_dims, None]))
+    cost = UnitCost(((tuple(dims), 8), (tuple(dims[1:]), 4)), per_sample)  # a variable and a static one
+    units = plan_units(grid, cost, budget, first, breaks)
+    if cost(grid, [(0, 1)] * len(grid_dims)) <= budget:  # one position along every dim fits
+        assert all(cost(grid, u.ranges) <= budget for u in units)
     seen = []
     for unit in units:
         box = grid.source_box(unit)
@@ -87,8 +96,41 @@ def test_offsets_give_pairs_and_first_index():
 
 def test_units_prefer_file_boundaries():
     grid = SampleGrid((Axis.iterate("time", 40), Axis.window("lat", 9, 3, 3)))
-    units = plan_units(grid, "time", bytes_per_position=1.0, budget_bytes=10, preferred_breaks=[8, 16, 24, 32])
-    assert [u.ranges[0] for u in units] == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]
+    cost = UnitCost((), bytes_per_sample=1 / 3)  # one byte per time step (3 samples)
+    units = plan_units(grid, cost, budget_bytes=10, first_dim="time", preferred_breaks=[8, 16, 24, 32])
+    assert [u.ranges for u in units] == [((a, b), (0, 3)) for a, b in [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]]
+
+
+def test_a_step_larger_than_the_budget_is_split_along_the_window_dims():
+    """ERA5's shape: 5 variables x 37 levels x 721 x 1440 float32 are 768 MB per step."""
+    dims = ("time", "level", "lat", "lon")
+    grid = SampleGrid(
+        (
+            Axis.iterate("time", 24),
+            Axis.keep("level", 37),
+            Axis.window("lat", 721, 9, 9),
+            Axis.window("lon", 1440, 9, 9),
+        )
+    )
+    record = 5 * 37 * 81 * 4
+    cost = UnitCost(((dims, 4),) * 5, 3 * record)
+    assert cost(grid, [(0, 1), (0, 80), (0, 160)]) > 700e6  # one step
+    units = plan_units(grid, cost, 64e6, "time", preferred_breaks=[12])
+    assert all(cost(grid, u.ranges) <= 64e6 for u in units)
+    assert {u.ranges[0][1] - u.ranges[0][0] for u in units} == {1}  # one step per unit
+    assert {u.ranges[2] for u in units} == {(0, 160)}  # lon whole: each unit reads 5 x 37 long runs of bytes
+    first_step = [u.ranges[1] for u in units if u.ranges[0] == (0, 1)]
+    assert [a for a, _ in first_step] == [0, *[b for _, b in first_step[:-1]]] and first_step[-1][1] == 80
+    widest = max(b - a for a, b in first_step)
+    assert cost(grid, [(0, 1), (0, widest + 1), (0, 160)]) > 64e6  # as many lat positions as fit
+    assert len(units) == 24 * len(first_step)
+    assert [u.index for u in units] == list(range(len(units)))
+
+
+def test_a_unit_is_one_position_when_even_that_exceeds_the_budget():
+    grid = SampleGrid((Axis.iterate("time", 3), Axis.window("lat", 7, 2, 1), Axis.window("lon", 5, 3, 2)))
+    units = plan_units(grid, UnitCost(((("time", "lat", "lon"), 8),), 100.0), 1, "time")
+    assert len(units) == grid.num_samples and all(u.num_samples == 1 for u in units)
 
 
 @pytest.mark.parametrize("size", [1, 5])
