@@ -135,7 +135,7 @@ def inspect_files(files: list[ListedFile], concat_dim: str, probes: list | None 
                 full[probe.fingerprint] = info
             infos.append(info)
             continue
-        if probe.classic:
+        if probe.classic and not is_remote(path):  # a remote classic probe checked it from the header
             check_not_truncated(path)
         probed.append((len(infos), probe))
         infos.append(None)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from planning.sources import check_not_truncated, open_netcdf
+from planning.classic_reads import read_raw
+from planning.netcdf3 import ClassicHeader
+from planning.remote_files import RemoteFile
+from planning.sources import check_not_truncated, open_netcdf, refuse_truncated
+from schemas.urls import is_remote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +59,48 @@ def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
     return out
 
 
+def decoded(name: str, dims, raw: np.ndarray, attrs: dict) -> xr.Variable:
+    """A variable's stored values and attributes decoded as xarray decodes them when it opens a file."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", xr.SerializationWarning)
+        return xr.conventions.decode_cf_variable(name, xr.Variable(dims, raw, dict(attrs)))
+
+
+def inspect_classic(path: str, nbytes: int, header: ClassicHeader, fetch) -> FileInfo:
+    """A classic file's info from its header and its dim coordinates' bytes: nothing else is read.
+
+    Remote classic files are planned this way: the netCDF library reads them only from a local
+    copy, which would download every file whole.
+    """
+    refuse_truncated(path, nbytes, header.expected_size())
+    sizes: dict[str, int] = {}
+    named_coords: set[str] = set()
+    for variable in header.variables.values():
+        sizes.update(zip(variable.dims, variable.shape))
+        named_coords.update(str(variable.attrs.get("coordinates", "")).split())
+    coords, coord_attrs, variables = {}, {}, {}
+    for name, variable in header.variables.items():
+        if variable.dims == (name,):
+            raw = read_raw(fetch, variable, header.record_size, [(0, variable.shape[0])])
+            coordinate = decoded(name, variable.dims, raw, variable.attrs)
+            coords[name] = np.asarray(coordinate.values)
+            coord_attrs[name] = _attrs(coordinate)
+        elif name not in named_coords:
+            empty = np.empty((0,) * len(variable.dims), dtype=variable.dtype.newbyteorder("="))
+            variable_info = decoded(name, variable.dims, empty, variable.attrs)
+            variables[name] = VariableInfo(
+                name, variable.dims, str(variable_info.dtype), str(empty.dtype), _attrs(variable_info)
+            )
+    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
+
+
 def inspect_file(path: str) -> FileInfo:
     """Read one file's metadata and its dim coordinates (no data variables are loaded)."""
+    if is_remote(path):
+        remote = RemoteFile(path)
+        header = remote.classic_header()
+        if header is not None:
+            return inspect_classic(path, remote.size, header, remote.fetch)
     nbytes = check_not_truncated(path)
     with open_netcdf(path) as ds:
         coords = {}

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
+import io
 import warnings
 from typing import Any
 
@@ -20,7 +22,10 @@ import fsspec
 import numpy as np
 import xarray as xr
 
-from planning.sources import NETCDF_LOCK, ListedFile, RangedFile
+from planning.classic_reads import read_raw
+from planning.netcdf3 import ClassicHeader, read_header
+from planning.remote_files import BlockReader, RemoteFile
+from planning.sources import NETCDF_LOCK, ListedFile, refuse_truncated
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -89,7 +94,7 @@ def _probe(
         elif tuple(dims) == (name,):
             # A grid coordinate: files whose grids differ must not share a fingerprint.
             digest.update(np.ascontiguousarray(values()).tobytes())
-    return FileProbe(path, nbytes, classic, digest.hexdigest(), sizes, concat_raw, concat_attrs, **extra)
+    return FileProbe(path, nbytes, classic, digest.hexdigest(), sizes, concat_raw, concat_attrs)
 
 
 def probe_local(path: str, nbytes: int, concat_dim: str) -> FileProbe:
@@ -110,7 +115,7 @@ def probe_local(path: str, nbytes: int, concat_dim: str) -> FileProbe:
         return _probe(path, nbytes, classic, sizes, variables, concat_dim)
 
 
-def probe_hdf5(path: str, stream: RangedFile, nbytes: int, concat_dim: str) -> FileProbe:
+def probe_hdf5(path: str, stream: BlockReader, remote: RemoteFile, concat_dim: str) -> FileProbe:
     """Probe a NetCDF-4 (HDF5) file through h5py on a file object (a remote file's ranged reads).
 
     Dims are the file's dimension scales; a variable's dims are recorded by their sizes (reading
@@ -133,7 +138,8 @@ def probe_hdf5(path: str, stream: RangedFile, nbytes: int, concat_dim: str) -> F
             if name == concat_dim:
                 attrs = {key: _plain(value) for key, value in item.attrs.items() if not _hidden(key)}
             variables.append((name, dims, item.dtype, attrs, lambda item=item: item[...]))
-        return _probe(path, nbytes, False, sizes, variables, concat_dim, bytes_read=stream.fetched)
+        probe = _probe(path, remote.size, False, sizes, variables, concat_dim)
+    return dataclasses.replace(probe, bytes_read=remote.bytes_read)
 
 
 def _hidden(key: str) -> bool:
@@ -153,7 +159,11 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
-    """Probe remote files: heads fetched concurrently, then parsed one by one; None: the file needs the full look."""
+    """Probe remote files: both ends fetched for all files concurrently, then parsed one by one.
+
+    None for a file that needs the full look (an unusual layout, a truncated or unreadable file:
+    the full look names the problem).
+    """
     fs, _, _ = fsspec.get_fs_token_paths(files[0].path)
     paths = [fs._strip_protocol(f.path) for f in files]
     head_ends = [min(END_BYTES, f.nbytes) for f in files]
@@ -162,11 +172,34 @@ def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | N
     starts, ends = [0] * len(files) + tail_starts, head_ends + [f.nbytes for f in files]
     fetched = fs.cat_ranges(paths + paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
     probes: list[FileProbe | None] = []
-    for i, (listed, path) in enumerate(zip(files, paths)):
-        head, tail, probe = fetched[i], fetched[len(files) + i], None
-        if isinstance(head, bytes) and isinstance(tail, bytes) and head.startswith(_HDF5_MAGIC):
-            stream = RangedFile(fs, path, listed.nbytes, {0: head, tail_starts[i]: tail}, _BLOCK)
-            with contextlib.suppress(Exception):  # the full look names the problem, if there is one
-                probe = probe_hdf5(listed.path, stream, listed.nbytes, concat_dim)
+    for i, listed in enumerate(files):
+        head, tail = fetched[i], fetched[len(files) + i]
+        remote = RemoteFile(listed.path, listed.nbytes)
+        probe = None
+        if not isinstance(head, bytes) or not isinstance(tail, bytes):
+            probes.append(None)  # the full look reports why the file cannot be read
+            continue
+        with contextlib.suppress(Exception):
+            if head.startswith(_HDF5_MAGIC):
+                reader = BlockReader(remote, _BLOCK)
+                reader.prefetch([(0, head_ends[i]), (tail_starts[i], listed.nbytes)], [head, tail])
+                probe = probe_hdf5(listed.path, reader, remote, concat_dim)
+            elif head.startswith(b"CDF"):
+                remote.bytes_read += len(head)
+                probe = probe_classic(listed.path, read_header(io.BytesIO(head)), remote, concat_dim)
         probes.append(probe)
     return probes
+
+
+def probe_classic(path: str, header: ClassicHeader, remote: RemoteFile, concat_dim: str) -> FileProbe:
+    """Probe a classic file from its header; dim coordinates are read by their byte ranges."""
+    refuse_truncated(path, remote.size, header.expected_size())
+    sizes: dict[str, int] = {}
+    variables = []
+    for name, variable in header.variables.items():
+        sizes.update(zip(variable.dims, variable.shape))
+        box = [(0, n) for n in variable.shape]
+        read = functools.partial(read_raw, remote.fetch, variable, header.record_size, box)
+        variables.append((name, variable.dims, variable.dtype, {k: _plain(a) for k, a in variable.attrs.items()}, read))
+    probe = _probe(path, remote.size, True, sizes, variables, concat_dim)
+    return dataclasses.replace(probe, bytes_read=remote.bytes_read)

@@ -93,9 +93,16 @@ class BlockReader(io.RawIOBase):
         self._ready_starts: list[int] = []
         self._ready: list[bytes] = []
 
-    def prefetch(self, ranges: list[tuple[int, int]]) -> None:
-        """Fetch these ranges (sorted, not overlapping) now, concurrently, and serve reads inside them."""
-        self._ready = self._remote.fetch(ranges)
+    def prefetch(self, ranges: list[tuple[int, int]], parts: list[bytes] | None = None) -> None:
+        """Fetch these ranges (sorted, not overlapping) now, concurrently, and serve reads inside them.
+
+        ``parts``: their bytes, if fetched already (planning fetches many files' ends at once).
+        """
+        if parts is None:
+            parts = self._remote.fetch(ranges)
+        else:
+            self._remote.bytes_read += sum(len(part) for part in parts)
+        self._ready = parts
         self._ready_starts = [start for start, _ in ranges]
 
     def readable(self) -> bool:

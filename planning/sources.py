@@ -69,66 +69,6 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
     return [listed.path for listed in list_files(patterns)]
 
 
-class RangedFile(io.RawIOBase):
-    """A remote file read by ranged requests of whole blocks, each block fetched once.
-
-    ``prefetched``: {offset: bytes} fetched beforehand (e.g. many files' heads and tails at
-    once), offsets on block boundaries. Counts the bytes it fetched, prefetched ones included.
-    """
-
-    def __init__(self, fs, path: str, size: int, prefetched: dict[int, bytes] | None = None, block_size: int = 16384):
-        super().__init__()
-        self._fs, self._path, self._size, self._block = fs, path, size, block_size
-        self._cache: dict[int, bytes] = {}
-        self._position = 0
-        self.fetched = 0
-        for offset, data in (prefetched or {}).items():
-            self._keep(offset, data)
-
-    def _keep(self, offset: int, data: bytes) -> None:
-        """Cache the whole blocks of ``data`` (read at ``offset``), and a part block that ends the file."""
-        self.fetched += len(data)
-        first = offset // self._block
-        for i in range(first, first + -(-len(data) // self._block)):
-            block = data[(i - first) * self._block : (i - first + 1) * self._block]
-            if len(block) == self._block or i * self._block + len(block) == self._size:
-                self._cache.setdefault(i, block)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def _blocks(self, first: int, last: int) -> None:
-        missing = [i for i in range(first, last + 1) if i not in self._cache]
-        if not missing:
-            return
-        start, end = missing[0] * self._block, min(self._size, (missing[-1] + 1) * self._block)
-        self._keep(start, self._fs.cat_file(self._path, start=start, end=end))
-
-    def readinto(self, buffer) -> int:
-        end = min(self._size, self._position + len(buffer))
-        if end <= self._position:
-            return 0
-        first, last = self._position // self._block, (end - 1) // self._block
-        self._blocks(first, last)
-        data = b"".join(self._cache[i] for i in range(first, last + 1))
-        offset = self._position - first * self._block
-        chunk = data[offset : offset + end - self._position]
-        buffer[: len(chunk)] = chunk
-        self._position += len(chunk)
-        return len(chunk)
-
-
 def file_size(path: str) -> int:
     fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
     return int(fs.size(resolved))
@@ -145,12 +85,17 @@ def check_not_truncated(path: str) -> int:
             expected = expected_size(stream)
         except (EOFError, ValueError) as error:
             raise UserError(f"{path}: corrupt NetCDF header ({error}); fix or remove the file") from None
+    refuse_truncated(path, size, expected)
+    return size
+
+
+def refuse_truncated(path: str, size: int, expected: int | None) -> None:
+    """Refuse a classic file shorter than its header says it is."""
     if expected is not None and size < expected:
         raise UserError(
             f"{path}: truncated: {size} bytes but its header needs {expected} "
             "(the netCDF library would read the missing part as zeros); copy the file again"
         )
-    return size
 
 
 def _is_hdf5(path: str) -> bool:

@@ -96,3 +96,23 @@ def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
                 if np.all(start < high) and np.all(start + np.array(dataset.chunks) > low):
                     total += info.size
     return total
+
+
+def split_along_time(source, directory, pieces: int, *, formats=("NETCDF4",), units=None, calendar=None) -> list[str]:
+    """Write ``source`` as ``pieces`` files along time, cycling through ``formats``; per-file time units."""
+    paths = []
+    with xr.open_dataset(source, decode_times=False) as ds:
+        ds = ds.load()
+    bounds = np.linspace(0, ds.sizes["time"], pieces + 1).astype(int)
+    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        part = ds.isel(time=slice(start, stop)).copy()
+        if units is not None:  # each file counts time from its own start, as many archives do
+            offset = float(part["time"].values[0])
+            part["time"] = part["time"] - offset
+            part["time"].attrs.update(units=units.format(offset=int(offset)))
+        if calendar is not None:
+            part["time"].attrs["calendar"] = calendar
+        path = directory / f"part{i:02d}.nc"
+        part.to_netcdf(path, format=formats[i % len(formats)])
+        paths.append(str(path))
+    return paths

@@ -14,25 +14,7 @@ from planning.probe_cache import load_probes, reuse_or_probe, save_probes
 from planning.sources import list_files
 from schemas.errors import UserError
 
-
-def _split(source, directory, pieces: int, *, formats=("NETCDF4",), units=None, calendar=None) -> list[str]:
-    """Write ``source`` as ``pieces`` files along time, cycling through ``formats``; per-file time units."""
-    paths = []
-    with xr.open_dataset(source, decode_times=False) as ds:
-        ds = ds.load()
-    bounds = np.linspace(0, ds.sizes["time"], pieces + 1).astype(int)
-    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-        part = ds.isel(time=slice(start, stop)).copy()
-        if units is not None:  # each file counts time from its own start, as many archives do
-            offset = float(part["time"].values[0])
-            part["time"] = part["time"] - offset
-            part["time"].attrs.update(units=units.format(offset=int(offset)))
-        if calendar is not None:
-            part["time"].attrs["calendar"] = calendar
-        path = directory / f"part{i:02d}.nc"
-        part.to_netcdf(path, format=formats[i % len(formats)])
-        paths.append(str(path))
-    return paths
+from helpers import split_along_time
 
 
 def _assert_same(probed, full, concat_dim="time"):
@@ -60,7 +42,7 @@ def _assert_same(probed, full, concat_dim="time"):
 )
 def test_probed_files_equal_the_full_look(sample_file, tmp_path, options):
     source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
-    paths = _split(source, tmp_path, 11, **options)
+    paths = split_along_time(source, tmp_path, 11, **options)
     probes = probe_files(list_files(paths), "time")
     assert all(probes), "every file here can be probed"
     # One full look per format at most: the other files are probed, not opened through xarray.
@@ -76,7 +58,7 @@ def test_the_synthetic_archive_probes_like_the_full_look(small_archive):
 
 def test_a_different_grid_gets_its_own_full_look(sample_file, tmp_path):
     source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
-    paths = _split(source, tmp_path, 3)
+    paths = split_along_time(source, tmp_path, 3)
     with xr.open_dataset(paths[2], decode_times=False) as ds:
         shifted = ds.load().assign_coords(lat=ds["lat"] + np.float32(1e-3))
     shifted.to_netcdf(tmp_path / "shifted.nc")
@@ -88,7 +70,7 @@ def test_a_different_grid_gets_its_own_full_look(sample_file, tmp_path):
 
 def test_a_truncated_classic_file_is_refused_though_probed(sample_file, tmp_path):
     source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
-    paths = _split(source, tmp_path, 3, formats=("NETCDF3_64BIT",))
+    paths = split_along_time(source, tmp_path, 3, formats=("NETCDF3_64BIT",))
     data = Path(paths[1]).read_bytes()
     Path(paths[1]).write_bytes(data[: len(data) - 1000])
     with pytest.raises(UserError, match="truncated"):
@@ -97,7 +79,7 @@ def test_a_truncated_classic_file_is_refused_though_probed(sample_file, tmp_path
 
 def test_a_rerun_reuses_the_cached_probes_of_unchanged_files_only(sample_file, tmp_path):
     source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
-    paths = _split(source, tmp_path, 4, formats=("NETCDF4", "NETCDF3_64BIT"))
+    paths = split_along_time(source, tmp_path, 4, formats=("NETCDF4", "NETCDF3_64BIT"))
     listed = list_files(paths)
     cache = str(tmp_path / "out" / "_inventory.json")
     save_probes(cache, "time", zip(listed, probe_files(listed, "time")))
