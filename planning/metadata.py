@@ -101,7 +101,9 @@ def inspect_file(path: str) -> FileInfo:
         header = remote.classic_header()
         if header is not None:
             return inspect_classic(path, remote.size, header, remote.fetch)
-    nbytes = check_not_truncated(path)
+        nbytes = remote.size  # HDF5 is not classic: a truncated file fails to open instead
+    else:
+        nbytes = check_not_truncated(path)
     with open_netcdf(path) as ds:
         coords = {}
         coord_attrs = {}

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import logging
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -21,9 +19,6 @@ from schemas.errors import UserError
 from schemas.urls import is_remote
 
 logger = logging.getLogger(__name__)
-
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-_HEADER_READ = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +70,12 @@ def file_size(path: str) -> int:
 
 
 def check_not_truncated(path: str) -> int:
-    """The file's size, after checking a classic NetCDF file holds all the bytes its header declares."""
-    size = file_size(path)
-    with fsspec.open(path, "rb") as raw:
-        # The header is parsed a few bytes at a time: buffer it, or each read of a remote file
-        # would wait on a request of its own.
-        stream = io.BufferedReader(raw, buffer_size=_HEADER_READ) if is_remote(path) else raw
+    """A local file's size, after checking a classic NetCDF file holds all the bytes its header declares.
+
+    (Remote classic files are checked from the header planning reads anyway: planning.metadata.)
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as stream:
         try:
             expected = expected_size(stream)
         except (EOFError, ValueError) as error:
@@ -96,25 +91,6 @@ def refuse_truncated(path: str, size: int, expected: int | None) -> None:
             f"{path}: truncated: {size} bytes but its header needs {expected} "
             "(the netCDF library would read the missing part as zeros); copy the file again"
         )
-
-
-def _is_hdf5(path: str) -> bool:
-    with fsspec.open(path, "rb") as stream:
-        return stream.read(8) == _HDF5_MAGIC
-
-
-@contextlib.contextmanager
-def _local_copy(path: str) -> Iterator[str]:
-    """A remote file downloaded to local temp (the netCDF library reads only local files)."""
-    suffix = os.path.splitext(path)[1] or ".nc"
-    handle, local = tempfile.mkstemp(prefix="xtf-", suffix=suffix)
-    os.close(handle)
-    try:
-        fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
-        fs.get(resolved, local)
-        yield local
-    finally:
-        os.remove(local)
 
 
 #: The netCDF and HDF5 C libraries are not thread-safe (concurrent opens crash the process), and
@@ -142,13 +118,9 @@ def _open_any(path: str, decode_times: bool) -> Iterator[xr.Dataset]:
     if not is_remote(path):
         with open_locked(path, decode_times=decode_times) as dataset:
             yield dataset
-    elif not _is_hdf5(path):
-        # The netCDF library reads classic NetCDF (CDF) files only from a local file. (Workers
-        # read them by byte ranges instead: planning.remote_files.)
-        with _local_copy(path) as local, open_locked(local, decode_times=decode_times) as dataset:
-            yield dataset
     else:
         # Planning reads only metadata and coordinates: HDF5 reads them with range requests.
+        # (Remote classic files are read from their header instead: planning.metadata.)
         with (
             fsspec.open(path, "rb", cache_type="blockcache", block_size=2**20) as stream,
             open_locked(stream, engine="h5netcdf", decode_times=decode_times) as dataset,
