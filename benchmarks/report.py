@@ -246,6 +246,10 @@ def render(results: dict) -> str:
         from benchmarks.shard_writer import render as shard_writer_section
 
         sections.append(shard_writer_section(results["shard_writer"]))
+    if "many_files" in results:
+        from benchmarks.scale import render as many_files_section
+
+        sections.append(many_files_section(results["many_files"]))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

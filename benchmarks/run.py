@@ -21,12 +21,18 @@ from importlib import metadata
 from pathlib import Path
 
 from benchmarks import datasets, report, shard_writer
+from benchmarks import scale as many_files
 from benchmarks.datasets import DatasetSpec
 from benchmarks.measure import Measurement, run_measured
 from benchmarks.targets import all_targets
 
 REPO = Path(__file__).resolve().parents[1]
-COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help", "shard-writer")
+COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help", "shard-writer", "scale")
+#: What runs without --only: "scale" (many small files against one, benchmarks.scale: minutes, and about
+#: 1 GB of cached archives) only when asked for.
+DEFAULT_COMPETITORS = tuple(c for c in COMPETITORS if c != "scale")
+#: Competitors that need the patches archive of every --scales size.
+_ON_SCALES = frozenset({"floor", "pipeline", "pipeline-2w", "naive", "startup", "read"})
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
 #: Batch sizes of the read side: a training-sized batch of big samples, a larger one of small.
 READ_BATCH = {"patches": 128, "points": 1024}
@@ -330,7 +336,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"), help="datasets and outputs"
     )
     parser.add_argument("--quick", action="store_true", help="tiny datasets: a smoke test, not a measurement")
-    parser.add_argument("--only", nargs="+", choices=COMPETITORS, help="run only these competitors")
+    parser.add_argument(
+        "--only", nargs="+", choices=COMPETITORS, help="run only these competitors (scale: only when named here)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per competitor; the fastest is kept")
     parser.add_argument("--naive-files", type=int, default=4, help="files the naive peer converts (then scaled)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a competitor is stopped")
@@ -349,7 +357,7 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
     }
     if "help" in bench.selected:
         results["help"] = time_help(bench)
-    for scale in scales:
+    for scale in scales if bench.selected & _ON_SCALES else ():
         results["scales"][str(scale)] = run_scale(bench, scale)
     if "startup" in bench.selected:
         results["startup"] = (bench.quick and quick_startup(results, scales)) or run_startup(bench)
@@ -358,6 +366,8 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
     if "shard-writer" in bench.selected:
         shard_mb, budget_mb = SHARD_WRITER_MB[bench.quick]
         results["shard_writer"] = shard_writer.run(bench.workdir, shard_mb, budget_mb, bench.repeat, bench.timeout)
+    if "scale" in bench.selected:
+        results["many_files"] = many_files.run(bench.workdir, bench.quick, repeat=bench.repeat, timeout=bench.timeout)
     results["targets"] = [t.to_json() for t in all_targets(results)]
     return results
 
@@ -368,14 +378,15 @@ def failures(results: dict) -> list[str]:
     rows += [(f"start-up {n}", results["startup"][n]) for n in ("pipeline", "pipeline-2w") if "startup" in results]
     rows += [(name, results[name]) for name in ("read_small", "help") if name in results]
     failed = [name for name, row in rows if not row.get("ok")]
-    return failed + (shard_writer.failed(results["shard_writer"]) if "shard_writer" in results else [])
+    failed += shard_writer.failed(results["shard_writer"]) if "shard_writer" in results else []
+    return failed + (results["many_files"]["failed"] if "many_files" in results else [])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scales = args.scales or [args.scale]
     workdir = Path(args.workdir).resolve()
-    selected = frozenset(args.only or COMPETITORS)
+    selected = frozenset(args.only or DEFAULT_COMPETITORS)
     (workdir / "results").mkdir(parents=True, exist_ok=True)
     bench = Bench(workdir, args.quick, max(1, args.repeat), args.naive_files, args.timeout, selected)
     results = run_all(bench, scales)

@@ -15,6 +15,14 @@ MIN_PARSER_VS_EXPERT = 0.95
 MAX_HELP_SECONDS = 2.0
 #: the streaming shard writer's peak RSS above the interpreter's, as a multiple of its budget
 MAX_WRITER_RSS_OVER_BUDGET = 1.3
+#: build of this many small files / the same data in one file (benchmarks.scale)
+SMALL_FILES_TARGET_COUNT = 5_000
+MAX_SMALL_FILES_BUILD_RATIO = 2.0
+#: unit planning time at 4,000 files / at 2,000 (linear, with some slack)
+MAX_PLAN_UNITS_SCALING = 2.2
+#: planning over gs:// NetCDF-4 files: driver time and bytes received, per file
+MAX_REMOTE_PLAN_MS_PER_FILE = 10.0
+MAX_REMOTE_PLAN_BYTES_PER_FILE = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +126,10 @@ def all_targets(results: dict) -> list[Target]:
         row = writer["cases"][case]["stream"]
         over = (row["peak_rss"] - writer["baseline_rss"]) / (writer["budget_mb"] * 1e6) if row["ok"] else None
         targets.append(Target(f"shard writer RSS / budget ({case})", over, MAX_WRITER_RSS_OVER_BUDGET, True))
+    if "many_files" in results:
+        from benchmarks.scale import targets as many_files_targets
+
+        targets += many_files_targets(results["many_files"])
     help_run = results.get("help")
     if help_run is not None:
         targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))

@@ -83,3 +83,51 @@ def test_quick_unit_memory_benchmark_prints_every_row(tmp_path):
         "classic (CDF-2, records)",
     ]:
         assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
+
+
+SCALE_ROWS = [
+    "== many small files vs one file QUICK",
+    "build: 12 NetCDF-4 files / same data in 1 file",
+    "build, rerun: 12 NetCDF-4 files / same data in 1 file",
+    "planning (make_plan): 12 NetCDF-4 files / same data in 1 file",
+    "planning a rerun (probe cache): 12 NetCDF-4 files / same data in 1 file",
+    "build: 12 netCDF-3 (CDF-2) files / same data in 1 file",
+    "planning a rerun (probe cache): 12 netCDF-3 (CDF-2) files / same data in 1 file",
+    "_plan_units 16 / 8 files",
+    "make_plan after the inventory, 16 / 8 files",
+    "planning 12 NetCDF-4 files: gs:// / local",
+    "per file on gs:// (ms) / locally",
+    "KiB the driver received per file / file size",
+    "planning 12 netCDF-3 (CDF-2) files: gs:// / local",
+    "12 NetCDF-4 files: shards byte-identical to the one file's",
+]
+
+
+def test_quick_many_files_benchmark_prints_every_row(tmp_path):
+    result_file = tmp_path / "scale.json"
+    command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--workdir", str(tmp_path)]
+    command += ["--json", str(result_file)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in SCALE_ROWS:
+        assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
+    results = json.loads(result_file.read_text())
+    assert results["failed"] == []
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(results["targets"]) == 4
+    many = results["local"]["nc4-12"]["many"]
+    assert many["plan"]["files"] == 12 and many["replan"]["cached_probes"] == 12
+    assert results["remote"]["nc4"]["socket_bytes"] > 0 and results["remote"]["nc4"]["size_mismatches"] == 0
+
+
+def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):
+    from benchmarks import run, scale
+
+    monkeypatch.setattr(scale, "PARTS", ("units",))  # the cheapest part: two planning runs
+    result_file = tmp_path / "results.json"
+    assert run.main(["--only", "scale", "--quick", "--workdir", str(tmp_path), "--json", str(result_file)]) == 0
+    printed = capsys.readouterr().out
+    assert "_plan_units 16 / 8 files" in printed and "== targets ==" in printed
+    results = json.loads(result_file.read_text())
+    assert results["scales"] == {} and results["failed"] == []
+    assert [t["name"] for t in results["targets"]] == ["_plan_units 16 / 8 files"]
+    assert "scale" not in run.DEFAULT_COMPETITORS
