@@ -120,6 +120,7 @@ def test_quick_many_files_benchmark_prints_every_row(tmp_path):
 
 
 def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is not an installed package
     from benchmarks import run, scale
 
     monkeypatch.setattr(scale, "PARTS", ("units",))  # the cheapest part: two planning runs
