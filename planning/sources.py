@@ -59,11 +59,6 @@ def list_files(patterns: Sequence[str]) -> list[ListedFile]:
     return [found[name] for name in sorted(found)]
 
 
-def expand_paths(patterns: Sequence[str]) -> list[str]:
-    """Every file the globs match, each once, sorted; an error names a pattern that matches none."""
-    return [listed.path for listed in list_files(patterns)]
-
-
 def file_size(path: str) -> int:
     fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
     return int(fs.size(resolved))
@@ -132,8 +127,9 @@ def _open_any(path: str, decode_times: bool) -> Iterator[xr.Dataset]:
 def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
     """Open one NetCDF file lazily (nothing is read until a variable's values are asked for).
 
-    Local paths open in place. Remote files (gs://, any fsspec URL) are downloaded to a local
-    temp file if they are classic NetCDF; NetCDF-4 metadata is read remotely.
+    Local paths open in place; remote NetCDF-4 files (gs://, any fsspec URL) through h5netcdf with
+    range requests. (Remote classic files are never opened this way: planning.metadata reads their
+    header, planning.slabs their byte ranges.)
     """
     with contextlib.ExitStack() as stack:
         try:
