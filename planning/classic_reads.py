@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import numpy as np
-import xarray as xr
 
 from planning.byte_ranges import Box, box_runs, merge_ranges
+from planning.cf_decoding import decode_values
 from planning.netcdf3 import ClassicVariable
 
 #: Fetches byte ranges [start, stop) of the file, in order.
@@ -48,15 +47,7 @@ def read_raw(fetch: Fetch, variable: ClassicVariable, record_size: int, box: Box
     return raw
 
 
-def decode(variable: ClassicVariable, raw: np.ndarray) -> np.ndarray:
-    """CF decoding (fill and missing values, scale and offset, _Unsigned) by xarray's own rules."""
-    encoded = xr.Variable(variable.dims, raw, dict(variable.attrs))
-    with warnings.catch_warnings():
-        # As on opening: a NaN _FillValue on integer data is dropped, with a warning nobody can act on.
-        warnings.simplefilter("ignore", xr.SerializationWarning)
-        return np.asarray(xr.conventions.decode_cf_variable(variable.name, encoded, decode_times=False).values)
-
-
 def read_box(fetch: Fetch, variable: ClassicVariable, record_size: int, box: Box) -> np.ndarray:
     """The decoded values of ``variable`` over ``box`` ((start, stop) per dim of the variable)."""
-    return decode(variable, read_raw(fetch, variable, record_size, box))
+    raw = read_raw(fetch, variable, record_size, box)
+    return decode_values(variable.name, variable.dims, raw, variable.attrs)

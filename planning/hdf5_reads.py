@@ -1,10 +1,15 @@
-"""Reading a box of remote NetCDF-4 (HDF5) variables: the slab's bytes prefetched, then h5netcdf and xarray decode.
+"""Reading a box of NetCDF-4 (HDF5) variables through h5py, decoded by xarray's CF rules.
 
-h5py reads a hyperslab of a contiguous dataset one row piece at a time, and chunks one after
-another: each would be a request of its own. So the byte ranges the box needs (the runs of
-a contiguous dataset, the chunks a chunked one stores for the box) are located first from the
-file's metadata, fetched concurrently, and served to h5py from memory. The values are then
-read exactly as ``xr.open_dataset(..., engine="h5netcdf")`` reads them.
+Local files are read in place. For remote files: h5py reads a hyperslab of a contiguous
+dataset one row piece at a time, and chunks one after another: each would be a request of its
+own. So the byte ranges the box needs (the runs of a contiguous dataset, the chunks a chunked
+one stores for the box) are located first from the file's metadata, fetched concurrently, and
+served to h5py from memory.
+
+The stored values and their decoding attributes are read straight from h5py and decoded by
+``xr.conventions.decode_cf_variable``, which is what ``xr.open_dataset`` does after its own,
+much slower, open (4.6 ms against 0.4 ms for a small file: most of a build over thousands of
+files). Anything unusual (groups, non-numeric types, filters h5py lacks) is left to xarray.
 """
 
 from __future__ import annotations
@@ -12,16 +17,20 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 import xarray as xr
 
 from planning.byte_ranges import Box, box_runs, merge_ranges
-from planning.features import VariablePlan
+from planning.cf_decoding import decode_values
 from planning.remote_files import BlockReader, RemoteFile
 from planning.sources import NETCDF_LOCK, open_locked
 from schemas.errors import UserError
+
+if TYPE_CHECKING:  # planning.features imports the inventory, which probes through this module
+    from planning.features import VariablePlan
 
 
 def _chunk_ranges(dataset: h5py.Dataset, box: Box) -> list[tuple[int, int]]:
@@ -60,25 +69,106 @@ def _slab_ranges(reader: BlockReader, variables: Sequence[VariablePlan], box: di
     return [(start, stop) for start, stop, _, _ in merged]
 
 
+#: The attributes xarray's CF decoding reads (times are not decoded on workers).
+_DECODING_ATTRS = (b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"_Unsigned", b"dtype")
+
+
+def read_attribute(dataset: h5py.h5d.DatasetID, name: bytes):
+    """An attribute as the netCDF library returns it: text as str, a single value as a numpy scalar."""
+    attr = h5py.h5a.open(dataset, name)
+    dtype = attr.dtype
+    if dtype.kind in "fiubS":  # numbers, and text as netCDF writes it (fixed length)
+        value = np.empty(attr.shape, dtype)
+        attr.read(value)
+    else:  # variable-length text: the high-level API knows its encodings
+        value = h5py.Dataset(dataset).attrs[name.decode()]
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(())[()]
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    return value
+
+
+def _read_stored(dataset: h5py.h5d.DatasetID, dtype: np.dtype, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """The stored values over ``ranges``, as h5py's ``dataset[slices]`` reads them, without its per-call cost."""
+    shape = tuple(stop - start for start, stop in ranges)
+    out = np.empty(shape, dtype)
+    if out.size == 0:
+        return out
+    if not shape:
+        dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+        return out
+    space = dataset.get_space()
+    space.select_hyperslab(tuple(start for start, _ in ranges), shape)
+    dataset.read(h5py.h5s.create_simple(shape), space, out)
+    return out
+
+
+def read_box(
+    target, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
+) -> dict[str, np.ndarray] | None:
+    """The decoded values of ``variables`` over ``box`` in an HDF5 file (a path or a file object).
+
+    None where xarray must read the file instead: not HDF5 (or damaged: xarray names the
+    problem), a variable missing or not a plain numeric array, a filter h5py cannot decode.
+    The low-level API: the high-level one costs three times as much on a small file.
+    """
+    stored = {}
+    with NETCDF_LOCK, contextlib.ExitStack() as stack:
+        try:
+            if isinstance(target, str):
+                file = h5py.h5f.open(target.encode(), h5py.h5f.ACC_RDONLY)
+            else:
+                file = stack.enter_context(h5py.File(target, "r")).id
+        except OSError:
+            return None
+        stack.callback(file.close)
+        for variable in variables:
+            name = variable.name.encode()
+            try:
+                dataset = h5py.h5d.open(file, name)  # (a group of that name: not a dataset, raises)
+            except (KeyError, OSError):
+                return None
+            dtype, shape = dataset.dtype, dataset.shape
+            if len(shape) != len(variable.dims) or dtype.kind not in "fiub" or dtype.byteorder == ">":
+                return None
+            ranges = [box.get(d, (0, n)) for d, n in zip(variable.dims, shape)]
+            if any(stop > n for (_, stop), n in zip(ranges, shape)):
+                return None  # smaller than planned: xarray's read shows what the file holds
+            try:
+                raw = _read_stored(dataset, dtype, ranges)
+            except OSError:  # e.g. a compression filter this h5py lacks
+                return None
+            attrs = {
+                key.decode(): read_attribute(dataset, key) for key in _DECODING_ATTRS if h5py.h5a.exists(dataset, key)
+            }
+            stored[variable.name] = (variable.dims, raw, attrs)
+    # Decoded outside the lock: other units' reads go on meanwhile.
+    return {name: decode_values(name, *parts) for name, parts in stored.items()}
+
+
 def _cannot_read(path: str, error: Exception) -> UserError:
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     return UserError(f"{path}: cannot be read as NetCDF ({reason[:200]}); fix or remove the file")
 
 
-@contextlib.contextmanager
-def open_prefetched(
-    remote: RemoteFile, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
-) -> Iterator[xr.Dataset]:
-    """The file opened through h5netcdf, with what ``variables`` hold over ``box`` already fetched."""
+def prefetched(remote: RemoteFile, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]) -> BlockReader:
+    """A file object over ``remote`` with what ``variables`` hold over ``box`` already fetched."""
     reader = BlockReader(remote)
     try:
         ranges = _slab_ranges(reader, variables, box)
     except OSError as error:  # h5py: not an HDF5 file, or a damaged one
         raise _cannot_read(remote.path, error) from None
     reader.prefetch(ranges)  # outside the lock: other units' reads go on meanwhile
+    return reader
+
+
+@contextlib.contextmanager
+def open_with_xarray(target, path: str) -> Iterator[xr.Dataset]:
+    """A NetCDF-4 file (a path or a file object) opened through xarray (h5netcdf), for what read_box leaves to it."""
     with contextlib.ExitStack() as stack:
         try:
-            dataset = stack.enter_context(open_locked(reader, engine="h5netcdf", decode_times=False))
+            dataset = stack.enter_context(open_locked(target, engine="h5netcdf", decode_times=False))
         except Exception as error:  # h5netcdf and h5py raise their own types
-            raise _cannot_read(remote.path, error) from None
+            raise _cannot_read(path, error) from None
         yield dataset

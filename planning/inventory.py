@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from planning.coords import format_value
+from planning.local_probe import probe_local_files
 from planning.metadata import FileInfo, VariableInfo, inspect_file
-from planning.probe import FileProbe, decode_concat_values, probe_local, probe_remote
+from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
 from schemas.errors import UserError
@@ -99,12 +100,8 @@ def probe_files(files: list[ListedFile], concat_dim: str) -> list[FileProbe | No
     for protocol in dict.fromkeys(f.path.split("://", 1)[0] for f in remote):
         group = [f for f in remote if f.path.startswith(f"{protocol}://")]
         probes.update(zip((f.path for f in group), probe_remote(group, concat_dim)))
-    for listed in files:
-        if not is_remote(listed.path):
-            try:
-                probes[listed.path] = probe_local(listed.path, listed.nbytes, concat_dim)
-            except Exception:  # the full look reads it through xarray, and names the problem if there is one
-                probes[listed.path] = None
+    local = [(f.path, f.nbytes) for f in files if not is_remote(f.path)]
+    probes.update(zip((path for path, _ in local), probe_local_files(local, concat_dim)))
     return [probes[f.path] for f in files]
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from planning.cf_decoding import decoded
 from planning.classic_reads import read_raw
 from planning.netcdf3 import ClassicHeader
 from planning.remote_files import RemoteFile
@@ -57,13 +57,6 @@ def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
             value = str(value)
         out[str(key)] = value
     return out
-
-
-def decoded(name: str, dims, raw: np.ndarray, attrs: dict) -> xr.Variable:
-    """A variable's stored values and attributes decoded as xarray decodes them when it opens a file."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", xr.SerializationWarning)
-        return xr.conventions.decode_cf_variable(name, xr.Variable(dims, raw, dict(attrs)))
 
 
 def inspect_classic(path: str, nbytes: int, header: ClassicHeader, fetch) -> FileInfo:

@@ -1,8 +1,8 @@
 """A quick look at one input file: its structure's fingerprint, its dim sizes and its concat coordinate.
 
 Planning reads full metadata (through xarray) from one file per distinct structure only; every
-other file is probed: about 1 ms through the netCDF library instead of 6 ms through xarray,
-which is most of planning on archives of thousands of files. Files whose fingerprint equals
+other file is probed (local files: planning.local_probe; remote ones here, from bytes fetched
+for all files at once). Files whose fingerprint equals
 the reference's have the reference's variables, grid and attributes; their own concat
 coordinate is decoded exactly as xarray decodes it (``decode_cf_variable``, the file's own
 units and calendar).
@@ -15,17 +15,16 @@ import dataclasses
 import functools
 import hashlib
 import io
-import warnings
 from typing import Any
 
 import fsspec
 import numpy as np
-import xarray as xr
 
+from planning.cf_decoding import decoded
 from planning.classic_reads import read_raw
 from planning.netcdf3 import ClassicHeader, read_header
 from planning.remote_files import BlockReader, RemoteFile
-from planning.sources import NETCDF_LOCK, ListedFile, refuse_truncated
+from planning.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -59,12 +58,10 @@ def decode_concat_values(probes: list[FileProbe], concat_dim: str) -> list[np.nd
     out: list[np.ndarray | None] = [None] * len(probes)
     for members in groups.values():
         raw = np.concatenate([probes[i].concat_raw for i in members])
-        variable = xr.Variable((concat_dim,), raw, dict(probes[members[0]].concat_attrs))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", xr.SerializationWarning)
-            decoded = np.asarray(xr.conventions.decode_cf_variable(concat_dim, variable).values)
+        attrs = probes[members[0]].concat_attrs
+        decoded_values = np.asarray(decoded(concat_dim, (concat_dim,), raw, attrs).values)
         ends = np.cumsum([len(probes[i].concat_raw) for i in members])
-        for i, values in zip(members, np.split(decoded, ends[:-1])):
+        for i, values in zip(members, np.split(decoded_values, ends[:-1])):
             out[i] = values
     return out
 
@@ -95,24 +92,6 @@ def _probe(
             # A grid coordinate: files whose grids differ must not share a fingerprint.
             digest.update(np.ascontiguousarray(values()).tobytes())
     return FileProbe(path, nbytes, classic, digest.hexdigest(), sizes, concat_raw, concat_attrs)
-
-
-def probe_local(path: str, nbytes: int, concat_dim: str) -> FileProbe:
-    """Probe a local file with the netCDF library (NetCDF-3 and NetCDF-4 alike)."""
-    import netCDF4
-
-    with NETCDF_LOCK, netCDF4.Dataset(path) as ds:
-        if ds.groups:
-            raise ValueError("groups: take the full look")
-        sizes = {str(name): len(dim) for name, dim in ds.dimensions.items()}
-        variables = []
-        for name, variable in ds.variables.items():
-            variable.set_auto_maskandscale(False)
-            variable.set_auto_chartostring(False)
-            attrs = {key: _plain(variable.getncattr(key)) for key in variable.ncattrs()}
-            variables.append((str(name), variable.dimensions, variable.dtype, attrs, lambda v=variable: v[:]))
-        classic = ds.data_model.startswith("NETCDF3")
-        return _probe(path, nbytes, classic, sizes, variables, concat_dim)
 
 
 def probe_hdf5(path: str, stream: BlockReader, remote: RemoteFile, concat_dim: str) -> FileProbe:
@@ -155,7 +134,6 @@ END_BYTES = 24 * 1024
 _BLOCK = 16 * 1024
 #: Ranged requests in flight at once when fetching heads.
 REQUESTS_IN_FLIGHT = 32
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
@@ -180,7 +158,7 @@ def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | N
             probes.append(None)  # the full look reports why the file cannot be read
             continue
         with contextlib.suppress(Exception):
-            if head.startswith(_HDF5_MAGIC):
+            if head.startswith(HDF5_SIGNATURE):
                 reader = BlockReader(remote, _BLOCK)
                 reader.prefetch([(0, head_ends[i]), (tail_starts[i], listed.nbytes)], [head, tail])
                 probe = probe_hdf5(listed.path, reader, remote, concat_dim)

@@ -32,19 +32,23 @@ class RemoteFile:
 
     def __init__(self, path: str, size: int | None = None):
         self.path = path
-        self._fs, self._resolved = fsspec.core.url_to_fs(path)
         self._size = size
         self.bytes_read = 0
         self.requests = 0
         self.round_trips = 0  # waves of requests in flight: what latency multiplies
 
+    @functools.cached_property
+    def _located(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        return fsspec.core.url_to_fs(self.path)
+
     def fetch(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each range [start, stop), in order."""
         if not ranges:
             return []
-        extra = {"batch_size": REQUESTS_IN_FLIGHT} if isinstance(self._fs, AsyncFileSystem) else {}
-        parts = self._fs.cat_ranges(
-            [self._resolved] * len(ranges),
+        fs, resolved = self._located
+        extra = {"batch_size": REQUESTS_IN_FLIGHT} if isinstance(fs, AsyncFileSystem) else {}
+        parts = fs.cat_ranges(
+            [resolved] * len(ranges),
             [start for start, _ in ranges],
             [stop for _, stop in ranges],
             on_error="raise",
@@ -72,7 +76,8 @@ class RemoteFile:
     @property
     def size(self) -> int:
         if self._size is None:
-            self._size = int(self._fs.size(self._resolved))
+            fs, resolved = self._located
+            self._size = int(fs.size(resolved))
         return self._size
 
 

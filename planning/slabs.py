@@ -1,14 +1,15 @@
 """Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset.
 
-Only the box is read. Local files open in place (the netCDF library reads just the requested
-hyperslab); remote classic NetCDF files are read by the byte ranges their header locates
-(planning.classic_reads); remote NetCDF-4 files through h5netcdf, the box's bytes prefetched
-(planning.hdf5_reads). Every value is decoded by xarray's CF rules, so each route gives the
-values ``xr.open_dataset`` gives.
+Only the box is read. Classic NetCDF files are read by the byte ranges their header locates
+(planning.classic_reads); NetCDF-4 files through h5py, in place when local, the box's bytes
+prefetched when remote (planning.hdf5_reads); what those leave (unusual files) through xarray.
+Every value is decoded by xarray's CF rules, so each route gives the values
+``xr.open_dataset`` gives.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -17,9 +18,10 @@ import xarray as xr
 
 from planning.classic_reads import read_box
 from planning.features import VariablePlan
-from planning.hdf5_reads import open_prefetched
+from planning.hdf5_reads import open_with_xarray, prefetched
+from planning.hdf5_reads import read_box as read_hdf5_box
 from planning.remote_files import RemoteFile
-from planning.sources import SourceFile, file_size, open_netcdf
+from planning.sources import NETCDF_LOCK, SourceFile, file_size, is_hdf5, open_netcdf
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -55,11 +57,23 @@ def _values(path: str, ds: xr.Dataset, name: str, box: Box) -> np.ndarray:
         raise _failed(path, name, error) from None
 
 
-def _read_remote(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
+def _read_hdf5(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
+    local = not is_remote(remote.path)
+    target = remote.path if local else prefetched(remote, variables, box)
+    values = read_hdf5_box(target, variables, box)
+    if values is not None:
+        return values
+    opened = open_netcdf(remote.path, decode_times=False) if local else open_with_xarray(target, remote.path)
+    with opened as ds:
+        return {v.name: _values(remote.path, ds, v.name, box) for v in variables}
+
+
+def _read_any(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
+    if not is_remote(remote.path) and is_hdf5(remote.path):
+        return _read_hdf5(remote, variables, box)
     header = remote.classic_header()
     if header is None:
-        with open_prefetched(remote, variables, box) as ds:
-            return {v.name: _values(remote.path, ds, v.name, box) for v in variables}
+        return _read_hdf5(remote, variables, box)
     out = {}
     for name in (v.name for v in variables):
         variable = header.variables.get(name)
@@ -77,17 +91,35 @@ def _read_file(
     slabs: Slabs, path: str, variables: Sequence[VariablePlan], box: Box, size: int | None = None
 ) -> dict[str, np.ndarray]:
     """Values of ``variables`` over ``box`` in one file of ``size`` bytes (if known); counts remote reads."""
-    if not is_remote(path):
-        with open_netcdf(path, decode_times=False) as ds:
-            return {v.name: _values(path, ds, v.name, box) for v in variables}
     remote = RemoteFile(path, size)
     try:
-        values = _read_remote(remote, variables, box)
+        values = _read_any(remote, variables, box)
     except FileNotFoundError:
         raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
-    slabs.bytes_read += remote.bytes_read
-    slabs.requests += remote.requests
-    slabs.round_trips += remote.round_trips
+    if is_remote(path):
+        slabs.bytes_read += remote.bytes_read
+        slabs.requests += remote.requests
+        slabs.round_trips += remote.round_trips
+    return values
+
+
+def _checked(path: str, variable: VariablePlan, values: np.ndarray, box: Box) -> np.ndarray:
+    """The values read from one file, refused if the file's variable is not like the reference file's.
+
+    Planning probes only the files' coordinates (planning.local_probe); this is where each
+    file's variables are held to the reference's dims and decoded dtype.
+    """
+    expected = tuple(box[d][1] - box[d][0] for d in variable.dims)
+    if values.shape != expected:
+        raise UserError(
+            f"{path}: variable {variable.name!r} has shape {values.shape} where the plan needs {expected} "
+            f"({', '.join(variable.dims)}); every file's variables must have the first file's dims and sizes"
+        )
+    if values.dtype != np.dtype(variable.dtype):
+        raise UserError(
+            f"{path}: variable {variable.name!r} decodes to {values.dtype} but to {variable.dtype} in the first file "
+            "(its dtype, scale_factor, add_offset or _FillValue differ); all files must agree"
+        )
     return values
 
 
@@ -117,13 +149,18 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     along = [v for v in variables if v.static_path is None]
     begin, end = box[concat_dim]
     parts: dict[str, list[np.ndarray]] = {v.name: [] for v in along}
-    for source in files:
-        if not along or source.stop <= begin or source.start >= end:
-            continue
-        _check_unchanged(source)
-        local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
-        for name, value in _read_file(slabs, source.path, along, local, source.nbytes).items():
-            parts[name].append(value)
+    files = [f for f in files if along and f.stop > begin and f.start < end]
+    # Local files are read holding the lock for the whole unit: HDF5 works one call at a time
+    # per process anyway, and two threads handing the lock (and the GIL, which h5py keeps while
+    # it works) back and forth at every small file read slower than one thread. Remote files
+    # let go of it while their bytes arrive.
+    with contextlib.nullcontext() if any(is_remote(f.path) for f in files) else NETCDF_LOCK:
+        for source in files:
+            local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
+            _check_unchanged(source)
+            values = _read_file(slabs, source.path, along, local, source.nbytes)
+            for variable in along:
+                parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
     for variable in along:
         pieces = parts[variable.name]
         if not pieces:

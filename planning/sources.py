@@ -59,7 +59,18 @@ def list_files(patterns: Sequence[str]) -> list[ListedFile]:
     return [found[name] for name in sorted(found)]
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5(path: str) -> bool:
+    """Whether a local file starts as an HDF5 file (NetCDF-4) does."""
+    with open(path, "rb") as stream:
+        return stream.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+
+
 def file_size(path: str) -> int:
+    if not is_remote(path):
+        return os.path.getsize(path)
     fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
     return int(fs.size(resolved))
 
@@ -90,7 +101,8 @@ def refuse_truncated(path: str, size: int, expected: int | None) -> None:
 
 #: The netCDF and HDF5 C libraries are not thread-safe (concurrent opens crash the process), and
 #: Beam's multi_threading mode runs several units at once: one file is open at a time per process.
-NETCDF_LOCK = threading.Lock()
+#: Reentrant: a worker holds it across a run of small local files (planning.slabs).
+NETCDF_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,217 @@
+"""NetCDF-4 boxes read through h5py's low-level API equal xarray's, and files unlike the first are refused."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planning.features import VariablePlan
+from planning.hdf5_reads import read_box
+from planning.local_probe import probe_local, probe_local_files
+from planning.slabs import read_slabs
+from planning.sources import SourceFile
+from schemas.errors import UserError
+
+DIMS = ("time", "y", "x")
+SHAPE = (6, 5, 7)
+
+
+def _write(path: Path, variables: dict, fmt: str = "NETCDF4", time_values=None) -> Path:
+    """A NetCDF-4 file of ``variables`` {name: (dtype, attrs, codes, create options)} on (time, y, x)."""
+    with netCDF4.Dataset(path, "w", format=fmt) as nc:
+        for dim, size in zip(DIMS, (None, *SHAPE[1:])):
+            nc.createDimension(dim, size)
+        if time_values is not None:
+            time = nc.createVariable("time", "f8", ("time",))
+            time.units = "hours since 2000-01-01"
+            time[:] = time_values
+        for name, (dtype, attrs, codes, options) in variables.items():
+            attrs = dict(attrs)
+            var = nc.createVariable(name, dtype, DIMS, fill_value=attrs.pop("_FillValue", None), **options)
+            var.setncatts(attrs)
+            var.set_auto_maskandscale(False)  # store the codes as given
+            var[:] = codes
+    return path
+
+
+def _codes(dtype: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    values = rng.integers(info.min, info.max, SHAPE, endpoint=True) if info else rng.normal(0, 50, SHAPE)
+    return values.astype(dtype)
+
+
+def _packed(dtype: str, **attrs):
+    return (dtype, attrs, _codes(dtype), {})
+
+
+#: Every encoding xarray decodes on opening: packing, fills, missing values, unsigned bytes, booleans.
+ENCODINGS = {
+    "plain_f4": ("f4", {}, _codes("f4"), {}),
+    "nan_fill_f4": ("f4", {"_FillValue": np.float32(np.nan)}, _codes("f4"), {}),
+    "fill_f8": ("f8", {"_FillValue": -9.0, "missing_value": 1e20}, np.where(_codes("f8") > 40, -9.0, _codes("f8")), {}),
+    "packed_i2": _packed(
+        "i2", scale_factor=np.float32(0.01), add_offset=np.float32(273.15), _FillValue=np.int16(-32767)
+    ),
+    "packed_f8_scale": _packed("i2", scale_factor=0.5, add_offset=-3.0),
+    "fill_on_int": _packed("i2", _FillValue=np.int16(7), scale_factor=np.float32(2.0)),
+    "unsigned_i1": _packed("i1", _Unsigned="true", _FillValue=np.int8(-1)),
+    "native_u2": _packed("u2", missing_value=np.uint16(65535)),
+    "boolean": ("i1", {"dtype": "bool"}, (_codes("i1") > 0).astype("i1"), {}),
+    "chunked_zlib": ("f4", {"_FillValue": np.float32(-1.0)}, _codes("f4"), {"zlib": True, "chunksizes": (2, 3, 4)}),
+    "shuffled_i4": ("i4", {"scale_factor": np.float32(1e-3)}, _codes("i4"), {"zlib": True, "shuffle": True}),
+    "big_endian": (">f4", {}, _codes(">f4"), {"endian": "big"}),
+}
+
+
+@pytest.fixture(scope="module")
+def encoded_file(tmp_path_factory) -> Path:
+    return _write(tmp_path_factory.mktemp("hdf5") / "encodings.nc", ENCODINGS)
+
+
+def _xarray(path: Path, name: str, box: dict) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", xr.SerializationWarning)
+        with xr.open_dataset(path, decode_times=False) as ds:
+            return ds[name].isel({d: slice(*r) for d, r in box.items()}).values
+
+
+def _plan(name: str, dtype: str) -> VariablePlan:
+    return VariablePlan(name, DIMS, dtype, feature=None)
+
+
+def _box(draw_range) -> dict:
+    return {d: draw_range(n) for d, n in zip(DIMS, SHAPE)}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_box_of_any_encoding_equals_xarray_bit_for_bit(encoded_file, data):
+    name = data.draw(st.sampled_from(sorted(ENCODINGS)))
+
+    def draw_range(n):
+        start = data.draw(st.integers(0, n - 1))
+        return start, data.draw(st.integers(start, n))  # empty boxes too
+
+    box = _box(draw_range)
+    expected = _xarray(encoded_file, name, box)
+    got = read_box(str(encoded_file), [_plan(name, str(expected.dtype))], box)
+    if name == "big_endian":
+        assert got is None  # left to xarray, which swaps the bytes as it likes
+        return
+    assert got is not None, name
+    value = got[name]
+    assert (value.dtype, value.shape) == (expected.dtype, expected.shape), name
+    assert value.tobytes() == expected.tobytes(), name  # NaN positions and payloads too
+
+
+def test_what_h5py_cannot_read_is_left_to_xarray(encoded_file, tmp_path):
+    box = {d: (0, n) for d, n in zip(DIMS, SHAPE)}
+    assert read_box(str(encoded_file), [_plan("absent", "f4")], box) is None
+    assert read_box(str(encoded_file), [_plan("plain_f4", "f4")], {**box, "x": (0, SHAPE[2] + 1)}) is None
+    classic = _write(tmp_path / "classic.nc", {"v": ENCODINGS["plain_f4"]}, fmt="NETCDF3_CLASSIC")
+    assert read_box(str(classic), [_plan("v", "f4")], box) is None
+
+
+def _archive(directory: Path, dtypes: list[str], shapes=None) -> list[SourceFile]:
+    files, start = [], 0
+    for index, dtype in enumerate(dtypes):
+        codes = _codes("f8", index).astype(dtype)
+        if shapes and shapes[index] != SHAPE:
+            codes = np.zeros(shapes[index], dtype)
+        path = directory / f"part{index}.nc"
+        with netCDF4.Dataset(path, "w") as nc:
+            for dim, size in zip(DIMS, (None, *codes.shape[1:])):
+                nc.createDimension(dim, size)
+            nc.createVariable("t", dtype, DIMS)[:] = codes
+        files.append(SourceFile(str(path), start, start + SHAPE[0], path.stat().st_size))
+        start += SHAPE[0]
+    return files
+
+
+def test_a_file_whose_variable_decodes_to_another_dtype_is_refused_in_one_line(tmp_path):
+    files = _archive(tmp_path, ["f4", "f4", "f8"])
+    box = {"time": (0, 18), "y": (0, 5), "x": (0, 7)}
+    with pytest.raises(UserError) as error:
+        read_slabs(files, "time", [_plan("t", "float32")], box)
+    message = str(error.value)
+    assert "\n" not in message and "part2.nc" in message and "'t'" in message and "float64" in message
+    # The same files up to the odd one read fine, and equal xarray's values.
+    got = read_slabs(files[:2], "time", [_plan("t", "float32")], {**box, "time": (0, 12)}).values["t"]
+    with xr.open_mfdataset([f.path for f in files[:2]], combine="nested", concat_dim="time") as ds:
+        np.testing.assert_array_equal(got, ds.t.values)
+
+
+def test_a_file_whose_variable_has_other_sizes_is_refused_in_one_line(tmp_path):
+    files = _archive(tmp_path, ["f4", "f4"], shapes=[SHAPE, (SHAPE[0], 4, 7)])
+    with pytest.raises(UserError) as error:
+        read_slabs(files, "time", [_plan("t", "float32")], {"time": (0, 12), "y": (0, 5), "x": (0, 7)})
+    assert "part1.nc" in str(error.value) and "(6, 4, 7)" in str(error.value)
+
+
+def _steps(directory: Path, count: int, **variables) -> list[tuple[str, int]]:
+    paths = []
+    for index in range(count):
+        path = _write(
+            directory / f"step{index:04d}.nc",
+            variables or {"t": ENCODINGS["plain_f4"]},
+            time_values=np.arange(6) + 6 * index,
+        )
+        paths.append((str(path), path.stat().st_size))
+    return paths
+
+
+def test_the_local_probe_reads_the_concat_coordinate_and_tells_grids_apart(tmp_path):
+    (a, size_a), (b, size_b) = _steps(tmp_path, 2)
+    first, second = probe_local(a, size_a, "time"), probe_local(b, size_b, "time")
+    assert first.fingerprint == second.fingerprint and first.sizes == {"time": 6, "y": 5, "x": 7}
+    np.testing.assert_array_equal(second.concat_raw, np.arange(6) + 6.0)
+    assert second.concat_attrs == {"units": "hours since 2000-01-01"}
+    # A dim without a coordinate variable is no coordinate (its dimension scale holds no values).
+    assert probe_local(a, size_a, "y").concat_raw is None
+    # Another grid (a y coordinate with other values) is another structure.
+    other = tmp_path / "other.nc"
+    with netCDF4.Dataset(other, "w") as nc:
+        for dim, size in zip(DIMS, (None, *SHAPE[1:])):
+            nc.createDimension(dim, size)
+        nc.createVariable("y", "f8", ("y",))[:] = np.arange(5) * 2.0
+        nc.createVariable("t", "f4", DIMS)[:] = _codes("f4")
+    again = tmp_path / "again.nc"
+    with netCDF4.Dataset(again, "w") as nc:
+        for dim, size in zip(DIMS, (None, *SHAPE[1:])):
+            nc.createDimension(dim, size)
+        nc.createVariable("y", "f8", ("y",))[:] = np.arange(5) * 3.0
+        nc.createVariable("t", "f4", DIMS)[:] = _codes("f4")
+    fingerprints = {probe_local(str(p), p.stat().st_size, "time").fingerprint for p in (other, again)}
+    assert len(fingerprints) == 2
+
+
+def test_a_grouped_file_is_left_to_the_full_look(tmp_path):
+    path = tmp_path / "grouped.nc"
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createGroup("inner").createDimension("time", 3)
+    assert probe_local_files([(str(path), path.stat().st_size)], "time") == [None]
+
+
+def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
+    paths = _steps(tmp_path, 12)
+    serial = probe_local_files(paths, "time")
+    monkeypatch.setattr("planning.local_probe.POOL_MIN_FILES", 4)
+    monkeypatch.setattr("planning.local_probe.FILES_PER_TASK", 5)
+    pooled = probe_local_files(paths, "time")
+    assert len(pooled) == len(serial) == 12
+    for one, other in zip(serial, pooled):
+        assert (one.path, one.fingerprint, one.sizes, one.concat_attrs) == (
+            other.path,
+            other.fingerprint,
+            other.sizes,
+            other.concat_attrs,
+        )
+        np.testing.assert_array_equal(one.concat_raw, other.concat_raw)
