@@ -12,13 +12,15 @@ import gc
 import importlib.util
 import io
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from pipelines.cli import EXIT_INTERRUPTED, dropped_line, report_failure
+from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
 from schemas.schema import default_split
-from schemas.urls import is_remote
 
 if TYPE_CHECKING:
     from planning.plan import BuildPlan
@@ -76,14 +78,18 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     # find_spec looks TensorFlow up without importing it (that would take seconds).
     missing = "" if importlib.util.find_spec("tensorflow") else ' (not installed here: pip install -e ".[tf]")'
     print(f"Load it in TensorFlow{missing}:")
-    if is_remote(plan.output):
-        # parser.py lives in the bucket; TensorFlow reads gs:// shards directly.
-        print("    from schemas import load_dataset")
-        print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
-        return
-    print(f"    import sys; sys.path.insert(0, {plan.output!r})")
-    print("    from parser import make_dataset")
-    print(f"    ds = make_dataset({split!r}, batch_size=32)")
+    # load_dataset reads the output's own schema.json: two outputs in one process cannot mix up
+    # (importing each output's parser.py as the module "parser" would return the first one twice).
+    print("    from schemas import load_dataset")
+    print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the build cleans up as after Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         # which is reported below in one line.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     started = time.monotonic()
+    # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
@@ -128,11 +137,16 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
             plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem)
         sys.stderr.write(worker_output.getvalue())
-    except KeyboardInterrupt:
-        print("error: interrupted; the output has no schema.json and is incomplete", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interruption:
+        terminated = isinstance(interruption, Terminated)
+        what = "stopped by SIGTERM" if terminated else "interrupted"
+        print(f"error: {what}; the run's files were removed and the output is not complete", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except Exception as error:
         return report_failure(error, args.verbose)
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
     if schema is None:
         print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
         return 0
@@ -145,4 +159,9 @@ if __name__ == "__main__":
     # Everything left is freed at exit anyway; without this, the interpreter's last collections
     # walk Beam's whole object graph first (about 0.6 s, measured on a 5 s run).
     gc.freeze()
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        # The run's files are gone; Beam's worker threads would only compute what nobody writes.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 import traceback
@@ -11,20 +12,13 @@ from schemas.errors import UserError
 
 EXIT_FAILED = 1  # something went wrong that the message describes (or a check failed)
 EXIT_USER_ERROR = 2  # bad input or configuration: the message names it and the fix
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 
 
 def user_error_message(error: BaseException) -> str | None:
     """The one-line message of a UserError raised anywhere, including inside a Beam worker."""
-    message = None
-    seen = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, UserError):
-            message = str(cause)
-            break
-        cause = cause.__cause__ or cause.__context__
+    message = next((str(cause) for cause in _chain(error) if isinstance(cause, UserError)), None)
     if message is None:
         # Worker processes send their exceptions back as text; ours follows the type name.
         marker = f"{UserError.__name__}: "
@@ -33,6 +27,50 @@ def user_error_message(error: BaseException) -> str | None:
             return None
         message = text.split(marker, 1)[1].splitlines()[0]
     return re.sub(r" \[while running '[^']*'\]$", "", message.strip())
+
+
+#: What to do when the machine, not the input, fails a build.
+_ENVIRONMENT_FIXES = {
+    errno.ENOSPC: "free some space, or write the output elsewhere (--output)",
+    errno.EDQUOT: "a disk quota is full: free some space, or write the output elsewhere (--output)",
+    errno.EACCES: "make it writable, or write the output elsewhere (--output)",
+    errno.EPERM: "make it writable, or write the output elsewhere (--output)",
+    errno.EROFS: "the filesystem is read-only: write the output elsewhere (--output)",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+}
+#: A worker's exception comes back as the text of its traceback; its last line names it.
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): (?P<message>.*)$")
+_OS_ERROR = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:]+)(?:: '(?P<path>[^']*)')?")
+#: Error lines are capped: a message may quote a value of any size.
+MAX_LINE = 500
+
+
+def _innermost(error: BaseException) -> tuple[str, str]:
+    """The failing exception's type and message, found in a worker's traceback text when that is all there is."""
+    for cause in _chain(error):
+        if isinstance(cause, OSError) and cause.errno in _ENVIRONMENT_FIXES:
+            return type(cause).__name__, str(cause)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Traceback"):
+        last = re.sub(r" \[while running '[^']*'\]$", "", lines[-1])
+        while (match := _EXCEPTION_LINE.match(last)) and _EXCEPTION_LINE.match(match["message"]):
+            last = match["message"]  # RuntimeError: OSError: ... -> OSError: ...
+        if match := _EXCEPTION_LINE.match(last):
+            return match["type"], match["message"]
+    return type(error).__name__, lines[0] if lines else ""
+
+
+def _chain(error: BaseException):
+    seen = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
+def _capped(line: str) -> str:
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
 
 
 def report_failure(error: BaseException, verbose: bool, subject: str = "") -> int:
@@ -44,12 +82,17 @@ def report_failure(error: BaseException, verbose: bool, subject: str = "") -> in
         traceback.print_exc()
     message = user_error_message(error)
     if message is not None:
-        print(f"error: {message}", file=sys.stderr)
+        print(_capped(f"error: {message}"), file=sys.stderr)
         return EXIT_USER_ERROR
-    first_line = str(error).splitlines()[0] if str(error) else ""
+    name, text = _innermost(error)
+    if (match := _OS_ERROR.search(text)) and int(match["errno"]) in _ENVIRONMENT_FIXES:
+        where = match["path"] or subject or "the output"
+        fix = _ENVIRONMENT_FIXES[int(match["errno"])]
+        print(_capped(f"error: {where}: {match['reason'].lower()}; {fix}"), file=sys.stderr)
+        return EXIT_FAILED
     hint = "" if verbose else " (--verbose shows where)"
     prefix = f"{subject}: " if subject else ""
-    print(f"error: {prefix}{type(error).__name__}: {first_line}{hint}", file=sys.stderr)
+    print(_capped(f"error: {prefix}{name}: {text}") + hint, file=sys.stderr)
     return EXIT_FAILED
 
 

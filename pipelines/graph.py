@@ -14,7 +14,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.output import prepare_output, remove_temporary_files
+from pipelines.output import prepare_output, record_complete, remove_run_files
+from pipelines.output_lock import output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
 from pipelines.runners import (
@@ -26,6 +27,7 @@ from pipelines.runners import (
     runner_context,
     with_runner_defaults,
 )
+from planning.cancellation import allow_writes, cancel_writes
 from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
 from planning.names import INVENTORY_FILE, join, sources_path, work_dir
@@ -75,6 +77,7 @@ def run_build(
     workers share the output's filesystem). ``shared_filesystem``: a remote runner's workers see
     this machine's files (a cluster on a shared parallel filesystem); local runs always do.
     """
+    allow_writes()  # a build before this one in the process may have been interrupted
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
@@ -86,41 +89,49 @@ def run_build(
     local = is_local_runner(options)
     if shared_filesystem and not local:
         config = with_absolute_paths(config)  # the workers' working directory is not this one
-    inventory = join(config.output.path, INVENTORY_FILE)
-    plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
-    # A local output on a filesystem the workers share: bucket files, progress markers and
-    # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
-    shared = local or (shared_filesystem and not is_remote(plan.output))
-    strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
-    logger.info("records are written by %s: %s", strategy.value, reason)
-    work = work_dir(plan.output, plan.run_id) if shared else None
-    sources = sources_path(plan.output, plan.run_id)
-    if dry_run:
-        with pipeline:
-            build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
-        return plan, None
-    prepare_output(plan.output, overwrite)
-    save_probes(inventory, plan.concat_dim, plan.probes)
-    try:
-        layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-        specs = compile_specs(plan, strategy, work, layout, sources)
-        write_atomically(sources, [plan.sources.to_bytes()])
-        if layout is not None:
-            preallocate(specs.write)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(runner_context(options))
-            if progress is not None and specs.write.progress_dir is not None:
-                counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
-                stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
-            try:
-                with pipeline:
-                    build_pipeline(pipeline, list(plan.units), specs)
-            finally:
-                close_run(pipeline)
-    except BaseException:
-        remove_temporary_files(plan.output, plan.run_id, work)
-        raise
-    return plan, load_schema(plan.output)
+    # One build at a time into an output (a dry run writes nothing, so it takes no lock).
+    with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
+        inventory = join(config.output.path, INVENTORY_FILE)
+        plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
+        # A local output on a filesystem the workers share: bucket files, progress markers and
+        # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
+        shared = local or (shared_filesystem and not is_remote(plan.output))
+        strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
+        logger.info("records are written by %s: %s", strategy.value, reason)
+        work = work_dir(plan.output, plan.run_id) if shared else None
+        sources = sources_path(plan.output, plan.run_id)
+        if dry_run:
+            with pipeline:
+                build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
+            return plan, None
+        manifest = plan.manifest()
+        prepare_output(plan.output, overwrite, manifest)
+        save_probes(inventory, plan.concat_dim, plan.probes)
+        try:
+            layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
+            specs = compile_specs(plan, strategy, work, layout, sources)
+            write_atomically(sources, [plan.sources.to_bytes()])
+            if layout is not None:
+                preallocate(specs.write)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(runner_context(options))
+                if progress is not None and specs.write.progress_dir is not None:
+                    counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
+                    stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
+                try:
+                    with pipeline:
+                        build_pipeline(pipeline, list(plan.units), specs)
+                finally:
+                    close_run(pipeline)
+        except BaseException:
+            # Other worker threads may still be writing: stop them first, or they would write again
+            # into what is being removed.
+            if not cancel_writes():
+                logger.warning("writes still running after the wait; what they leave, --overwrite removes")
+            remove_run_files(plan.output, manifest, work)
+            raise
+        record_complete(plan.output, manifest)
+        return plan, load_schema(plan.output)
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:

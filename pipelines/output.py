@@ -1,22 +1,29 @@
 """The output directory on the driver: refusing or clearing an existing output, removing a failed run's files.
 
-All I/O goes through Beam's ``FileSystems``, so local paths and ``gs://`` behave the same.
+What may be deleted is decided by the output's manifest (planning.manifest), never by file
+names alone. All I/O goes through Beam's ``FileSystems``, so local paths and ``gs://`` behave
+the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 from apache_beam.io.filesystems import FileSystems
 
-from planning.names import INVENTORY_FILE, TMP_DIR, is_ours, join, relative, temporary_path
+from planning.manifest import BOOKKEEPING, Manifest, manifest_from_schema
+from planning.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
+from planning.probe_cache import FORMAT as INVENTORY_FORMAT
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote
-from transforms.shards import remove_tree
+from transforms.shards import read_bytes, remove_if_empty, remove_tree, write_atomically
 
 logger = logging.getLogger(__name__)
+#: Foreign files named in a refusal.
+_NAMED = 3
 
 
 def _is_file(path: str) -> bool:
@@ -25,46 +32,93 @@ def _is_file(path: str) -> bool:
     return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
 
 
-def prepare_output(path: str, overwrite: bool) -> None:
-    """Refuse an existing output unless ``overwrite``; then remove what an earlier build wrote.
+def _files(path: str) -> list[str]:
+    """Every file under ``path``, relative to it."""
+    return sorted(relative(path, m.path) for m in FileSystems.match([join(path, "**")])[0].metadata_list)
 
-    The old schema.json goes first, so an interrupted clean-up never leaves a directory that
-    looks complete. Files this tool did not write are never deleted: their presence is an error.
+
+def _text(path: str) -> str | None:
+    try:
+        return read_bytes(path).decode("utf-8", errors="replace")
+    except Exception:  # missing or unreadable: then it records nothing
+        return None
+
+
+def _record(path: str, files: list[str]) -> Manifest | None:
+    """The record of what earlier builds wrote here: the manifest, else an older output's schema.json."""
+    if MANIFEST_FILE in files and (manifest := Manifest.loads(_text(join(path, MANIFEST_FILE)) or "")):
+        return manifest
+    if SCHEMA_FILE in files:
+        return manifest_from_schema(_text(join(path, SCHEMA_FILE)) or "")
+    return None
+
+
+def _ours(path: str, name: str, record: Manifest | None) -> bool:
+    if record is not None and record.owns(name):
+        return True
+    # A failed build of an older version left its inventory cache alone: it says whose it is.
+    return name == INVENTORY_FILE and INVENTORY_FORMAT.split("/")[0] in (_text(join(path, name)) or "")[:200]
+
+
+def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
+    """Refuse an existing output unless ``overwrite``; remove what earlier builds wrote; record ``manifest``.
+
+    Only files an earlier build recorded are deleted (the old schema.json first, so an
+    interrupted clean-up never leaves a directory that looks complete); any other file is an
+    error that names it. A directory holding only an earlier failed build's bookkeeping needs
+    no --overwrite.
     """
     if _is_file(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
-    # The inventory cache (written by planning, just before) is kept: it is what makes a rerun fast.
-    kept = join(path, INVENTORY_FILE)
-    existing = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list if m.path != kept]
-    if not existing:
-        return
-    if not overwrite:
-        raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
-    foreign = [p for p in existing if not is_ours(relative(path, p))]
+    files = _files(path)
+    record = _record(path, files)
+    foreign = [name for name in files if not _ours(path, name, record)]
     if foreign:
+        named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
         raise UserError(
-            f"output: {path} holds files this tool did not write (e.g. {foreign[0]}); "
-            "--overwrite only replaces an earlier output: choose an empty or new directory"
+            f"output: {path} holds files this tool did not write ({named}); "
+            "--overwrite only replaces an earlier output of this tool: choose an empty or new directory"
         )
-    schema = join(path, SCHEMA_FILE)
-    if FileSystems.exists(schema):
-        FileSystems.delete([schema])
-    rest = [p for p in existing if p != schema]
+    written = [name for name in files if name not in BOOKKEEPING]
+    if written and not overwrite:
+        raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
+    if SCHEMA_FILE in written:
+        FileSystems.delete([join(path, SCHEMA_FILE)])
+    rest = [join(path, name) for name in written if name != SCHEMA_FILE]
     if rest:
         FileSystems.delete(rest)
+    for run in record.runs if record else ():
+        remove_tree(run_dir(path, run))
+    remove_if_empty(join(path, TMP_DIR))
+    write_atomically(join(path, MANIFEST_FILE), [manifest.dumps().encode()])
 
 
-def remove_temporary_files(output: str, run_id: str, work_dir: str | None) -> None:
-    """Delete what a failed run left: its temporary shards and its working directory.
+def record_complete(output: str, manifest: Manifest) -> None:
+    """Once the output is complete: its manifest lists its files only (no run left anything else behind).
+
+    So a finished output holds nothing that changes from run to run, and hashes the same.
+    """
+    write_atomically(join(output, MANIFEST_FILE), [dataclasses.replace(manifest, runs=frozenset()).dumps().encode()])
+
+
+def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> None:
+    """Delete what a failed run wrote (shards, metadata, temporaries, its working directory); keep bookkeeping.
 
     A run killed outright cannot do this; the next run with --overwrite does (prepare_output).
     """
-    pattern = temporary_path(join(output, "*"), run_id)
-    temporary = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    for path in [*temporary, work_dir, join(output, TMP_DIR)]:
+    try:
+        files = [name for name in _files(output) if manifest.owns(name) and name not in BOOKKEEPING]
+    except Exception as error:  # cleaning up must not hide why the run failed
+        logger.warning("could not list %s: %s", output, error)
+        files = []
+    ordered = [SCHEMA_FILE] if SCHEMA_FILE in files else []
+    paths = [join(output, name) for name in [*ordered, *(f for f in files if f != SCHEMA_FILE)]]
+    paths += [run_dir(output, run) for run in manifest.runs]
+    for path in [*paths, work_dir]:
         if path is None:
             continue
         try:
             remove_tree(path)
         except Exception as error:  # cleaning up must not hide why the run failed
             logger.warning("could not remove %s: %s", path, error)
+    remove_if_empty(join(output, TMP_DIR))

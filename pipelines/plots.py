@@ -57,19 +57,23 @@ def plot_output(
     if not variables:
         raise UserError(f"{path}: the schema has no variable features; there is nothing to plot")
 
-    mosaic = build_mosaic(schema, scan, variables[0], picks[0], latlon) if with_map else None
-    page = Page(variables, len(picks), mosaic)
-    title = f"{path} · split {split!r} · {schema.num_examples(split):,} samples · shuffle seed {schema.seed}"
-    if len(all_variables) > MAX_COLUMNS:
-        title += f" · first {MAX_COLUMNS} of {len(all_variables)} variables"
-    page.figure.suptitle(title, fontsize=FONT + 3, fontweight="bold")
-    for row, i in enumerate(picks):
-        draw_sample_row(page.rows[row], schema, variables, scan, i, _letter(row))
-    draw_histograms(page.histograms, variables, scan, stats)
-    if mosaic is not None:
-        draw_map(page.map, schema, variables[0], scan, picks, latlon, mosaic)
-    buffer = io.BytesIO()
-    page.figure.savefig(buffer, format="png", dpi=110)
+    import matplotlib
+
+    # Names and units are shown as written: a "$" in them is no TeX (mathtext would fail on it).
+    with matplotlib.rc_context({"text.parse_math": False}):
+        mosaic = build_mosaic(schema, scan, variables[0], picks[0], latlon) if with_map else None
+        page = Page(variables, len(picks), mosaic)
+        title = f"{path} · split {split!r} · {schema.num_examples(split):,} samples · shuffle seed {schema.seed}"
+        if len(all_variables) > MAX_COLUMNS:
+            title += f" · first {MAX_COLUMNS} of {len(all_variables)} variables"
+        page.figure.suptitle(title, fontsize=FONT + 3, fontweight="bold")
+        for row, i in enumerate(picks):
+            draw_sample_row(page.rows[row], schema, variables, scan, i, _letter(row))
+        draw_histograms(page.histograms, variables, scan, stats)
+        if mosaic is not None:
+            draw_map(page.map, schema, variables[0], scan, picks, latlon, mosaic)
+        buffer = io.BytesIO()
+        page.figure.savefig(buffer, format="png", dpi=110)
     with fsspec.open(png, "wb") as stream:
         stream.write(buffer.getvalue())
     return png

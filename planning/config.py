@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from schemas.errors import UserError
+from schemas.urls import is_remote
 
 #: Shards stay well under 1 GiB: readers and tools handle files of this size well
 #: (tensorflow/datasets#10995). Planning sizes shards so none can exceed it; writers check it.
@@ -48,7 +49,7 @@ class InputConfig(_Strict):
     def _not_empty(cls, value: list[str]) -> list[str]:
         if not value or any(not p for p in value):
             raise ValueError("give at least one non-empty path or glob")
-        return value
+        return [p if is_remote(p) else os.path.expanduser(p) for p in value]
 
 
 class WindowConfig(_Strict):
@@ -110,7 +111,10 @@ class SampleConfig(_Strict):
 
 class ShuffleConfig(_Strict):
     seed: int = Field(
-        0, ge=0, description="same seed and inputs give byte-identical shards; another seed, another order"
+        0,
+        ge=0,
+        lt=2**64,
+        description="same seed and inputs give byte-identical shards; another seed, another order (0 to 2**64 - 1)",
     )
 
 
@@ -191,9 +195,14 @@ class OutputConfig(_Strict):
 
     @field_validator("path")
     @classmethod
-    def _local_url_as_path(cls, value: str) -> str:
+    def _one_meaning(cls, value: str) -> str:
         # A file:// URL names a local directory: treat it as one (records can be written in place there).
-        return value.removeprefix("file://") or value
+        value = value.removeprefix("file://") or value
+        if "::" in value:
+            raise ValueError("'::' chains URLs in fsspec, so the output would be read back from another place")
+        if any(c in value for c in "*?[]"):
+            raise ValueError("*, ?, [ and ] are glob patterns to the filesystem layers; choose a path without them")
+        return os.path.expanduser(value) if not is_remote(value) else value
 
     @field_validator("dtype")
     @classmethod
@@ -291,26 +300,82 @@ def parse_config(data: Any, source: str = "config") -> BuildConfig:
     """Validate a config given as plain data (as loaded from YAML)."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of keys (input, sample, output, ...), got {type(data).__name__}")
+    if (where := _empty_name(data)) is not None:
+        raise UserError(f"{source}: {where or '(top level)'}: empty name or value; names and paths must not be empty")
     try:
         return BuildConfig.model_validate(data)
     except pydantic.ValidationError as error:
         raise UserError(format_validation_error(error, source)) from None
 
 
+#: A config is a few hundred bytes; anything near these bounds is a mistake or an attack.
+MAX_CONFIG_BYTES = 1_000_000
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Values the node stands for once YAML aliases are expanded (each alias counts what it repeats)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 0  # a node that contains itself: counted once
+        children = node.value if isinstance(node.value, list) else []
+        parts = [part for child in children for part in (child if isinstance(child, tuple) else (child,))]
+        sizes[id(node)] = min(1 + sum(_expanded_size(part, sizes) for part in parts), MAX_CONFIG_VALUES + 1)
+    return sizes[id(node)]
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Load a YAML file with the safe loader; errors name the file and line."""
+    """Load a YAML file with the safe loader; errors name the file and line. Size and alias expansion are bounded."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path}: config file not found; pass an existing file to --config") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; pass a config file to --config") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"{path}: {len(data):,} bytes is too large for a config (at most {MAX_CONFIG_BYTES:,})")
     try:
-        return yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8"
+        ) from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_CONFIG_VALUES:
+            raise UserError(
+                f"{path}: expands to more than {MAX_CONFIG_VALUES:,} values through YAML aliases (*name); "
+                "write the values out"
+            )
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise UserError(f"{path}: YAML syntax error at {where}: {error.problem}") from None
     except yaml.YAMLError as error:
         raise UserError(f"{path}: YAML error: {error}") from None
+    finally:
+        loader.dispose()
+
+
+def _empty_name(data: Any, where: str = "") -> str | None:
+    """Where the config has an empty key or an empty text value (names must not be empty), if anywhere."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            place = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and not key.strip():
+                return place
+            if (found := _empty_name(value, place)) is not None:
+                return found
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            if (found := _empty_name(value, f"{where}.{index}")) is not None:
+                return found
+    elif isinstance(data, str) and not data.strip():
+        return where
+    return None
 
 
 def load_config(path: str | Path | None = None, data: dict | None = None, **overrides: Any) -> BuildConfig:

@@ -29,6 +29,8 @@ class Inventory:
     concat_values: np.ndarray  # the virtual dataset's concat coordinate
     #: every probed file's probe, as listed: what planning.probe_cache keeps for the next run
     probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
+    #: each file's version as listed (modification time or generation): workers check it is unchanged
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def reference(self) -> FileInfo:
@@ -68,7 +70,7 @@ class Inventory:
         files, start = [], 0
         for info in self.files:
             stop = start + info.sizes[self.concat_dim]
-            files.append(SourceFile(info.path, start, stop, info.nbytes))
+            files.append(SourceFile(info.path, start, stop, info.nbytes, self.versions.get(info.path, "")))
             start = stop
         return files
 
@@ -88,7 +90,7 @@ def take_inventory(patterns: list[str], concat_dim: str, cached: Mapping | None 
         )
     ordered, values = _order(along, concat_dim)
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
-    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept)
+    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, {f.path: f.version for f in listed})
     _check_static_files(inventory)
     return inventory
 

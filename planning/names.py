@@ -6,12 +6,11 @@ needs a final name computes it from the shard number.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import posixpath
 import tempfile
 
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, shard_name
+from schemas.schema import shard_name
 from schemas.urls import is_remote
 
 #: A run's working files (bucket files, the shard layout, progress markers) live under this
@@ -21,7 +20,8 @@ TMP_DIR = "_tmp"
 TEMPORARY_MARK = ".tmp-"
 #: The probes of the input files, kept so that a rerun reads no file's metadata again.
 INVENTORY_FILE = "_inventory.json"
-_OURS = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, SHARD_GLOB, INVENTORY_FILE)
+#: What builds wrote into this output (planning.manifest): what --overwrite may delete.
+MANIFEST_FILE = "_manifest.json"
 
 
 def join(base: str, *parts: str) -> str:
@@ -40,16 +40,21 @@ def shard_path(output: str, split: str, number: int, count: int, compression: st
     return join(output, shard_name(split, number, count, compression))
 
 
+def run_dir(output: str, run_id: str) -> str:
+    """A run's directory beside its output (the manifest owns it by the run id): removed when the run ends."""
+    return join(output, TMP_DIR, run_id)
+
+
 def work_dir(output: str, run_id: str) -> str:
     """Where a local run keeps its working files: under the output, or in local temp for remote outputs."""
     if is_remote(output):
         return os.path.join(tempfile.gettempdir(), "xarray-tfrecords", run_id)
-    return join(output, TMP_DIR, run_id)
+    return run_dir(output, run_id)
 
 
 def sources_path(output: str, run_id: str) -> str:
     """Where a run saves its input files' index for the workers (beside the output, which every worker reaches)."""
-    return join(output, TMP_DIR, run_id, "sources.npz")
+    return join(run_dir(output, run_id), "sources.npz")
 
 
 def bucket_path(directory: str, shard: int, unit: int) -> str:
@@ -59,10 +64,3 @@ def bucket_path(directory: str, shard: int, unit: int) -> str:
 
 def relative(base: str, path: str) -> str:
     return posixpath.relpath(path, base) if not is_remote(base) else path[len(base.rstrip("/")) + 1 :]
-
-
-def is_ours(relative_path: str) -> bool:
-    """Whether a file (relative to the output) has a name this tool writes."""
-    if relative_path.split("/", 1)[0] == TMP_DIR:
-        return True
-    return "/" not in relative_path and any(fnmatch.fnmatch(relative_path, pattern) for pattern in _OURS)

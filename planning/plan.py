@@ -28,6 +28,7 @@ from planning.features import (
     variable_plans,
 )
 from planning.inventory import Inventory, check_variables_agree, take_inventory
+from planning.manifest import Manifest, build_manifest
 from planning.positions import Positions
 from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.source_index import SourceIndex
@@ -35,7 +36,7 @@ from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
-from schemas.schema import Feature, Schema
+from schemas.schema import Feature, Schema, shard_name
 from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,12 @@ class BuildPlan:
     @property
     def num_shards(self) -> int:
         return sum(s.num_shards for s in self.splits)
+
+    def manifest(self) -> Manifest:
+        """What this build may write into its output (the only files a later --overwrite deletes)."""
+        compression = self.config.output.compression
+        names = [shard_name(s.name, i, s.num_shards, compression) for s in self.splits for i in range(s.num_shards)]
+        return build_manifest(self.run_id, names)
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:

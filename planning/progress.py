@@ -13,17 +13,20 @@ import dataclasses
 import json
 import os
 
+from planning.cancellation import writing
+
 
 def mark(directory: str | None, kind: str, index: int, **numbers: int) -> None:
     """Record that unit or shard ``index`` is done, with its sample and byte counts."""
     if directory is None:
         return
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{kind}-{index:06d}.json")
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as stream:
-        json.dump(numbers, stream)
-    os.replace(temporary, path)
+    with writing():
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{kind}-{index:06d}.json")
+        temporary = f"{path}.tmp"
+        with open(temporary, "w") as stream:
+            json.dump(numbers, stream)
+        os.replace(temporary, path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from planning.features import VariablePlan
 from planning.hdf5_reads import open_with_xarray, prefetched
 from planning.hdf5_reads import read_box as read_hdf5_box
 from planning.remote_files import RemoteFile
-from planning.sources import NETCDF_LOCK, SourceFile, file_size, is_hdf5, open_netcdf
+from planning.sources import NETCDF_LOCK, SourceFile, is_hdf5, open_netcdf, size_and_version
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -125,12 +125,13 @@ def _checked(path: str, variable: VariablePlan, values: np.ndarray, box: Box) ->
 
 def _check_unchanged(source: SourceFile) -> None:
     try:
-        size = file_size(source.path)
+        size, version = size_and_version(source.path)
     except FileNotFoundError:
         raise UserError(f"{source.path}: file not found (was it moved or deleted during the build?)") from None
-    if size != source.nbytes:
+    if size != source.nbytes or (source.version and version != source.version):
+        change = f"size ({size} bytes, {source.nbytes} then)" if size != source.nbytes else "modification time"
         raise UserError(
-            f"{source.path}: changed size since the build was planned ({source.nbytes} bytes then); "
+            f"{source.path}: changed since the build was planned (its {change}); "
             "do not modify input files during a build: run it again"
         )
 

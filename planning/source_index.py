@@ -25,6 +25,7 @@ class SourceIndex:
     starts: np.ndarray  # int64
     stops: np.ndarray
     nbytes: np.ndarray
+    versions: tuple[str, ...] = ()  # as listed (modification time or generation); workers check them
 
     @classmethod
     def of(cls, files: list[SourceFile]) -> SourceIndex:
@@ -33,13 +34,17 @@ class SourceIndex:
             np.array([f.start for f in files], dtype=np.int64),
             np.array([f.stop for f in files], dtype=np.int64),
             np.array([f.nbytes for f in files], dtype=np.int64),
+            tuple(f.version for f in files),
         )
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> SourceFile:
-        return SourceFile(self.paths[index], int(self.starts[index]), int(self.stops[index]), int(self.nbytes[index]))
+        version = self.versions[index] if self.versions else ""
+        return SourceFile(
+            self.paths[index], int(self.starts[index]), int(self.stops[index]), int(self.nbytes[index]), version
+        )
 
     def __iter__(self) -> Iterator[SourceFile]:
         return (self[i] for i in range(len(self)))
@@ -66,12 +71,14 @@ class SourceIndex:
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        paths = np.array(self.paths, dtype=np.str_)
-        np.savez_compressed(buffer, paths=paths, starts=self.starts, stops=self.stops, nbytes=self.nbytes)
+        paths, versions = np.array(self.paths, dtype=np.str_), np.array(self.versions, dtype=np.str_)
+        columns = {"starts": self.starts, "stops": self.stops, "nbytes": self.nbytes}
+        np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SourceIndex:
         with np.load(io.BytesIO(data), allow_pickle=False) as columns:
             paths = tuple(str(p) for p in columns["paths"])
-            return cls(paths, columns["starts"], columns["stops"], columns["nbytes"])
+            versions = tuple(str(v) for v in columns["versions"])
+            return cls(paths, columns["starts"], columns["stops"], columns["nbytes"], versions)

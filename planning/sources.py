@@ -68,11 +68,14 @@ def is_hdf5(path: str) -> bool:
         return stream.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
 
 
-def file_size(path: str) -> int:
+def size_and_version(path: str) -> tuple[int, str]:
+    """A file's size and version now, as list_files reports them."""
     if not is_remote(path):
-        return os.path.getsize(path)
+        status = os.stat(path)
+        return status.st_size, str(status.st_mtime)
     fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
-    return int(fs.size(resolved))
+    info = fs.info(resolved)
+    return int(info["size"]), _version(info)
 
 
 def check_not_truncated(path: str) -> int:
@@ -166,3 +169,4 @@ class SourceFile:
     start: int
     stop: int
     nbytes: int
+    version: str = ""  # modification time or generation when listed ("" when the filesystem has none)

@@ -14,7 +14,7 @@ from planning.config import MAX_SHARD_BYTES
 from planning.features import StackPlan, VariablePlan
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
-from planning.names import join, shard_path, temporary_path
+from planning.names import join, run_dir, shard_path, temporary_path
 from planning.plan import BuildPlan
 from planning.positions import Positions
 from planning.source_index import SourceIndex
@@ -109,7 +109,8 @@ class FinalizeSpec:
     stats: StatsSpec
     reference_split: str  # whose statistics normalise
     compression: str | None
-    work_dir: str | None = None  # removed once the output is complete
+    run_dir: str  # the run's directory beside the output (under _tmp): removed once the output is complete
+    work_dir: str | None = None  # removed once the output is complete too
 
 
 def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
@@ -167,6 +168,7 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         stats=stats_spec(plan),
         reference_split=plan.config.stats.reference_split or default_split(names),
         compression=plan.config.output.compression,
+        run_dir=run_dir(plan.output, plan.run_id),
         work_dir=work_dir,
     )
 

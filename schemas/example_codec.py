@@ -115,6 +115,8 @@ class ExampleEncoder:
     def encode(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
         """One serialized Example per sample; ``columns[name]`` has shape (samples, *feature.shape)."""
         n = len(columns[self.features[0].name]) if self.features else 0
+        if n == 0:
+            return []  # e.g. a unit whose samples nan_policy: drop dropped every one of
         fixed = np.empty((n, self._fixed_len), dtype=np.uint8)
         for feature, header, offset in self._float_layout:
             values = np.ascontiguousarray(columns[feature.name], dtype="<f4").reshape(n, feature.size)

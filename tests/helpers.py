@@ -17,7 +17,10 @@ from schemas.schema import Schema
 
 def load_virtual_dataset(paths, concat_dim: str) -> xr.Dataset:
     """All files joined along concat_dim, ordered by its coordinate (the reference, via xarray)."""
-    datasets = [xr.open_dataset(p).load() for p in paths]
+    with warnings.catch_warnings():
+        # The ERA-Interim file's NaN _FillValue on int16 data, which xarray drops with a warning.
+        warnings.simplefilter("ignore", xr.SerializationWarning)
+        datasets = [xr.open_dataset(p).load() for p in paths]
     if concat_dim in datasets[0].coords:
         datasets.sort(key=lambda d: d[concat_dim].values[0])
     return xr.concat(datasets, dim=concat_dim) if len(datasets) > 1 else datasets[0]

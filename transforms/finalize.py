@@ -23,7 +23,7 @@ from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
-from transforms.shards import remove_tree, use_anonymous_credentials_for_emulator, write_atomically
+from transforms.shards import remove_if_empty, remove_tree, use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import Moments, SplitSummary, merge_summaries, per_axes
 
 logger = logging.getLogger(__name__)
@@ -152,8 +152,9 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     parser = render_parser(schema, spec.output, stats["normalization"])
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
     write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
-    for temporary in {join(spec.output, TMP_DIR), spec.work_dir} - {None}:
+    for temporary in {spec.run_dir, spec.work_dir} - {None}:
         remove_tree(temporary)
+    remove_if_empty(join(spec.output, TMP_DIR))
     return schema
 
 

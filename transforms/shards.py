@@ -11,6 +11,7 @@ FileSystems: local paths and gs:// alike).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import uuid
@@ -22,6 +23,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from planning.cancellation import check_cancelled, writing
 from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SHARD_BYTES, ShardResult
 from planning.names import join, temporary_path
 from planning.progress import mark
@@ -203,12 +205,18 @@ def write_atomically(path: str, chunks, compression: str | None = None, join_sma
     its bytes do not depend on how the data is cut into chunks. ``join_small``: join small chunks
     into writes of about 8 MB (pass False when the chunks are batches already).
     """
+    with writing():  # an interrupted build waits for this write to end, then removes the run's files
+        return _write_atomically(path, chunks, compression, join_small)
+
+
+def _write_atomically(path: str, chunks, compression: str | None, join_small: bool) -> int:
     temporary = temporary_path(path, uuid.uuid4().hex[:8])
     written = 0
     kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
     stream = FileSystems.create(temporary, compression_type=kind)
     try:
         for chunk in _batched(chunks) if join_small else chunks:
+            check_cancelled()
             if compression is None:
                 stream.write(chunk)
             else:
@@ -238,6 +246,13 @@ def remove_tree(path: str) -> None:
             FileSystems.delete(found)
     if FileSystems.exists(path):
         FileSystems.delete([path])
+
+
+def remove_if_empty(directory: str) -> None:
+    """Remove a local directory left empty (object stores have no directories)."""
+    if not is_remote(directory):
+        with contextlib.suppress(OSError):  # missing, or holds something: leave it
+            os.rmdir(directory)
 
 
 def read_bytes(path: str) -> bytes:

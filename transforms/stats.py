@@ -173,31 +173,54 @@ def merge_summaries(parts: Iterable[Mapping[str, SplitSummary]]) -> dict[str, Sp
     return merged
 
 
-class _MergeSummariesFn(beam.CombineFn):
+#: Units whose summaries are merged together, in unit order, before the groups are merged in
+#: group order: a fixed order of float additions, so the statistics are the same to the last bit
+#: whatever order the runner delivers the blocks in, with a bounded number held at once.
+UNITS_PER_GROUP = 256
+
+
+def _keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str]):
+    return block.unit // UNITS_PER_GROUP, (block.unit, summarize_block(block, split_names, per))
+
+
+def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]]):
+    return group, merge_summaries(summary for _, summary in sorted(parts, key=lambda part: part[0]))
+
+
+class _MergeGroupsInOrderFn(beam.CombineFn):
+    """Merges the groups' summaries in group order; its accumulator holds one summary per group."""
+
     def create_accumulator(self):
         return {}
 
     def add_input(self, accumulator, element):
-        return merge_summaries([accumulator, element])
+        group, summary = element
+        accumulator[group] = summary
+        return accumulator
 
     def merge_accumulators(self, accumulators):
-        return merge_summaries(accumulators)
+        merged = {}
+        for accumulator in accumulators:
+            merged.update(accumulator)
+        return merged
 
     def extract_output(self, accumulator):
-        return accumulator
+        return merge_summaries(accumulator[group] for group in sorted(accumulator))
 
 
 @dataclasses.dataclass
 class ComputeStats(beam.PTransform):
-    """Blocks -> one {split: SplitSummary} dict over every sample (none without blocks)."""
+    """Blocks -> one {split: SplitSummary} dict over every sample (none without blocks), merged in unit order."""
 
     spec: StatsSpec
 
     def expand(self, blocks):
         return (
             blocks
-            | "SummarizeBlock" >> beam.Map(summarize_block, self.spec.split_names, self.spec.per)
+            | "SummarizeBlock" >> beam.Map(_keyed_summary, self.spec.split_names, self.spec.per)
+            | "GroupUnits" >> beam.GroupByKey()
+            | "MergeGroup" >> beam.MapTuple(_merge_group)
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "MergeSummaries" >> beam.CombineGlobally(_MergeSummariesFn()).without_defaults()
+            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
         )

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.build import main
 from schemas import load_schema
 
 from helpers import read_all_records
@@ -73,5 +74,69 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
     assert schema.num_records() == 6 * 8 * 8 * 16 == schema.counts["samples_cut"]
     records = read_all_records(output, schema)  # every CRC checked
     assert len(records["t"]) == schema.num_records()
-    expected = {"schema.json", "stats.json", "parser.py", "_inventory.json", *(s.file for s in schema.splits["data"])}
+    expected = {"schema.json", "stats.json", "parser.py", "_inventory.json", "_manifest.json"}
+    expected |= {s.file for s in schema.splits["data"]}
     assert {p.name for p in output.iterdir()} == expected  # no _tmp, no temporary shard names
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "what"), [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, tmp_path, signum, code, what):
+    """What `timeout`, Docker, Kubernetes and batch schedulers send, and Ctrl-C: one line, nothing left behind."""
+    output = tmp_path / "out"
+    config = tmp_path / "c.yaml"
+    sample = {"window": {"lat": 8, "lon": 8}, "keep": ["level"]}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"paths": str(larger_archive / "*.nc")},
+                "sample": sample,
+                "output": {"path": str(output), "num_shards": 12},
+            }
+        )
+    )
+    process = subprocess.Popen(
+        _command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _first_shard_write(output, process)
+        time.sleep(0.3)  # into the writing
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == code, err
+    assert len(lines) == 1 and lines[0].startswith(f"error: {what}; the run's files were removed"), err
+    # Only the bookkeeping a rerun uses: no schema.json, no shard, no temporary, no _tmp.
+    assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
+
+
+def test_a_second_build_into_an_output_being_written_is_refused(larger_archive, tmp_path, capsys):
+    output = tmp_path / "out"
+    config = tmp_path / "c.yaml"
+    sample = {"window": {"lat": 8, "lon": 8}, "keep": ["level"]}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"paths": str(larger_archive / "*.nc")},
+                "sample": sample,
+                "output": {"path": str(output), "num_shards": 12},
+            }
+        )
+    )
+    first = subprocess.Popen(_command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _first_shard_write(output, first)
+        # The same output by another spelling of its path, with --overwrite: still refused.
+        again = str(tmp_path / "." / "out")
+        assert main(["--config", str(config), "--output", again, "--overwrite", "--quiet"]) == 2
+        _, err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: output: another build is writing {again} (process "), lines
+    assert first.returncode == 0, err
+    assert load_schema(str(output)).num_records() > 0  # the first build was not disturbed
+    assert main(["--config", str(config), "--overwrite", "--quiet"]) == 0  # and its lock is gone with it

@@ -66,8 +66,8 @@ def assert_fails(config, tmp_path, capsys, *expected: str, flags=()):
         assert fragment in lines[0], lines[0]
     output = Path(config["output"]["path"])
     assert not (output / "schema.json").exists()
-    if output.is_dir():  # a failed run removes its temporary shards and buckets; it keeps the inputs' probes
-        assert [p.name for p in output.rglob("*")] in ([], ["_inventory.json"]), list(output.rglob("*"))
+    if output.is_dir():  # a failed run removes what it wrote; it keeps the inputs' probes and its manifest
+        assert {p.name for p in output.rglob("*")} <= {"_inventory.json", "_manifest.json"}, list(output.rglob("*"))
     return lines[0]
 
 
@@ -124,7 +124,28 @@ def test_a_file_changed_after_planning_fails_on_the_worker(archive, tmp_path, ca
         return plan
 
     monkeypatch.setattr(graph, "make_plan", make_plan)
-    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "b.nc", "changed size")
+    assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "b.nc", "changed", "(its size")
+
+
+def test_a_file_rewritten_at_the_same_size_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):
+    plan_then_change = graph.make_plan
+
+    def make_plan(config, **options):
+        plan = plan_then_change(config, **options)
+        path = archive / "b.nc"
+        data = bytearray(path.read_bytes())
+        data[-4:] = bytes(b ^ 0xFF for b in data[-4:])  # new values, same size
+        path.write_bytes(bytes(data))
+        return plan
+
+    monkeypatch.setattr(graph, "make_plan", make_plan)
+    assert_fails(
+        config_for([archive / "*.nc"], tmp_path / "o"),
+        tmp_path,
+        capsys,
+        "b.nc",
+        "changed since the build was planned (its modification time)",
+    )
 
 
 def test_a_file_deleted_after_planning_fails_on_the_worker(archive, tmp_path, capsys, monkeypatch):

@@ -94,7 +94,7 @@ def test_demo_runs_from_a_fresh_directory(tmp_path):
     command = [sys.executable, "-m", "pipelines.build"]
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    assert "from parser import make_dataset" in first.stdout
+    assert "from schemas import load_dataset" in first.stdout
     output = tmp_path / "demo" / "patches"
     parsed = check_output(output, sorted((tmp_path / "demo" / "era5").glob("era5_*.nc")), "time")
     assert (tmp_path / "demo" / "era5" / "invariants.nc").exists()  # static fields for configs/training_ready.yaml
@@ -307,3 +307,28 @@ def test_existing_output_is_refused_without_overwrite(patches, small_archive, tm
     assert main(["--config", str(path), "--overwrite"]) == 0
     assert not (patches / "_tmp").exists()
     assert load_schema(str(patches)).num_records() == 12 * 2 * 2
+
+
+def test_two_outputs_load_side_by_side_in_one_process(patches, small_archive, tmp_path):
+    """The summary's and the README's ways of loading cannot hand one output's data for another's."""
+    import importlib.util
+
+    from schemas import load_dataset
+
+    config = patch_config([small_archive / "*.nc"], tmp_path / "other", window={"lat": 4, "lon": 6}, keep=["level"])
+    other = build(config, tmp_path)
+    shapes = {}
+    for output in (patches, other):
+        batch = next(iter(load_dataset(str(output), "data", batch_size=4)))
+        spec = importlib.util.spec_from_file_location(f"parser_of_{output.parent.name}", output / "parser.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        alone = next(iter(module.make_dataset("data", batch_size=4)))
+        assert alone["t"].shape == batch["t"].shape
+        shapes[output] = tuple(batch["t"].shape)
+    assert shapes == {patches: (4, 3, 9, 9), other: (4, 3, 4, 6)}
+
+
+def test_an_output_path_with_spaces_is_written_and_read_back(small_archive, tmp_path):
+    output = build(patch_config([small_archive / "*.nc"], tmp_path / "my outputs" / "run 1"), tmp_path)
+    assert load_schema(str(output)).num_records() == 12 * 2 * 2

@@ -90,9 +90,13 @@ def test_gs_input_and_output_equal_a_local_build(gcs, uploaded, tmp_path, name):
     downloaded = tmp_path / "downloaded"
     gcs.get(remote_out.removeprefix("gs://"), str(downloaded), recursive=True)
     schema = load_schema(remote_out)  # read through gcsfs
-    assert {p.name for p in downloaded.iterdir()} == {"schema.json", "stats.json", "parser.py", "_inventory.json"} | {
-        s.file for s in schema.splits["data"]
-    }
+    assert {p.name for p in downloaded.iterdir()} == {
+        "schema.json",
+        "stats.json",
+        "parser.py",
+        "_inventory.json",
+        "_manifest.json",
+    } | {s.file for s in schema.splits["data"]}
     for shard in schema.splits["data"]:
         assert (downloaded / shard.file).read_bytes() == (tmp_path / "local" / shard.file).read_bytes()
     assert inspect_main([remote_out, "--verify"]) == 0  # every shard read back through gcsfs

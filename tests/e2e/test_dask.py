@@ -207,8 +207,8 @@ def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, c
     assert main(["--config", str(config), "--quiet", "--shared_filesystem", *dask_flags(client)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {doomed}: file not found"), lines
-    # No schema.json, no temporary shards or buckets: only the inputs' probes, kept for a rerun.
-    assert [p.name for p in (tmp_path / "out").rglob("*")] == ["_inventory.json"]
+    # No schema.json, no temporary shards or buckets: only the inputs' probes and the manifest, kept for a rerun.
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["_inventory.json", "_manifest.json"]
 
 
 NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]

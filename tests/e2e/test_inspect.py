@@ -184,3 +184,28 @@ def test_summary_and_verify_go_through_fsspec(patches, capsys):
         assert code == 1 and err.startswith("error: memory://xtf-inspect/data-00001-of-00003.tfrecord: missing")
     finally:
         memory.rm("/xtf-inspect", recursive=True)
+
+
+def test_plots_names_and_units_with_dollar_signs(tmp_path, capsys):
+    """A "$" is TeX to matplotlib; names and units are drawn as written."""
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    time = pd.date_range("2000-01-01", periods=4, freq="D")
+    values = np.random.default_rng(0).normal(size=(4, 6, 6)).astype("f4")
+    price = xr.DataArray(values, dims=("time", "lat", "lon"), attrs={"units": "$$ per MWh", "long_name": "cost in $"})
+    xr.Dataset({"price$": price}, coords={"time": time}).to_netcdf(tmp_path / "prices.nc")
+    output = build(
+        tmp_path,
+        {
+            "input": {"paths": str(tmp_path / "prices.nc")},
+            "sample": {"window": {"lat": 3, "lon": 3}},
+            "output": {"path": str(tmp_path / "out")},
+        },
+    )
+    capsys.readouterr()  # the build's summary
+    png = tmp_path / "prices.png"
+    code, out, err = run(capsys, str(output), "--plot", str(png), "--samples", "2")
+    assert code == 0 and err == "" and out == f"Wrote {png}\n"
+    assert png.read_bytes().startswith(PNG_SIGNATURE)

@@ -281,3 +281,31 @@ def test_integer_variables_are_stored_as_int64_exactly(tmp_path):
         record = {name: values[i] for name, values in records.items()}
         for name in ("cls", "t", "soil"):
             np.testing.assert_array_equal(record[name], expected_feature(src, schema, name, record))
+
+
+def test_nan_policy_drop_when_a_whole_unit_is_nan(tmp_path, monkeypatch):
+    """Units that keep no sample write nothing: the build goes on with the others."""
+    import functools
+
+    import pipelines.graph as graph
+    from planning.plan import make_plan
+
+    time = pd.date_range("2000-01-01", periods=8, freq="6h")
+    values = np.random.default_rng(0).normal(size=(8, 6, 6)).astype("f4")
+    values[:4] = np.nan  # the first four steps: every sample of their units is NaN
+    source = xr.Dataset(
+        {"t": (("time", "lat", "lon"), values)}, coords={"time": time, "lat": np.arange(6.0), "lon": np.arange(6.0)}
+    )
+    source.to_netcdf(tmp_path / "half_nan.nc")
+    monkeypatch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=300))
+    config = {
+        "input": {"paths": str(tmp_path / "half_nan.nc")},
+        "sample": {"window": {"lat": 3, "lon": 3}},
+        "nan_policy": "drop",
+        "output": {"path": str(tmp_path / "out"), "num_shards": 2},
+    }
+    output = build(tmp_path, config)
+    schema = load_schema(str(output))
+    assert schema.counts["samples_dropped_nan"] == 4 * 4 and schema.num_records() == 4 * 4
+    records = read_all_records(output, schema)
+    assert not np.isnan(records["t"]).any() and sorted(set(records["index/time"].tolist())) == [4, 5, 6, 7]

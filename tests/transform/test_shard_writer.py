@@ -218,7 +218,7 @@ def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_pat
     )
     plan = plan_module.make_plan(config)
     assert plan.num_shards > 1
-    prepare_output(plan.output, overwrite=False)
+    prepare_output(plan.output, overwrite=False, manifest=plan.manifest())
     specs = compile_specs(plan, WriteStrategy.BUCKET_FILES, work_dir(plan.output, plan.run_id))
     specs = dataclasses.replace(specs, write=dataclasses.replace(specs.write, max_shard_bytes=cap))
     with test_pipeline.TestPipeline(runner=fn_runner.FnApiRunner()) as p:

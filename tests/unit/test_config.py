@@ -47,6 +47,11 @@ def _error(data) -> str:
         ({"splits": {"train": {"time": ["2000"]}}}, "splits.train.time: give [start, end]"),
         ({"layout": {"stack": [{"name": "x", "variables": ["t"]}, {"name": "y", "variables": ["t"]}]}}, "once"),
         ({"layout": {"stack": {"name": "x", "variables": ["t"], "axis": 2}}}, "layout.stack.0.axis"),
+        ({"layout": {"stack": {"name": "", "variables": ["t"]}}}, "c.yaml: layout.stack.name: empty name"),
+        ({"variables": ["t", " "]}, "c.yaml: variables.1: empty name"),
+        ({"shuffle": {"seed": 2**64}}, "shuffle.seed: Input should be less than 18446744073709551616"),
+        ({"output": {"path": "out/a::b"}}, "output.path: '::' chains URLs in fsspec"),
+        ({"output": {"path": "out/g[1]"}}, "output.path: *, ?, [ and ] are glob patterns"),
     ],
 )
 def test_mistakes_name_the_key(change, expected):
@@ -73,6 +78,40 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
     path.write_text("input:\n  paths: [a\noutput: {path: o}\n")
     with pytest.raises(UserError, match=r"bad.yaml: YAML syntax error at line 3"):
         load_config(path)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """600 bytes that expand to 9**9 values: refused in one short line, quickly, in little memory."""
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for level in "bcdefghi":
+        previous = levels[-1].split("&")[1][0]
+        levels.append(f"{level}: &{level} [{', '.join(['*' + previous] * 9)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join([*levels, "variables: *i", "input: {paths: x.nc}", "output: {path: o}"]) + "\n")
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: expands to more than 100,000 values through YAML aliases (*name); write the values out"
+    )
+
+
+def test_a_config_that_is_not_utf8_or_too_large_is_refused_in_one_line(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("input: {paths: caf\xe9.nc}\noutput: {path: o}\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin.yaml: not UTF-8 text \(byte 0xe9 at offset 18\); save it as UTF-8"):
+        load_config(latin)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * 2_000_000 + "\n")
+    with pytest.raises(UserError, match=r"huge.yaml: 2,000,003 bytes is too large for a config"):
+        load_config(huge)
+
+
+def test_a_home_relative_path_means_the_home_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = parse_config({"input": {"paths": "~/era5/*.nc"}, "output": {"path": "~"}})
+    assert (config.input.paths, config.output.path) == ([f"{tmp_path}/era5/*.nc"], str(tmp_path))
+    spaced = parse_config({"input": {"paths": "x.nc"}, "output": {"path": "my outputs/run 1"}})
+    assert spaced.output.path == "my outputs/run 1"
 
 
 def test_yaml_is_loaded_safely(tmp_path):

@@ -1,0 +1,60 @@
+"""Stopping a local run's worker threads from writing once the build is interrupted (Ctrl-C, SIGTERM).
+
+Python cannot stop a thread. So every write into the output or its working directory goes
+through ``writing()``, which refuses to start once the run is cancelled; the driver cancels,
+waits for the writes in flight to end, and only then removes the run's files, which no worker
+can then create again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+_cancelled = threading.Event()
+_in_flight = 0
+_lock = threading.Condition()
+
+
+class Cancelled(KeyboardInterrupt):
+    """Raised in a worker thread that was about to write after the build was interrupted."""
+
+
+def check_cancelled() -> None:
+    if _cancelled.is_set():
+        raise Cancelled("the build was interrupted")
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """Hold for the length of one write; raises Cancelled if the run is cancelled before it starts."""
+    global _in_flight
+    with _lock:
+        check_cancelled()
+        _in_flight += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _in_flight -= 1
+            _lock.notify_all()
+
+
+def cancel_writes(timeout: float = 30.0) -> bool:
+    """Refuse every write from now on and wait for those in flight; False if some still run after ``timeout``."""
+    _cancelled.set()
+    deadline = time.monotonic() + timeout
+    with _lock:
+        while _in_flight:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            _lock.wait(remaining)
+    return True
+
+
+def allow_writes() -> None:
+    """Allow writes again (a new build in this process)."""
+    _cancelled.clear()
