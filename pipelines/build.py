@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous_handler = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    output = args.output or ""
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
         from pipelines.graph import run_build
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"No --config given: running the demo on {config.input.paths[0]} (see configs/demo.yaml).")
         else:
             config = load_config(args.config, input=args.input, output=args.output, seed=args.seed)
+        output = config.output.path
         # Beam's worker threads print every failure's traceback to stderr themselves; the failure
         # also comes back as the exception reported below in one line, so hold that text back.
         worker_output = io.StringIO()
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {what}; the run's files were removed and the output is not complete", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except Exception as error:
-        return report_failure(error, args.verbose)
+        return report_failure(error, args.verbose, output=output)
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
@@ -154,14 +156,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _flush_stdout() -> None:
+    """Flush what the build printed; a reader that went away (``| head -1``) does not fail a finished build."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can be printed; point stdout at /dev/null so the interpreter's last flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except BrokenPipeError:  # the summary met a closed pipe: the output itself is complete
+        code = 0
+    _flush_stdout()
     # Everything left is freed at exit anyway; without this, the interpreter's last collections
     # walk Beam's whole object graph first (about 0.6 s, measured on a 5 s run).
     gc.freeze()
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         # The run's files are gone; Beam's worker threads would only compute what nobody writes.
-        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)

@@ -73,10 +73,11 @@ def _capped(line: str) -> str:
     return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
 
 
-def report_failure(error: BaseException, verbose: bool, subject: str = "") -> int:
+def report_failure(error: BaseException, verbose: bool, subject: str = "", output: str = "") -> int:
     """Print a failure as one ``error:`` line (after the traceback with ``verbose``); returns the exit code.
 
-    ``subject`` (e.g. the output path) prefixes a failure that is not a UserError.
+    ``subject`` (e.g. the output path) prefixes a failure that is not a UserError; ``output``
+    names where a full disk or a read-only filesystem was met when the error does not say.
     """
     if verbose:
         traceback.print_exc()
@@ -86,7 +87,7 @@ def report_failure(error: BaseException, verbose: bool, subject: str = "") -> in
         return EXIT_USER_ERROR
     name, text = _innermost(error)
     if (match := _OS_ERROR.search(text)) and int(match["errno"]) in _ENVIRONMENT_FIXES:
-        where = match["path"] or subject or "the output"
+        where = match["path"] or subject or output or "the output"
         fix = _ENVIRONMENT_FIXES[int(match["errno"])]
         print(_capped(f"error: {where}: {match['reason'].lower()}; {fix}"), file=sys.stderr)
         return EXIT_FAILED

@@ -11,6 +11,7 @@ from planning.coords import json_values
 from planning.inventory import Inventory
 from planning.sampling import SampleGrid
 from planning.source_index import SourceIndex
+from planning.sources import SourceFile
 from planning.splits import SplitPlan
 from schemas.schema import Feature, Schema
 
@@ -54,9 +55,16 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
         "files": len(sources),
         "bytes": sources.total_bytes,
         "fingerprint": f"sha256:{sources.fingerprint()}",
-        "listed": [dataclasses.asdict(sources[i]) for i in dict.fromkeys(listed)],
+        # Without the version (a modification time): touching an input must not change the output.
+        "listed": [_listed(sources[i]) for i in dict.fromkeys(listed)],
         "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
     }
+
+
+def _listed(source: SourceFile) -> dict:
+    entry = dataclasses.asdict(source)
+    del entry["version"]
+    return entry
 
 
 def describe_build(

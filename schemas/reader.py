@@ -21,7 +21,7 @@ from typing import TypeVar
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema
+from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
@@ -99,7 +99,17 @@ def batch_length(batch: Batch) -> int:
 class Reader:
     """The samples of one split of an output, decoded to numpy, shard after shard in written order."""
 
-    def __init__(self, path: str, split: str = "data", *, schema: Schema | None = None, verify: bool = True):
+    def __init__(
+        self,
+        path: str,
+        split: str = "data",
+        *,
+        schema: Schema | None = None,
+        verify: bool = True,
+        normalize: bool = False,
+    ):
+        """``normalize``: float features as (x - mean) / std with the output's stats.json constants, in
+        float32 as the TensorFlow parser computes them."""
         self.path = str(path).rstrip("/") or "/"
         self.schema = schema if schema is not None else load_schema(self.path)
         if split not in self.schema.splits:
@@ -110,6 +120,7 @@ class Reader:
         self.features = self.schema.features
         self.verify = verify
         self._decoder = ExampleDecoder(self.schema.record_features())
+        self._normalization = _normalization(self.path) if normalize else {}
 
     @property
     def num_records(self) -> int:
@@ -132,6 +143,8 @@ class Reader:
                     block = self._decoder.decode_batch(records, first_index=first)
                     if self.schema.examples_per_record > 1:
                         block = unpack(block, self.schema.examples_per_record)
+                    for name, (mean, std) in self._normalization.items():
+                        block[name] = (block[name] - mean) / std
                 except ValueError as error:
                     raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
                 first += len(records)
@@ -161,6 +174,17 @@ class Reader:
         if not blocks:
             return {f.name: np.zeros((0, *f.shape), f.dtype) for f in self.features}
         return {f.name: np.concatenate([b[f.name] for b in blocks]) for f in self.features}
+
+
+def _normalization(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each float feature's mean and std as float32 arrays that broadcast against a batch."""
+    normalization = load_stats(path).get("normalization")
+    if not normalization:
+        raise UserError(f"{path}: stats.json has no normalisation constants; read without normalize")
+    return {
+        name: (np.asarray(values["mean"], np.float32), np.asarray(values["std"], np.float32))
+        for name, values in normalization.items()
+    }
 
 
 def rebatch(blocks: Iterable[Batch], batch_size: int, drop_remainder: bool = False) -> Iterator[Batch]:

@@ -43,11 +43,13 @@ class SplitDataset(IterableDataset):
         features: Sequence[str] | None = None,
         rank: int = 0,
         world_size: int = 1,
+        normalize: bool = False,
     ):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
-        self.reader = Reader(path, split)  # reads schema.json now: a bad path fails here, not in a worker
+        # Reads schema.json (and stats.json to normalise) now: a bad path fails here, not in a worker.
+        self.reader = Reader(path, split, normalize=normalize)
         known = [f.name for f in self.reader.features]
         unknown = [name for name in features or () if name not in known]
         if unknown:

@@ -13,6 +13,7 @@ import yaml
 
 from pipelines.build import main
 from schemas import load_dataset, load_schema, load_stats
+from schemas.reader import Reader
 
 from helpers import expected_feature, import_generated_parser, parse_with_generated_parser, read_all_records
 
@@ -171,6 +172,25 @@ def test_per_level_statistics_and_normalisation(archive, tmp_path):
         [b["t"] for b in load_dataset(str(output), "train", batch_size=64, normalize=True).as_numpy_iterator()]
     )
     np.testing.assert_array_equal(through_package, normalized)
+    # The TensorFlow-free readers normalise alike (compared in sample order: shards interleave).
+    batches = list(parser.make_dataset("train", batch_size=64, normalize=True).as_numpy_iterator())
+    by_tensorflow = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    ours = Reader(str(output), "train", normalize=True).read_all()
+    np.testing.assert_array_equal(_in_sample_order(ours)["t"], _in_sample_order(by_tensorflow)["t"])
+    assert not np.array_equal(ours["t"], Reader(str(output), "train").read_all()["t"])
+    torch = pytest.importorskip("torch")
+    from schemas.torch_dataset import SplitDataset
+
+    tensors = list(SplitDataset(str(output), "train", batch_size=64, normalize=True))
+    with torch.no_grad():
+        through_torch = {name: np.concatenate([t[name].numpy() for t in tensors]) for name in tensors[0]}
+    np.testing.assert_array_equal(_in_sample_order(through_torch)["t"], _in_sample_order(ours)["t"])
+
+
+def _in_sample_order(records: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    keys = sorted(name for name in records if name.startswith("index/"))
+    order = np.lexsort([records[name] for name in keys[::-1]])
+    return {name: values[order] for name, values in records.items()}
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
