@@ -73,7 +73,8 @@ def _describe_feature(feature: Feature) -> tuple[str, str]:
     if feature.role == "index":
         return "", f"start index along {source.get('dim', '?')}"
     if feature.role == "coord":
-        return str(source.get("units", "")), f"{source.get('dim', '?')} values the sample covers"
+        calendar = f" ({source['calendar']} calendar)" if "calendar" in source else ""
+        return str(source.get("units", "")), f"{source.get('dim', '?')} values the sample covers{calendar}"
     return "", feature.role
 
 
@@ -136,8 +137,9 @@ def geometry_lines(schema: Schema) -> list[str]:
         grid = " x ".join(map(str, sample.get("grid_shape", [])))
         lines.append(f"Sample grid: {grid} = {sample.get('num_samples', 0):,} samples")
         lines.extend(f"  {_axis_text(axis, schema.coords.get(axis['dim']))}" for axis in sample["axes"])
+    calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample else ""
     for name, split in sample.get("splits", {}).items():
-        lines.append(f"  split {name}: {split['first']} to {split['last']}")
+        lines.append(f"  split {name}: {split['first']} to {split['last']}{calendar}")
     sources = schema.sources
     if sources.get("files"):
         globs = ", ".join(sources.get("globs", []))

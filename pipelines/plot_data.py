@@ -140,8 +140,30 @@ def sample_coord(schema: Schema, sample: dict[str, np.ndarray], dim: str) -> np.
     return None
 
 
-def format_time(seconds: int) -> str:
-    return np.datetime_as_string(np.datetime64(int(seconds), "s"), unit="m").replace("T", " ")
+#: Calendars whose dates are the proleptic Gregorian ones numpy's datetime64 counts (after 1582).
+GREGORIAN = ("standard", "gregorian", "proleptic_gregorian")
+
+
+def calendar(feature: Feature) -> str:
+    """The calendar of a time coord feature's seconds (proleptic_gregorian if the schema states none)."""
+    return str(feature.source.get("calendar", "proleptic_gregorian"))
+
+
+def to_date(seconds: int, calendar: str):
+    """Seconds since 1970 as a date of the calendar they were counted in (cftime: noleap, 360_day, ...)."""
+    import cftime
+
+    return cftime.num2date(int(seconds), EPOCH_UNITS, calendar, only_use_cftime_datetimes=True)
+
+
+def format_time(seconds: int, calendar: str = "proleptic_gregorian") -> str:
+    """'2000-02-30 06:00': a time to the minute, in its own calendar."""
+    return to_date(seconds, calendar).strftime("%Y-%m-%d %H:%M")
+
+
+def format_date(seconds: float, calendar: str) -> str:
+    """'2000-02-30': the day a time falls on, in its own calendar (an axis tick)."""
+    return to_date(round(seconds), calendar).strftime("%Y-%m-%d")
 
 
 def _number(value: float) -> str:
@@ -155,9 +177,12 @@ def _range(values: np.ndarray, fmt=_number) -> str:
 
 
 def coord_text(feature: Feature, values: np.ndarray) -> str:
-    """A coord feature's values for a title: '2020-01-03 06:00 UTC', 'level 500 hPa', 'lat 45 to 25'."""
+    """A coord feature's values for a title: '2020-01-03 06:00 UTC', '2000-02-30 00:00 (360_day calendar)',
+    'level 500 hPa', 'lat 45 to 25'."""
     if is_time(feature):
-        return _range(values, format_time) + " UTC"
+        own = calendar(feature)
+        text = _range(values, lambda seconds: format_time(seconds, own))
+        return text + (" UTC" if own.lower() in GREGORIAN else f" ({own} calendar)")
     units = "" if _units(feature) in LAT_UNITS + LON_UNITS else f" {feature.source.get('units', '')}"
     return f"{feature.source.get('dim', feature.name)} {_range(values)}{units}".rstrip()
 

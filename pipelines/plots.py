@@ -9,11 +9,14 @@ import fsspec
 import numpy as np
 
 from pipelines.plot_data import (
+    GREGORIAN,
     Mosaic,
     Scan,
     build_mosaic,
+    calendar,
     describe_sample,
     find_latlon,
+    format_date,
     is_time,
     pooled,
     sample_coord,
@@ -184,12 +187,22 @@ def draw_line(ax, schema: Schema, feature: Feature, sample) -> None:
     values = np.asarray(sample[feature.name])
     dim = feature.dims[0]
     time_feature = next((f for f in schema.features if f.name == f"coord/{dim}" and is_time(f)), None)
-    if time_feature is not None and np.size(sample[time_feature.name]) == len(values):
+    dated = time_feature is not None and np.size(sample[time_feature.name]) == len(values)
+    own = calendar(time_feature) if dated else ""
+    if dated and own.lower() in GREGORIAN:
         x = np.asarray(sample[time_feature.name]).astype("datetime64[s]")
         locator = mdates.AutoDateLocator(maxticks=6)
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         xlabel = f"{dim} (UTC)"
+    elif dated:
+        # matplotlib's date axis knows the Gregorian calendar only: the seconds, labelled as dates of their own.
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+        x = np.asarray(sample[time_feature.name]).astype(np.float64)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda seconds, _: format_date(seconds, own)))
+        xlabel = f"{dim} ({own} calendar)"
     else:
         x, xlabel = _axis_values(schema, sample, dim, len(values))
     ax.plot(x, values, marker=".", markersize=3, linewidth=1)

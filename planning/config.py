@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -10,6 +11,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from planning.calendars import check_calendar
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -38,6 +40,21 @@ class InputConfig(_Strict):
             "`error` stops the build, `skip` drops those samples (counted in schema.json)"
         ),
     )
+    decode_times: bool = Field(
+        True,
+        description=(
+            "decode times (CF units and calendar, any calendar cftime knows) to dates, so splits take dates; "
+            "false: keep the stored numbers (splits then take numbers), for units no calendar decodes, "
+            "e.g. `months since` outside the 360_day calendar"
+        ),
+    )
+    calendar: str | None = Field(
+        None,
+        description=(
+            "the calendar of the files' times, in place of the one they state: for a missing or unknown "
+            "calendar attribute (e.g. noleap for `365_days`); any calendar cftime knows"
+        ),
+    )
 
     @field_validator("paths", mode="before")
     @classmethod
@@ -50,6 +67,19 @@ class InputConfig(_Strict):
         if not value or any(not p for p in value):
             raise ValueError("give at least one non-empty path or glob")
         return [p if is_remote(p) else os.path.expanduser(p) for p in value]
+
+    @field_validator("calendar")
+    @classmethod
+    def _known_calendar(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_calendar(value)
+        return value
+
+    @model_validator(mode="after")
+    def _calendar_decodes(self) -> InputConfig:
+        if self.calendar is not None and not self.decode_times:
+            raise ValueError("calendar is only used to decode times: drop it, or set decode_times: true")
+        return self
 
 
 class WindowConfig(_Strict):
@@ -266,6 +296,11 @@ class BuildConfig(_Strict):
                 raise ValueError(f"splits.{name}.{self.input.concat_dim}: give [start, end], got {bounds}")
         return self
 
+    @field_validator("splits", mode="before")
+    @classmethod
+    def _dates_as_text(cls, value: Any) -> Any:
+        return _dates_as_text(value)
+
     @field_validator("variables")
     @classmethod
     def _variables(cls, value: list[str] | None) -> list[str] | None:
@@ -275,6 +310,17 @@ class BuildConfig(_Strict):
             if len(set(value)) != len(value):
                 raise ValueError(f"a variable is listed twice: {value}")
         return value
+
+
+def _dates_as_text(value: Any) -> Any:
+    """YAML reads an unquoted 1890-01-01 as a date: a split bound takes it as the text it was written as."""
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _dates_as_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_dates_as_text(item) for item in value]
+    return value
 
 
 def _location(error: dict[str, Any]) -> str:

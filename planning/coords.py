@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from planning.calendars import calendar_of, is_cftime, iso
+
 TIME_UNITS = "seconds since 1970-01-01T00:00:00Z"
 
 
@@ -18,34 +20,38 @@ def record_values(values: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray
     kind = values.dtype.kind
     if kind == "M":
         seconds = values.astype("datetime64[s]").astype(np.int64)
-        return seconds, {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
-    if kind == "O" and len(values) and hasattr(values[0], "calendar"):
+        return seconds, {"units": TIME_UNITS, "calendar": time_calendar(values)}
+    if is_cftime(values):
         import cftime
 
         calendar = values[0].calendar
         seconds = np.asarray(cftime.date2num(list(values), TIME_UNITS.replace("Z", ""), calendar=calendar))
         return np.round(seconds).astype(np.int64), {"units": TIME_UNITS, "calendar": calendar}
+    # Times kept as stored (input.decode_times: false) keep their calendar beside their units.
+    kept = {k: attrs[k] for k in ("units", "calendar") if k in attrs}
     if kind in "iub":
-        return values.astype(np.int64), {k: attrs[k] for k in ("units",) if k in attrs}
+        return values.astype(np.int64), kept
     if kind == "f":
-        return values.astype(np.float32), {k: attrs[k] for k in ("units",) if k in attrs}
+        return values.astype(np.float32), kept
     return None
 
 
+def time_calendar(values: np.ndarray) -> str | None:
+    """The calendar records state for times: their own, proleptic_gregorian for numpy datetimes; None: not times."""
+    calendar = calendar_of(values)
+    return "proleptic_gregorian" if calendar == "datetime64" else calendar
+
+
 def json_values(values: np.ndarray) -> list:
-    """Coordinate values for schema.json (times as ISO strings)."""
-    if values.dtype.kind == "M":
-        return [str(v) for v in values.astype("datetime64[s]")]
-    if values.dtype.kind == "O":
-        return [str(v) for v in values]
+    """Coordinate values for schema.json (times as ISO strings, in their own calendar)."""
+    if values.dtype.kind in "MO":
+        return [iso(v) for v in values]
     return values.tolist()
 
 
 def format_value(value) -> str:
-    """One coordinate value for a message."""
-    if isinstance(value, np.datetime64):
-        return str(value.astype("datetime64[s]"))
-    return str(value)
+    """One coordinate value for a message (times as ISO strings, in their own calendar)."""
+    return iso(value)
 
 
 def _numeric(values: np.ndarray) -> np.ndarray | None:

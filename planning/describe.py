@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from planning.config import BuildConfig
-from planning.coords import json_values
+from planning.coords import json_values, time_calendar
 from planning.inventory import Inventory
 from planning.sampling import SampleGrid
 from planning.source_index import SourceIndex
@@ -26,8 +26,10 @@ def package_version() -> str:
 def sample_description(config: BuildConfig, grid: SampleGrid, inventory: Inventory, splits: Sequence[SplitPlan]):
     """schema.json's ``sample``: the dims and their roles, the grid of positions, each split's range."""
     values = inventory.concat_values
+    calendar = time_calendar(values[:1])  # the calendar of the splits' dates (times only)
     return {
         "concat_dim": config.input.concat_dim,
+        **({"calendar": calendar} if calendar else {}),
         "axes": [a.to_json() for a in grid.axes],
         "grid_dims": [a.dim for a in grid.grid_axes],
         "grid_shape": list(grid.shape),

@@ -11,12 +11,14 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from planning.calendars import GREGORIAN, as_cftime, calendar_of
 from planning.coords import format_value
 from planning.local_probe import probe_local_files
 from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
+from planning.time_decoding import AS_STATED, TimeDecoding, is_time
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -75,11 +77,14 @@ class Inventory:
         return files
 
 
-def take_inventory(patterns: list[str], concat_dim: str, cached: Mapping | None = None) -> Inventory:
-    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache)."""
+def take_inventory(
+    patterns: list[str], concat_dim: str, cached: Mapping | None = None, decoding: TimeDecoding = AS_STATED
+) -> Inventory:
+    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache);
+    ``decoding``: how times are decoded (input.decode_times, input.calendar)."""
     listed = list_files(patterns)
     probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim))
-    infos = inspect_files(listed, concat_dim, probes)
+    infos = inspect_files(listed, concat_dim, probes, decoding)
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
     if not along:
@@ -88,6 +93,7 @@ def take_inventory(patterns: list[str], concat_dim: str, cached: Mapping | None 
             f"{info.path}: has no dim {concat_dim!r} (its dims: {', '.join(info.sizes) or 'none'}); "
             "set input.concat_dim to the dim the files are split along"
         )
+    along = _one_calendar(along, concat_dim) if decoding.enabled else _one_unit(along, concat_dim)
     ordered, values = _order(along, concat_dim)
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
     inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, {f.path: f.version for f in listed})
@@ -109,13 +115,23 @@ def probe_files(files: list[ListedFile], concat_dim: str) -> list[FileProbe | No
 
 def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.ndarray | None) -> FileInfo:
     """A probed file's info: the reference's variables and grid, its own size and concat coordinate."""
-    coords = dict(reference.coords)
+    coords, coord_attrs = dict(reference.coords), dict(reference.coord_attrs)
     if values is not None:
         coords[concat_dim] = values
-    return dataclasses.replace(reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords)
+        # Its own units and calendar: files of one structure may count time differently.
+        attrs = {k: v for k, v in coord_attrs.get(concat_dim, {}).items() if k not in _TIME_ATTRS}
+        coord_attrs[concat_dim] = attrs | {k: probe.concat_attrs[k] for k in _TIME_ATTRS if k in probe.concat_attrs}
+    return dataclasses.replace(
+        reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords, coord_attrs=coord_attrs
+    )
 
 
-def inspect_files(files: list[ListedFile], concat_dim: str, probes: list | None = None) -> list[FileInfo]:
+_TIME_ATTRS = ("units", "calendar")
+
+
+def inspect_files(
+    files: list[ListedFile], concat_dim: str, probes: list | None = None, decoding: TimeDecoding = AS_STATED
+) -> list[FileInfo]:
     """Every file's info: in full (through xarray) for the first file of each structure, probed for the rest.
 
     ``probes``: the files' probes if already made (probe_files). The netCDF and HDF5 C libraries
@@ -129,7 +145,7 @@ def inspect_files(files: list[ListedFile], concat_dim: str, probes: list | None 
     for listed, probe in zip(files, probes):
         path = listed.path
         if probe is None or probe.fingerprint not in full:
-            info = inspect_file(path)
+            info = inspect_file(path, decoding)
             if probe is not None:
                 full[probe.fingerprint] = info
             infos.append(info)
@@ -138,7 +154,7 @@ def inspect_files(files: list[ListedFile], concat_dim: str, probes: list | None 
             check_not_truncated(path)
         probed.append((len(infos), probe))
         infos.append(None)
-    values = decode_concat_values([probe for _, probe in probed], concat_dim)
+    values = decode_concat_values([probe for _, probe in probed], concat_dim, decoding)
     for (index, probe), decoded in zip(probed, values):
         infos[index] = _like(full[probe.fingerprint], probe, concat_dim, decoded)
     return infos
@@ -157,7 +173,7 @@ def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.n
         values = info.coords[concat_dim]
         if len(values) > 1 and not np.all(values[1:] > values[:-1]):
             raise UserError(f"{info.path}: {concat_dim!r} is not strictly increasing inside the file")
-    ordered = [i for i in sorted(infos, key=lambda i: (_first(i, concat_dim), i.path)) if i.sizes[concat_dim] > 0]
+    ordered = sorted((i for i in infos if i.sizes[concat_dim] > 0), key=lambda i: (i.coords[concat_dim][0], i.path))
     if not ordered:
         raise UserError(f"input: every file has an empty {concat_dim!r} dim; there is nothing to sample")
     for before, after in zip(ordered, ordered[1:]):
@@ -171,9 +187,59 @@ def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.n
     return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
 
 
-def _first(info: FileInfo, concat_dim: str):
-    values = info.coords[concat_dim]
-    return values[0] if len(values) else 0
+def _one_calendar(infos: list[FileInfo], concat_dim: str) -> list[FileInfo]:
+    """Refuse files whose times are in different calendars: their dates do not compare, nor do their steps.
+
+    Files of the Gregorian calendars that xarray decoded some to numpy datetimes and some to
+    cftime dates (those before 1582, or beyond numpy's range) are all given as cftime dates.
+    """
+    found = {}  # calendar -> the first file in it
+    for info in infos:
+        values = info.coords.get(concat_dim)
+        calendar = None if values is None or not len(values) else calendar_of(values)
+        if calendar is not None:
+            found.setdefault(calendar, info)
+    if len(found) < 2:
+        return infos
+    dated = [c for c in found if c != "datetime64"]
+    if len(found) == 2 and len(dated) == 1 and dated[0] in GREGORIAN:
+        return [_as_cftime(info, concat_dim, dated[0]) for info in infos]
+    (a, first), (b, second) = list(found.items())[:2]
+    raise UserError(
+        f"input: {first.path} uses calendar {_stated(first, concat_dim, a)!r} but {second.path} uses "
+        f"{_stated(second, concat_dim, b)!r}; dates of two calendars do not compare: convert the files to one "
+        "calendar (cdo setcalendar, or xarray's convert_calendar), or set input.calendar if their attribute is wrong"
+    )
+
+
+def _stated(info: FileInfo, concat_dim: str, calendar: str) -> str:
+    """A file's calendar as cftime names it; for numpy datetimes, as the file states it."""
+    if calendar != "datetime64":
+        return calendar
+    return str(info.coord_attrs.get(concat_dim, {}).get("calendar", "standard"))
+
+
+def _as_cftime(info: FileInfo, concat_dim: str, calendar: str) -> FileInfo:
+    values = info.coords.get(concat_dim)
+    if values is None or values.dtype.kind != "M":
+        return info
+    return dataclasses.replace(info, coords={**info.coords, concat_dim: as_cftime(values, calendar)})
+
+
+def _one_unit(infos: list[FileInfo], concat_dim: str) -> list[FileInfo]:
+    """Refuse files whose undecoded times count in different units: their numbers do not compare."""
+    units = {}
+    for info in infos:
+        if concat_dim in info.coords:
+            units.setdefault(str(info.coord_attrs.get(concat_dim, {}).get("units", "")), info)
+    if len(units) > 1 and any(is_time({"units": u}) for u in units):
+        (a, first), (b, second) = list(units.items())[:2]
+        raise UserError(
+            f"input: {first.path} counts {concat_dim} in {a!r} but {second.path} in {b!r}, and with "
+            "input.decode_times: false the stored numbers are compared as they are; convert the files to one "
+            "unit, or decode times"
+        )
+    return infos
 
 
 def _check_static_files(inventory: Inventory) -> None:

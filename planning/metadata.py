@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from planning.cf_decoding import decoded
 from planning.classic_reads import read_raw
 from planning.netcdf3 import ClassicHeader
 from planning.remote_files import RemoteFile
 from planning.sources import check_not_truncated, open_netcdf, refuse_truncated
+from planning.time_decoding import AS_STATED, TimeDecoding
 from schemas.urls import is_remote
 
 
@@ -59,7 +59,9 @@ def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
     return out
 
 
-def inspect_classic(path: str, nbytes: int, header: ClassicHeader, fetch) -> FileInfo:
+def inspect_classic(
+    path: str, nbytes: int, header: ClassicHeader, fetch, decoding: TimeDecoding = AS_STATED
+) -> FileInfo:
     """A classic file's info from its header and its dim coordinates' bytes: nothing else is read.
 
     Remote classic files are planned this way: the netCDF library reads them only from a local
@@ -75,29 +77,30 @@ def inspect_classic(path: str, nbytes: int, header: ClassicHeader, fetch) -> Fil
     for name, variable in header.variables.items():
         if variable.dims == (name,):
             raw = read_raw(fetch, variable, header.record_size, [(0, variable.shape[0])])
-            coordinate = decoded(name, variable.dims, raw, variable.attrs)
+            coordinate = decoding.values(path, name, variable.dims, raw, variable.attrs)
             coords[name] = np.asarray(coordinate.values)
             coord_attrs[name] = _attrs(coordinate)
         elif name not in named_coords:
             empty = np.empty((0,) * len(variable.dims), dtype=variable.dtype.newbyteorder("="))
-            variable_info = decoded(name, variable.dims, empty, variable.attrs)
+            variable_info = decoding.values(path, name, variable.dims, empty, variable.attrs)
             variables[name] = VariableInfo(
                 name, variable.dims, str(variable_info.dtype), str(empty.dtype), _attrs(variable_info)
             )
     return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
 
 
-def inspect_file(path: str) -> FileInfo:
-    """Read one file's metadata and its dim coordinates (no data variables are loaded)."""
+def inspect_file(path: str, decoding: TimeDecoding = AS_STATED) -> FileInfo:
+    """Read one file's metadata and its dim coordinates (no data variables are loaded); times as ``decoding`` says."""
     if is_remote(path):
         remote = RemoteFile(path)
         header = remote.classic_header()
         if header is not None:
-            return inspect_classic(path, remote.size, header, remote.fetch)
+            return inspect_classic(path, remote.size, header, remote.fetch, decoding)
         nbytes = remote.size  # HDF5 is not classic: a truncated file fails to open instead
     else:
         nbytes = check_not_truncated(path)
-    with open_netcdf(path) as ds:
+    with open_netcdf(path, decode_times=False) as opened:
+        ds = decoding.dataset(path, opened)
         coords = {}
         coord_attrs = {}
         for dim in ds.dims:

@@ -34,6 +34,7 @@ from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
+from planning.time_decoding import TimeDecoding
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
@@ -170,7 +171,7 @@ def _assign_splits(
 ) -> tuple[list[SplitPlan], np.ndarray | None, dict[str, int]]:
     """Splits with their sample and shard counts, each concat position's split, and the drop counts."""
     concat_dim = config.input.concat_dim
-    splits = split_ranges(config, inventory.concat_values)
+    splits = split_ranges(config, inventory.concat_values, inventory.coordinate(concat_dim)[1])
     grid_dims = [a.dim for a in grid.grid_axes]
     if concat_dim not in grid_dims:
         if config.splits:
@@ -214,7 +215,8 @@ def make_plan(
 
     ``cached_probes``: the files' probes kept from an earlier run (planning.probe_cache).
     """
-    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes)
+    decoding = TimeDecoding.of(config.input)
+    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding)
     chosen = select_variables(config, inventory)
     check_variables_agree(inventory, chosen)
     grid = build_grid(config, chosen, inventory.sizes)

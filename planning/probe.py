@@ -20,11 +20,11 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from planning.cf_decoding import decoded
 from planning.classic_reads import read_raw
 from planning.netcdf3 import ClassicHeader, read_header
 from planning.remote_files import BlockReader, RemoteFile
 from planning.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
+from planning.time_decoding import AS_STATED, TimeDecoding
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -44,8 +44,10 @@ class FileProbe:
     bytes_read: int | None = None  # what probing a remote file fetched
 
 
-def decode_concat_values(probes: list[FileProbe], concat_dim: str) -> list[np.ndarray | None]:
-    """Each probe's concat coordinate decoded as xarray decodes it when it opens the file.
+def decode_concat_values(
+    probes: list[FileProbe], concat_dim: str, decoding: TimeDecoding = AS_STATED
+) -> list[np.ndarray | None]:
+    """Each probe's concat coordinate decoded as xarray decodes it when it opens the file (times as ``decoding`` says).
 
     Files that store it alike (same dtype, units, calendar, ...) are decoded in one call: one
     decode per file would cost as much as the probe itself.
@@ -58,8 +60,8 @@ def decode_concat_values(probes: list[FileProbe], concat_dim: str) -> list[np.nd
     out: list[np.ndarray | None] = [None] * len(probes)
     for members in groups.values():
         raw = np.concatenate([probes[i].concat_raw for i in members])
-        attrs = probes[members[0]].concat_attrs
-        decoded_values = np.asarray(decoded(concat_dim, (concat_dim,), raw, attrs).values)
+        first = probes[members[0]]
+        decoded_values = decoding.values(first.path, concat_dim, (concat_dim,), raw, first.concat_attrs).values
         ends = np.cumsum([len(probes[i].concat_raw) for i in members])
         for i, values in zip(members, np.split(decoded_values, ends[:-1])):
             out[i] = values

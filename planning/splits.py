@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
 
+from planning.calendars import calendar_of, date_index
 from planning.config import BuildConfig
 from planning.coords import format_value, irregular_steps
 from planning.sampling import Axis
@@ -32,32 +32,56 @@ class SplitPlan:
     first_shard: int = 0  # shards are numbered across splits: this split's are first_shard, first_shard + 1, ...
 
 
-def _bound(value, values: np.ndarray):
-    if value is None or values.dtype.kind != "M":
+def _bound(value, dates: bool):
+    if value is None or not dates:
         return value
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # YAML reads an unquoted year as a number
     return str(value)
 
 
-def split_ranges(config: BuildConfig, values: np.ndarray) -> list[SplitPlan]:
-    """Each configured split's index range along the concat dim (inclusive coordinate bounds)."""
+def _span(values: np.ndarray, low, high) -> slice:
+    """The index range of the values in [low, high]: dates at any precision, read in the values' calendar."""
+    index = date_index(values)
+    if index is not None:
+        return index.slice_indexer(low, high)
+    low, high = (None if bound is None else float(bound) for bound in (low, high))
+    return slice(
+        0 if low is None else int(np.searchsorted(values, low, side="left")),
+        len(values) if high is None else int(np.searchsorted(values, high, side="right")),
+    )
+
+
+def _what_to_give(config: BuildConfig, values: np.ndarray, attrs: dict) -> str:
+    """What a split bound along the concat dim must be, for its error message."""
+    calendar = calendar_of(values[:1])
+    if calendar is not None:
+        calendar = "standard" if calendar == "datetime64" else calendar
+        return f'give dates such as "1890", "1890-06" or "1890-06-15T12:00" (calendar {calendar})'
+    units = f" in {attrs['units']!r}" if "units" in attrs else ""
+    undecoded = " (input.decode_times: false keeps times as stored)" if not config.input.decode_times else ""
+    return f"the coordinate holds numbers{units}{undecoded}: give numbers"
+
+
+def split_ranges(config: BuildConfig, values: np.ndarray, attrs: dict | None = None) -> list[SplitPlan]:
+    """Each configured split's index range along the concat dim (inclusive coordinate bounds).
+
+    ``attrs``: the concat coordinate's attributes (its units say what numeric bounds count).
+    """
     if not config.splits:
         return [SplitPlan(DEFAULT_SPLIT, 0, len(values))]
     dim = config.input.concat_dim
+    dates = date_index(values[:1]) is not None
     splits = []
     for name, ranges in config.splits.items():
-        low, high = (_bound(v, values) for v in ranges[dim])
+        low, high = (_bound(v, dates) for v in ranges[dim])
         try:
-            if values.dtype.kind == "M":
-                span = pd.DatetimeIndex(values).slice_indexer(low, high)
-            else:
-                span = slice(
-                    0 if low is None else int(np.searchsorted(values, float(low), side="left")),
-                    len(values) if high is None else int(np.searchsorted(values, float(high), side="right")),
-                )
+            span = _span(values, low, high)
         except (ValueError, TypeError, KeyError) as error:
-            raise UserError(f"splits.{name}.{dim}: cannot read [{low}, {high}] as {dim} values ({error})") from None
+            raise UserError(
+                f"splits.{name}.{dim}: cannot read [{low}, {high}] as {dim} values ({error}); "
+                f"{_what_to_give(config, values, attrs or {})}"
+            ) from None
         start, stop = int(span.start or 0), len(values) if span.stop is None else int(span.stop)
         if stop <= start:
             raise UserError(

@@ -52,11 +52,28 @@ def _error(data) -> str:
         ({"shuffle": {"seed": 2**64}}, "shuffle.seed: Input should be less than 18446744073709551616"),
         ({"output": {"path": "out/a::b"}}, "output.path: '::' chains URLs in fsspec"),
         ({"output": {"path": "out/g[1]"}}, "output.path: *, ?, [ and ] are glob patterns"),
+        ({"input": {"paths": "x", "calendar": "365_days"}}, "input.calendar: unknown calendar '365_days'"),
+        (
+            {"input": {"paths": "x", "calendar": "noleap", "decode_times": False}},
+            "input: calendar is only used to decode times: drop it, or set decode_times: true",
+        ),
     ],
 )
 def test_mistakes_name_the_key(change, expected):
     message = _error({**BASE, **change})
     assert expected.replace("Value error", "") in message
+
+
+def test_split_dates_yaml_reads_as_dates_stay_the_text_written():
+    text = "splits: {train: {time: [1890-01-01, 1969-12-31T12:00:00]}, test: {time: [1970, null]}}"
+    config = parse_config({**BASE, **yaml.safe_load(text)})
+    assert config.splits == {"train": {"time": ["1890-01-01", "1969-12-31T12:00:00"]}, "test": {"time": [1970, None]}}
+
+
+@pytest.mark.parametrize("calendar", ["noleap", "365_day", "360_day", "NoLeap", "julian", "all_leap", "standard"])
+def test_every_cftime_calendar_is_accepted(calendar):
+    config = parse_config({**BASE, "input": {"paths": "x", "calendar": calendar}})
+    assert (config.input.calendar, config.input.decode_times) == (calendar, True)
 
 
 def test_window_size_shorthand_and_default_stride():

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from planning.inventory import inspect_files, probe_files
+from planning.inventory import inspect_files, probe_files, take_inventory
 from planning.metadata import inspect_file
 from planning.probe_cache import load_probes, reuse_or_probe, save_probes
 from planning.sources import list_files
+from planning.time_decoding import TimeDecoding
 from schemas.errors import UserError
 
 from helpers import split_along_time
@@ -102,3 +103,68 @@ def test_a_rerun_reuses_the_cached_probes_of_unchanged_files_only(sample_file, t
     reuse_or_probe(list_files(paths), cached, lambda missing: probed.extend(missing) or [None] * len(missing))
     assert [f.path for f in probed] == [paths[1]]
     assert load_probes(cache, "lat") == {}  # planned along another dim: not reused
+
+
+# Calendars: the files along the concat dim must share one, under whatever name each states it.
+
+
+def _halves(source, tmp_path: Path, first: str, second: str) -> list[str]:
+    """The first half of ``source`` in calendar ``first``, the second in ``second`` (one file each)."""
+    halves = []
+    for index, (name, calendar) in enumerate((("a", first), ("b", second))):
+        (tmp_path / name).mkdir()
+        halves.append(split_along_time(source, tmp_path / name, 2, calendar=calendar)[index])
+    return halves
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("standard", "gregorian"), ("standard", "proleptic_gregorian"), ("noleap", "365_day")]
+)
+def test_one_calendar_under_two_names_joins(sample_file, tmp_path, first, second):
+    paths = _halves(sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc"), tmp_path, first, second)
+    inventory = take_inventory(paths, "time")
+    expected = []
+    for path in paths:
+        with xr.open_dataset(path) as ds:
+            expected.append(ds["time"].values)
+    np.testing.assert_array_equal(inventory.concat_values, np.concatenate(expected))
+
+
+@pytest.mark.parametrize(("first", "second"), [("noleap", "standard"), ("360_day", "noleap"), ("standard", "julian")])
+def test_files_in_two_calendars_are_refused_in_one_line_naming_both(sample_file, tmp_path, first, second):
+    a, b = _halves(sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc"), tmp_path, first, second)
+    with pytest.raises(UserError) as info:
+        take_inventory([a, b], "time")
+    message = str(info.value)
+    assert message.startswith(f"input: {a} uses calendar '{first}' but {b} uses '{second}'; "), message
+    assert "input.calendar" in message and "\n" not in message
+
+
+def test_gregorian_files_either_side_of_1582_join_as_cftime_dates(tmp_path):
+    """xarray decodes standard-calendar dates before 1582 to cftime, later ones to numpy: both compare."""
+    paths = []
+    for name, units in (("early.nc", "days since 1500-01-01"), ("late.nc", "days since 1600-01-01")):
+        time = xr.Variable("time", [0.0, 365.0, 730.0], {"units": units, "calendar": "standard"})
+        xr.Dataset({"t": (("time", "lat"), np.ones((3, 2), "f4"))}, {"time": time, "lat": [0.0, 1.0]}).to_netcdf(
+            tmp_path / name
+        )
+        paths.append(str(tmp_path / name))
+    inventory = take_inventory(paths, "time")
+    expected = []
+    for path in paths:
+        with xr.open_dataset(path, decode_times=xr.coders.CFDatetimeCoder(use_cftime=True)) as ds:
+            expected.append(ds["time"].values)
+    assert all(value.calendar == "standard" for value in inventory.concat_values)
+    np.testing.assert_array_equal(inventory.concat_values, np.concatenate(expected))
+
+
+def test_undecoded_times_must_count_in_one_unit(sample_file, tmp_path):
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    paths = split_along_time(source, tmp_path, 3, units="days since 1870-03-01 00:00:00 +{offset} days")
+    (tmp_path / "same").mkdir()
+    with pytest.raises(UserError, match=r"input: .*part00.nc counts time in 'days since .* but .*part01.nc in"):
+        take_inventory(paths, "time", decoding=TimeDecoding(enabled=False))
+    same = split_along_time(source, tmp_path / "same", 3)
+    undecoded = take_inventory(same, "time", decoding=TimeDecoding(enabled=False))
+    with xr.open_dataset(source, decode_times=False) as ds:
+        np.testing.assert_array_equal(undecoded.concat_values, ds["time"].values)
