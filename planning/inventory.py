@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+import fsspec
 import numpy as np
 
 from planning.calendars import GREGORIAN, as_cftime, calendar_of
@@ -17,7 +18,7 @@ from planning.local_probe import probe_local_files
 from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
-from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
+from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
 from planning.time_decoding import AS_STATED, TimeDecoding, is_time
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -88,11 +89,7 @@ def take_inventory(
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
     if not along:
-        info = infos[0]
-        raise UserError(
-            f"{info.path}: has no dim {concat_dim!r} (its dims: {', '.join(info.sizes) or 'none'}); "
-            "set input.concat_dim to the dim the files are split along"
-        )
+        raise _no_concat_dim(infos[0], concat_dim)
     along = _one_calendar(along, concat_dim) if decoding.enabled else _one_unit(along, concat_dim)
     ordered, values = _order(along, concat_dim)
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
@@ -170,9 +167,7 @@ def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.n
             )
         return infos, np.arange(infos[0].sizes[concat_dim])
     for info in infos:
-        values = info.coords[concat_dim]
-        if len(values) > 1 and not np.all(values[1:] > values[:-1]):
-            raise UserError(f"{info.path}: {concat_dim!r} is not strictly increasing inside the file")
+        _check_increasing(info, concat_dim)
     ordered = sorted((i for i in infos if i.sizes[concat_dim] > 0), key=lambda i: (i.coords[concat_dim][0], i.path))
     if not ordered:
         raise UserError(f"input: every file has an empty {concat_dim!r} dim; there is nothing to sample")
@@ -240,6 +235,60 @@ def _one_unit(infos: list[FileInfo], concat_dim: str) -> list[FileInfo]:
             "unit, or decode times"
         )
     return infos
+
+
+def _no_concat_dim(info: FileInfo, concat_dim: str) -> UserError:
+    """Why a file has no concat dim, and the fix: a grouped file, a plain HDF5 file, or another dim's name."""
+    groups = _groups(info.path)
+    if groups:
+        return UserError(
+            f"{info.path}: its variables are in groups ({', '.join(groups[:5])}), and only the root group is read; "
+            "write the group you need to a file of its own (xr.open_dataset(path, group=...).to_netcdf(...))"
+        )
+    dims = list(info.sizes)
+    if dims and all(d.startswith("phony_dim_") for d in dims):
+        return UserError(
+            f"{info.path}: a plain HDF5 file, not NetCDF: its datasets have no named dims (read as "
+            f"{', '.join(dims[:3])}); write it as NetCDF with named dims (xarray: to_netcdf) first"
+        )
+    return UserError(
+        f"{info.path}: has no dim {concat_dim!r} (its dims: {', '.join(dims) or 'none'}); "
+        "set input.concat_dim to the dim the files are split along"
+    )
+
+
+def _groups(path: str) -> list[str]:
+    """The groups of a NetCDF-4 file ("/forecast", ...), if it has any; [] for anything else."""
+    try:
+        import h5py
+
+        with NETCDF_LOCK, fsspec.open(path, "rb") as stream, h5py.File(stream, "r") as file:
+            found: list[str] = []
+            file.visit(lambda name: found.append(f"/{name}") if isinstance(file[name], h5py.Group) else None)
+            return found
+    except Exception:  # not HDF5, unreadable: no groups to name
+        return []
+
+
+def _check_increasing(info: FileInfo, concat_dim: str) -> None:
+    """Refuse a concat coordinate that decreases or repeats inside a file, naming where and the fix."""
+    values = info.coords[concat_dim]
+    if len(values) < 2:
+        return
+    steps = values[1:] > values[:-1]
+    if steps.all():
+        return
+    at = int(np.flatnonzero(~steps)[0]) + 1
+    here, before = format_value(values[at]), format_value(values[at - 1])
+    if values[at] == values[at - 1]:
+        raise UserError(
+            f"{info.path}: {concat_dim!r} repeats {here} at index {at}; drop the duplicate steps first "
+            f"(xarray: ds.drop_duplicates({concat_dim!r}))"
+        )
+    raise UserError(
+        f"{info.path}: {concat_dim!r} decreases at index {at} ({here} after {before}); the steps must increase: "
+        f"sort them first (xarray: ds.sortby({concat_dim!r}))"
+    )
 
 
 def _check_static_files(inventory: Inventory) -> None:

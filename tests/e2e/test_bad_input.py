@@ -291,3 +291,52 @@ def test_copied_real_file_with_hostile_variable_name_builds_a_safe_parser(tmp_pa
     batch = next(iter(parser.make_dataset(batch_size=4)))
     assert batch[hostile].shape == (4, 14, 16, 16)
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+
+
+def _plain_hdf5(path: Path) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as file:
+        file["temperature"] = np.zeros((4, 3, 5), "f4")
+        file["time"] = np.arange(4.0)
+
+
+def _grouped(path: Path) -> None:
+    import netCDF4
+
+    with netCDF4.Dataset(path, "w") as nc:
+        forecast = nc.createGroup("forecast")
+        forecast.createDimension("time", 3)
+        forecast.createVariable("time", "f8", ("time",))[:] = [0, 1, 2]
+        forecast.createVariable("t", "f4", ("time",))[:] = [1, 2, 3]
+        nc.createGroup("analysis")
+
+
+def _with_times(times: list[str]):
+    def write(path: Path) -> None:
+        values = np.zeros((len(times), 3), "f4")
+        xr.Dataset({"v": (("time", "x"), values)}, coords={"time": pd.to_datetime(times)}).to_netcdf(path)
+
+    return write
+
+
+@pytest.mark.parametrize(
+    ("write", "expected"),
+    [
+        (_plain_hdf5, ["a plain HDF5 file, not NetCDF", "phony_dim_0", "write it as NetCDF with named dims"]),
+        (_grouped, ["its variables are in groups (/analysis, /forecast)", "xr.open_dataset(path, group=...)"]),
+        (
+            _with_times(["2000-01-01", "2000-01-03", "2000-01-02", "2000-01-04"]),
+            ["'time' decreases at index 2 (2000-01-02T00:00:00 after 2000-01-03T00:00:00)", "ds.sortby('time')"],
+        ),
+        (
+            _with_times(["2000-01-01", "2000-01-02", "2000-01-02", "2000-01-04"]),
+            ["'time' repeats 2000-01-02T00:00:00 at index 2", "ds.drop_duplicates('time')"],
+        ),
+    ],
+    ids=["plain-hdf5", "groups", "decreasing", "duplicate"],
+)
+def test_files_that_are_not_a_time_series_of_netcdf_say_why_and_the_fix(tmp_path, capsys, write, expected):
+    path = tmp_path / "input.nc"
+    write(path)
+    assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "input.nc", *expected)
