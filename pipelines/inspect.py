@@ -127,7 +127,7 @@ def _axis_text(axis: dict[str, Any], coords: list | None) -> str:
         return f"{dim}: kept whole ({axis['length']}){': ' + values if values else ''}"
     if role == "iterate":
         return f"{dim}: every index ({axis['length']})"
-    return f"{dim}: {role} {axis.get('steps', '')}".rstrip()
+    return f"{dim}: {role} {axis.get('offsets', axis.get('steps', ''))}".rstrip()
 
 
 def geometry_lines(schema: Schema) -> list[str]:
@@ -137,6 +137,8 @@ def geometry_lines(schema: Schema) -> list[str]:
         grid = " x ".join(map(str, sample.get("grid_shape", [])))
         lines.append(f"Sample grid: {grid} = {sample.get('num_samples', 0):,} samples")
         lines.extend(f"  {_axis_text(axis, schema.coords.get(axis['dim']))}" for axis in sample["axes"])
+    for dim, selected in sample.get("selection", {}).items():
+        lines.append(f"  selected {dim}: {selected['length']} values, {selected['first']} to {selected['last']}")
     calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample else ""
     for name, split in sample.get("splits", {}).items():
         lines.append(f"  split {name}: {split['first']} to {split['last']}{calendar}")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
 from planning.calendars import check_calendar
 from schemas.errors import UserError
@@ -55,11 +55,28 @@ class InputConfig(_Strict):
             "calendar attribute (e.g. noleap for `365_days`); any calendar cftime knows"
         ),
     )
+    coord_tolerance: Literal["float32"] | NonNegativeFloat = Field(
+        "float32",
+        json_schema_extra={"reference_type": '"float32" or float ≥ 0'},
+        description=(
+            "how far the files' coordinates (other than concat_dim) may differ and the files still join: "
+            "`float32`: by float32 rounding (about 1.2e-7 times the value); a number: by that much; "
+            "0: not at all. The first file's values are the ones recorded"
+        ),
+    )
 
     @field_validator("paths", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("coord_tolerance", mode="before")
+    @classmethod
+    def _tolerance(cls, value: Any) -> Any:
+        negative = isinstance(value, int | float) and not isinstance(value, bool) and value < 0
+        if negative or isinstance(value, bool) or (isinstance(value, str) and value != "float32"):
+            raise ValueError("give float32 (the default), or a number >= 0 (0: the values must be equal)")
+        return value
 
     @field_validator("paths")
     @classmethod
@@ -108,7 +125,10 @@ class SampleConfig(_Strict):
     )
     offsets: dict[str, list[int]] = Field(
         default_factory=dict,
-        description="steps along one dim taken together in one sample, e.g. time: [0, 1]",
+        description=(
+            "steps along one dim taken together in one sample, relative to the sample's own index, so 0 "
+            "must be one of them: time: [0, 1] is a step and the next, [-1, 0] the one before and it"
+        ),
         json_schema_extra={"reference_type": "mapping: dim → list of int"},
     )
     keep: list[str] = Field(default_factory=list, description="dims kept whole in every sample")
@@ -123,6 +143,15 @@ class SampleConfig(_Strict):
                 raise ValueError(f"{dim}: give at least one offset, e.g. [0, 1]")
             if len(set(steps)) != len(steps):
                 raise ValueError(f"{dim}: offsets {steps} repeat a step")
+            if 0 not in steps:
+                # Without 0 the same samples come out as with the offsets shifted to start at 0; a
+                # list like [14, 16] is almost always meant as two fixed levels, which select takes.
+                raise ValueError(
+                    f"{dim}: offsets {steps} do not include 0; they are steps relative to each sample's "
+                    f"own index (time: [0, 1] is a step and the next), not fixed indices: for pairs "
+                    f"{max(steps) - min(steps)} apart write {sorted(s - min(steps) for s in steps)}; to take "
+                    f"only some {dim} values, use select: {{{dim}: [values]}} with sample.keep: [{dim}]"
+                )
         return value
 
     @model_validator(mode="after")
@@ -247,6 +276,43 @@ class OutputConfig(_Strict):
 
 SplitRange = list[str | float | None]
 
+#: A coordinate value in a config: a number, or a date or time (at any precision) as text.
+CoordValue = str | float
+
+
+def _dates_as_text(value: Any) -> Any:
+    """YAML reads an unquoted 1890-01-01 as a date: a split bound or selected value is the text it was written as."""
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _dates_as_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_dates_as_text(item) for item in value]
+    return value
+
+
+class SelectRange(_Strict):
+    """An inclusive range of coordinate values along one dim; either bound may be left out."""
+
+    min: CoordValue | None = Field(None, description="the smallest value taken (along time: a date at any precision)")
+    max: CoordValue | None = Field(
+        None,
+        description=(
+            "the largest value taken; on a longitude a max below min crosses the seam, e.g. {min: 350, max: 10}"
+        ),
+    )
+
+    @field_validator("min", "max", mode="before")
+    @classmethod
+    def _dates(cls, value: Any) -> Any:
+        return _dates_as_text(value)
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> SelectRange:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both, e.g. {min: 30, max: 60}")
+        return self
+
 
 class BuildConfig(_Strict):
     """The whole build: input files, variables, sample geometry, splits, shuffle and output."""
@@ -257,6 +323,15 @@ class BuildConfig(_Strict):
         description=(
             "default: every data variable that has all the sample dims; list lower-dimensional or static "
             "variables (e.g. orography on lat, lon) explicitly to include them in every sample"
+        ),
+    )
+    select: dict[str, list[CoordValue] | SelectRange] = Field(
+        default_factory=dict,
+        json_schema_extra={"reference_type": "mapping: dim → list of values, or {min, max}"},
+        description=(
+            "the part of the input to read, by coordinate value along any dims: a list takes those values "
+            "(each must exist), {min, max} an inclusive range (a longitude range may cross the seam), e.g. "
+            "level: [500, 850], lat: {min: 30, max: 60}; samples are cut from the selection alone"
         ),
     )
     sample: SampleConfig = Field(default_factory=SampleConfig)
@@ -301,6 +376,40 @@ class BuildConfig(_Strict):
     def _dates_as_text(cls, value: Any) -> Any:
         return _dates_as_text(value)
 
+    @field_validator("select", mode="before")
+    @classmethod
+    def _select_shorthand(cls, value: Any) -> Any:
+        # `level: 500` is short for [500]; dates YAML read as dates are the text they were.
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for dim, wanted in value.items():
+            if isinstance(wanted, list):
+                wanted = [_dates_as_text(v) for v in wanted]
+            elif isinstance(wanted, dict):
+                # Validated here so that a mistake is reported against the range alone, not
+                # against every form the union allows.
+                try:
+                    wanted = SelectRange.model_validate(wanted)
+                except pydantic.ValidationError as error:
+                    problems = format_validation_error(error, "").removeprefix(": ").replace("(top level): ", "")
+                    raise ValueError(f"{dim}: {problems}") from None
+            elif wanted is not None:
+                wanted = [_dates_as_text(wanted)]
+            out[dim] = wanted
+        return out
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: dict) -> dict:
+        for dim, wanted in value.items():
+            if isinstance(wanted, list):
+                if not wanted:
+                    raise ValueError(f"{dim}: an empty list selects nothing; give values or leave {dim} out")
+                if len(set(wanted)) != len(wanted):
+                    raise ValueError(f"{dim}: a value is listed twice: {wanted}")
+        return value
+
     @field_validator("variables")
     @classmethod
     def _variables(cls, value: list[str] | None) -> list[str] | None:
@@ -310,17 +419,6 @@ class BuildConfig(_Strict):
             if len(set(value)) != len(value):
                 raise ValueError(f"a variable is listed twice: {value}")
         return value
-
-
-def _dates_as_text(value: Any) -> Any:
-    """YAML reads an unquoted 1890-01-01 as a date: a split bound takes it as the text it was written as."""
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {key: _dates_as_text(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_dates_as_text(item) for item in value]
-    return value
 
 
 def _location(error: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from planning.config import BuildConfig
 from planning.coords import json_values, time_calendar
 from planning.inventory import Inventory
 from planning.sampling import SampleGrid
+from planning.selected import SelectedDataset
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan
@@ -23,11 +24,14 @@ def package_version() -> str:
         return "unknown"
 
 
-def sample_description(config: BuildConfig, grid: SampleGrid, inventory: Inventory, splits: Sequence[SplitPlan]):
-    """schema.json's ``sample``: the dims and their roles, the grid of positions, each split's range."""
-    values = inventory.concat_values
+def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, splits: Sequence[SplitPlan]):
+    """schema.json's ``sample``: the dims and their roles, the grid of positions, each split's range.
+
+    Lengths, positions and index ranges count on the selected grid; ``selection`` says where it is in the source.
+    """
+    values = dataset.concat_values
     calendar = time_calendar(values[:1])  # the calendar of the splits' dates (times only)
-    return {
+    out = {
         "concat_dim": config.input.concat_dim,
         **({"calendar": calendar} if calendar else {}),
         "axes": [a.to_json() for a in grid.axes],
@@ -43,6 +47,9 @@ def sample_description(config: BuildConfig, grid: SampleGrid, inventory: Invento
             for s in splits
         },
     }
+    if dataset.selection:
+        out["selection"] = dataset.to_json()
+    return out
 
 
 #: Files named in schema.json's sources: the first few and the last (the rest are counted).
@@ -72,7 +79,7 @@ def _listed(source: SourceFile) -> dict:
 def describe_build(
     config: BuildConfig,
     grid: SampleGrid,
-    inventory: Inventory,
+    dataset: SelectedDataset,
     sources: SourceIndex,
     features: Sequence[Feature],
     splits: Sequence[SplitPlan],
@@ -81,16 +88,16 @@ def describe_build(
     """The schema without its shards (Finalize adds those once they are written)."""
     kept = {}
     for axis in grid.axes:
-        found = inventory.coordinate(axis.dim) if axis.role == "keep" else None
+        found = dataset.coordinate(axis.dim) if axis.role == "keep" else None
         if found is not None:
             kept[axis.dim] = json_values(found[0])
     return Schema(
         features=tuple(features),
         compression=config.output.compression,
         examples_per_record=config.output.examples_per_record,
-        sample=sample_description(config, grid, inventory, splits),
+        sample=sample_description(config, grid, dataset, splits),
         coords=kept,
-        sources=describe_sources(config, sources, inventory),
+        sources=describe_sources(config, sources, dataset.inventory),
         counts=drops,
         seed=config.shuffle.seed,
         config=config.model_dump(mode="json"),

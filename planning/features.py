@@ -88,7 +88,7 @@ def select_variables(config: BuildConfig, inventory: Inventory) -> list[Variable
 
 
 def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[str, int]) -> SampleGrid:
-    """One axis per dim of the selected variables, in the widest variable's dim order."""
+    """One axis per dim of the selected variables, in the widest variable's dim order; ``sizes``: as selected."""
     dims: list[str] = []
     for var in sorted(variables, key=lambda v: -len(v.dims)):
         dims.extend(d for d in var.dims if d not in dims)
@@ -96,11 +96,12 @@ def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[s
     axes = []
     for dim in dims:
         length = sizes[dim]
+        selected = ", as selected" if dim in config.select else ""
         if dim in sample.window:
             window = sample.window[dim]
             if window.size > length:
                 raise UserError(
-                    f"sample.window.{dim}.size: {window.size} is larger than dim {dim!r} ({length}); "
+                    f"sample.window.{dim}.size: {window.size} is larger than dim {dim!r} ({length}{selected}); "
                     f"use at most {length}"
                 )
             axes.append(Axis.window(dim, length, window.size, window.step))
@@ -109,7 +110,7 @@ def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[s
             if max(steps) - min(steps) + 1 > length:
                 raise UserError(
                     f"sample.offsets.{dim}: {steps} spans {max(steps) - min(steps) + 1} steps "
-                    f"but dim {dim!r} has {length}"
+                    f"but dim {dim!r} has {length}{selected}"
                 )
             axes.append(Axis.offsets(dim, length, steps))
         elif dim in sample.keep:

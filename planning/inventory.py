@@ -20,6 +20,7 @@ from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
 from planning.time_decoding import AS_STATED, TimeDecoding, is_time
+from planning.tolerance import coordinate_mismatch, describe_tolerance
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -79,10 +80,17 @@ class Inventory:
 
 
 def take_inventory(
-    patterns: list[str], concat_dim: str, cached: Mapping | None = None, decoding: TimeDecoding = AS_STATED
+    patterns: list[str],
+    concat_dim: str,
+    cached: Mapping | None = None,
+    decoding: TimeDecoding = AS_STATED,
+    tolerance: str | float = "float32",
 ) -> Inventory:
-    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache);
-    ``decoding``: how times are decoded (input.decode_times, input.calendar)."""
+    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache).
+
+    ``decoding``: how times are decoded (input.decode_times, input.calendar); ``tolerance``:
+    input.coord_tolerance, how far static files' grids may differ from the first file's.
+    """
     listed = list_files(patterns)
     probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim))
     infos = inspect_files(listed, concat_dim, probes, decoding)
@@ -94,7 +102,7 @@ def take_inventory(
     ordered, values = _order(along, concat_dim)
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
     inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, {f.path: f.version for f in listed})
-    _check_static_files(inventory)
+    _check_static_files(inventory, tolerance)
     return inventory
 
 
@@ -291,7 +299,7 @@ def _check_increasing(info: FileInfo, concat_dim: str) -> None:
     )
 
 
-def _check_static_files(inventory: Inventory) -> None:
+def _check_static_files(inventory: Inventory, tolerance: str | float) -> None:
     seen = dict.fromkeys(inventory.reference.variables, inventory.reference.path)
     for info in inventory.static_files:
         for name in info.variables:
@@ -300,10 +308,14 @@ def _check_static_files(inventory: Inventory) -> None:
                     f"{info.path}: variable {name!r} is also in {seen[name]}; a static variable must come from one file"
                 )
             seen[name] = info.path
-        _check_grid(info, inventory.reference, set(info.sizes) & set(inventory.reference.sizes))
+        _check_grid(info, inventory.reference, set(info.sizes) & set(inventory.reference.sizes), tolerance)
 
 
-def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str]) -> None:
+def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str], tolerance: str | float) -> None:
+    """The file's grid is the reference's: same sizes, coordinates equal within ``tolerance``.
+
+    Where they differ within it, the reference's values are the ones recorded and sampled by.
+    """
     for dim in dims:
         if info.sizes.get(dim) != reference.sizes.get(dim):
             raise UserError(
@@ -311,15 +323,27 @@ def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str]) -> Non
                 f"{reference.path}; the files' grids must match"
             )
         both = dim in reference.coords and dim in info.coords
-        if both and not np.array_equal(info.coords[dim], reference.coords[dim]):
+        found = coordinate_mismatch(info.coords[dim], reference.coords[dim], tolerance) if both else None
+        if found is None:
+            continue
+        values = f"{format_value(found.value)} vs {format_value(found.reference)}"
+        if found.difference is None:
             raise UserError(
-                f"{info.path}: {dim!r} coordinate values differ from {reference.path}; "
-                "the files' grids must match (regrid them first)"
+                f"{info.path}: {dim!r} coordinate values differ from {reference.path} (at index {found.index}: "
+                f"{values}); the files' grids must match (regrid them first)"
             )
+        raise UserError(
+            f"{info.path}: {dim!r} differs from {reference.path} by up to {found.difference:.2g} (at index "
+            f"{found.index}: {values}); files join when coordinates agree within input.coord_tolerance "
+            f"(now {describe_tolerance(tolerance, found.allowed)}): raise it or regrid"
+        )
 
 
-def check_variables_agree(inventory: Inventory, variables: list[VariableInfo]) -> None:
-    """Every variable along the concat dim is in every file with the same dims and dtype; grids match."""
+def check_variables_agree(
+    inventory: Inventory, variables: list[VariableInfo], tolerance: str | float = "float32"
+) -> None:
+    """Every variable along the concat dim is in every file with the same dims and dtype; grids match
+    (coordinates within ``tolerance``, input.coord_tolerance)."""
     along = [v for v in variables if inventory.concat_dim in v.dims]
     dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
     reference = inventory.reference
@@ -333,4 +357,4 @@ def check_variables_agree(inventory: Inventory, variables: list[VariableInfo]) -
                     f"{info.path}: variable {var.name!r} is {other.dtype} ({', '.join(other.dims)}) but "
                     f"{var.dtype} ({', '.join(var.dims)}) in {reference.path}; all files must agree"
                 )
-        _check_grid(info, reference, sorted(dims & set(reference.sizes)))
+        _check_grid(info, reference, sorted(dims & set(reference.sizes)), tolerance)

@@ -31,6 +31,8 @@ from planning.inventory import Inventory, check_variables_agree, take_inventory
 from planning.manifest import Manifest, build_manifest
 from planning.positions import Positions
 from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
+from planning.selected import SelectedDataset, select_dataset
+from planning.selection import Selection
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
@@ -65,6 +67,8 @@ class BuildPlan:
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
     probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
+    #: where the sample grid's positions are in the source along selected dims (config ``select``)
+    selection: Selection = dataclasses.field(default_factory=Selection)
 
     @property
     def grid(self) -> SampleGrid:
@@ -156,10 +160,10 @@ def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
         raise UserError(f"stats.reference_split: {config.stats.reference_split!r} is not a split ({', '.join(names)})")
 
 
-def _coordinates(grid: SampleGrid, inventory: Inventory) -> dict[str, tuple[np.ndarray, dict]]:
+def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[np.ndarray, dict]]:
     coords = {}
     for axis in grid.grid_axes:
-        found = inventory.coordinate(axis.dim)
+        found = dataset.coordinate(axis.dim)
         converted = record_values(*found) if found is not None else None
         if converted is not None:
             coords[axis.dim] = converted
@@ -167,11 +171,14 @@ def _coordinates(grid: SampleGrid, inventory: Inventory) -> dict[str, tuple[np.n
 
 
 def _assign_splits(
-    config: BuildConfig, grid: SampleGrid, inventory: Inventory, files: list[SourceFile], record_bound: int
+    config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, files: list[SourceFile], record_bound: int
 ) -> tuple[list[SplitPlan], np.ndarray | None, dict[str, int]]:
-    """Splits with their sample and shard counts, each concat position's split, and the drop counts."""
+    """Splits with their sample and shard counts, each concat position's split, and the drop counts.
+
+    ``files``: their ranges on the selected concat dim, where splits are counted.
+    """
     concat_dim = config.input.concat_dim
-    splits = split_ranges(config, inventory.concat_values, inventory.coordinate(concat_dim)[1])
+    splits = split_ranges(config, dataset.concat_values, dataset.coordinate(concat_dim)[1])
     grid_dims = [a.dim for a in grid.grid_axes]
     if concat_dim not in grid_dims:
         if config.splits:
@@ -180,7 +187,7 @@ def _assign_splits(
         counts = [grid.num_samples]
     else:
         axis = grid.axis(concat_dim)
-        labels, across_gap = position_splits(config, axis, inventory.concat_values, splits, files)
+        labels, across_gap = position_splits(config, axis, dataset.concat_values, splits, files)
         per_position = grid.num_samples // axis.count
         counts = [int((labels == i).sum()) * per_position for i in range(len(splits))]
     drops = {
@@ -216,22 +223,25 @@ def make_plan(
     ``cached_probes``: the files' probes kept from an earlier run (planning.probe_cache).
     """
     decoding = TimeDecoding.of(config.input)
-    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding)
+    tolerance = config.input.coord_tolerance
+    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance)
     chosen = select_variables(config, inventory)
-    check_variables_agree(inventory, chosen)
-    grid = build_grid(config, chosen, inventory.sizes)
-    coords = _coordinates(grid, inventory)
+    check_variables_agree(inventory, chosen, tolerance)
+    # From here on, everything is counted on the selected grid; only the workers' reads map back.
+    dataset = select_dataset(config, inventory, chosen)
+    grid = build_grid(config, chosen, dataset.sizes)
+    coords = _coordinates(grid, dataset)
     variables = variable_plans(grid, chosen, inventory)
     stacks = stack_plans(config, variables)
     features = record_features(grid, variables, stacks, coords)
-    files = inventory.source_files()
+    files = dataset.files_on_grid()
     record_bytes = _record_bytes(tuple(features))
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
-    splits, labels, drops = _assign_splits(config, grid, inventory, files, record_bound)
+    splits, labels, drops = _assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
     units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
-    sources = SourceIndex.of(files)
-    schema = describe_build(config, grid, inventory, sources, features, splits, drops)
+    sources = SourceIndex.of(dataset.source_files())
+    schema = describe_build(config, grid, dataset, sources, features, splits, drops)
     positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
     return BuildPlan(
         config=config,
@@ -244,6 +254,7 @@ def make_plan(
         schema=schema,
         run_id=run_id or uuid.uuid4().hex[:12],
         probes=inventory.probes,
+        selection=dataset.selection,
     )
 
 
@@ -256,6 +267,7 @@ def _plan_units(
     budget_bytes: float,
     labels: np.ndarray | None,
 ) -> list[Unit]:
+    """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do)."""
     concat_dim = inventory.concat_dim
     grid_dims = [a.dim for a in grid.grid_axes]
     # Samples are held about three times over: cut, encoded, and in buckets.

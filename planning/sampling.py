@@ -32,6 +32,8 @@ class Axis:
     role: Role
     steps: tuple[int, ...]  # element offsets within one sample, relative to the sample's start
     stride: int = 1  # between the starts of consecutive samples
+    #: the step a sample's index/<dim> names: for offsets, the element at offset 0 (the first element otherwise)
+    anchor: int = 0
 
     @classmethod
     def iterate(cls, dim: str, length: int) -> Axis:
@@ -43,8 +45,9 @@ class Axis:
 
     @classmethod
     def offsets(cls, dim: str, length: int, offsets: Sequence[int]) -> Axis:
+        """Steps ``offsets`` relative to each sample's index (which offset 0 names; the config requires it)."""
         low = min(offsets)
-        return cls(dim, length, "offsets", tuple(o - low for o in offsets), 1)
+        return cls(dim, length, "offsets", tuple(o - low for o in offsets), 1, -low)
 
     @classmethod
     def keep(cls, dim: str, length: int) -> Axis:
@@ -78,8 +81,8 @@ class Axis:
         return start * self.stride, (stop - 1) * self.stride + self.span
 
     def first_index(self, positions: np.ndarray) -> np.ndarray:
-        """Source index of each sample's first element along this dim."""
-        return positions * self.stride + self.steps[0]
+        """Each sample's index/<dim>: the index of its first element (of its offset 0 with offsets)."""
+        return positions * self.stride + self.anchor
 
     def element_indices(self, positions: np.ndarray) -> np.ndarray:
         """Source indices (samples, elements) of every element each sample takes."""
@@ -90,7 +93,8 @@ class Axis:
         if self.role == "window":
             out.update(size=len(self.steps), stride=self.stride)
         elif self.role == "offsets":
-            out.update(steps=list(self.steps))
+            # As configured: relative to the sample's index/<dim>.
+            out.update(offsets=[s - self.anchor for s in self.steps])
         return out
 
 

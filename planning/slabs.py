@@ -21,6 +21,8 @@ from planning.features import VariablePlan
 from planning.hdf5_reads import open_with_xarray, prefetched
 from planning.hdf5_reads import read_box as read_hdf5_box
 from planning.remote_files import RemoteFile
+from planning.selection import Selection
+from planning.source_index import SourceIndex
 from planning.sources import NETCDF_LOCK, SourceFile, is_hdf5, open_netcdf, size_and_version
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -168,4 +170,40 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
             raise ValueError(f"no input file covers {concat_dim} range {begin}:{end}")
         axis = variable.dims.index(concat_dim)
         slabs.values[variable.name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
+    return slabs
+
+
+def read_selected(
+    sources: SourceIndex, concat_dim: str, variables: Sequence[VariablePlan], box: Box, selection: Selection
+) -> Slabs:
+    """Each variable's values over ``box``, index ranges on the selected grid (planning.selection).
+
+    The box maps to one piece of the source per combination of the selected runs it spans
+    (a seam-crossing longitude range: two); each piece is read and put in its place, so only
+    selected elements are read. Variables are read in groups by the selected dims they have,
+    so a field without a selected dim is read once, not once per piece.
+    """
+    if not selection:
+        return read_slabs(sources.overlapping(*box[concat_dim]), concat_dim, variables, box)
+    slabs = Slabs({})
+    groups: dict[tuple[str, ...], list[VariablePlan]] = {}
+    for variable in variables:
+        groups.setdefault(tuple(d for d in variable.dims if d in selection.runs), []).append(variable)
+    for dims, group in groups.items():
+        pieces = selection.pieces(box, dims)
+        for piece, place in pieces:
+            part = read_slabs(sources.overlapping(*piece[concat_dim]), concat_dim, group, piece)
+            slabs.bytes_read += part.bytes_read
+            slabs.requests += part.requests
+            slabs.round_trips += part.round_trips
+            for variable in group:
+                values = part.values[variable.name]
+                if len(pieces) == 1:
+                    slabs.values[variable.name] = values
+                    continue
+                if variable.name not in slabs.values:
+                    shape = tuple(box[d][1] - box[d][0] for d in variable.dims)
+                    slabs.values[variable.name] = np.empty(shape, values.dtype)
+                where = tuple(slice(*place[d]) if d in place else slice(None) for d in variable.dims)
+                slabs.values[variable.name][where] = values
     return slabs

@@ -17,6 +17,7 @@ from planning.layout import ShardLayout
 from planning.names import join, run_dir, shard_path, temporary_path
 from planning.plan import BuildPlan
 from planning.positions import Positions
+from planning.selection import Selection
 from planning.source_index import SourceIndex
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
@@ -41,6 +42,8 @@ class CutSpec:
     nan_policy: str
     fill_value: float | None
     allow_float32_overflow: bool
+    #: what the grid's positions are in the source along the selected dims (config ``select``)
+    selection: Selection = dataclasses.field(default_factory=Selection)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -125,6 +128,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         nan_policy=config.nan_policy,
         fill_value=config.fill_value,
         allow_float32_overflow=config.output.allow_float32_overflow,
+        selection=plan.selection,
     )
 
 

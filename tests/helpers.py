@@ -43,9 +43,8 @@ def expected_feature(source: xr.Dataset, schema: Schema, name: str, record: dict
             selection[dim] = start
         elif axis["role"] == "window":
             selection[dim] = slice(start, start + axis["size"])
-        else:
-            steps = axis["steps"]
-            selection[dim] = [start - steps[0] + s for s in steps]
+        else:  # offsets, relative to the sample's index
+            selection[dim] = [start + offset for offset in axis["offsets"]]
     values = source[name].isel(selection).transpose(*feature.dims).values
     return values.astype(feature.dtype)
 

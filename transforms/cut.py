@@ -28,7 +28,7 @@ from planning.contracts import (
 )
 from planning.features import VariablePlan
 from planning.sampling import Unit
-from planning.slabs import Slabs, read_slabs
+from planning.slabs import Slabs, read_selected
 from planning.source_index import SourceIndex
 from planning.specs import CutSpec
 from schemas.errors import UserError
@@ -73,13 +73,12 @@ def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.nd
 
 
 def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
-    """Every variable's values over the unit's source box (its samples' elements, halos included).
+    """Every variable's values over the unit's box of the selected grid (its samples' elements, halos included).
 
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    files = sources.overlapping(*box[spec.positions.concat_dim])
-    return read_slabs(files, spec.positions.concat_dim, spec.variables, box)
+    return read_selected(sources, spec.positions.concat_dim, spec.variables, box, spec.selection)
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:

@@ -182,7 +182,12 @@ def test_a_non_numeric_variable(archive, tmp_path, capsys):
 def test_files_whose_grids_disagree(archive, tmp_path, capsys):
     make_file(archive / "c.nc", "2020-01-03T00", 4, lat=np.linspace(-31, 31, 12))
     assert_fails(
-        config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "'lat' coordinate values differ"
+        config_for([archive / "*.nc"], tmp_path / "o"),
+        tmp_path,
+        capsys,
+        "c.nc: 'lat' differs from",
+        "a.nc by up to 1 (at index 0: -31.0 vs -30.0)",
+        "input.coord_tolerance (now float32: ",
     )
     make_file(archive / "c.nc", "2020-01-03T00", 4, lat=np.linspace(-30, 30, 13))
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc", "dim 'lat' has size 13")

@@ -1,5 +1,7 @@
 """Property: for any split of the data into files and any unit budget, the samples equal those of one file.
 
+With or without a selection (a time range, a list of lon values read as pieces).
+
 Budgets go down to below one step of the concat dim, where units split along the other dims too.
 """
 
@@ -29,26 +31,38 @@ def cases(draw):
     sizes = np.diff([0, *cuts, steps]).tolist()
     lat = draw(st.integers(1, 5))
     lon = draw(st.integers(1, 4))
+    # A selection: a time range (some files left out) and lon values (runs read as pieces).
+    select: dict = {}
+    taken_steps, taken_lon = steps, lon  # as selected
+    if draw(st.booleans()):
+        first = draw(st.integers(0, steps - 1))
+        last = draw(st.integers(first, steps - 1))
+        select["time"] = {"min": f"2001-01-{first + 1:02d}", "max": f"2001-01-{last + 1:02d}"}
+        taken_steps = last - first + 1
+    if draw(st.booleans()):
+        select["lon"] = sorted(draw(st.sets(st.integers(0, lon - 1), min_size=1)))
+        taken_lon = len(select["lon"])
     kind = draw(st.sampled_from(["iterate", "window", "offsets"]))
     sample: dict = {}
     if kind == "window":
-        size = draw(st.integers(1, steps))
+        size = draw(st.integers(1, taken_steps))
         sample["window"] = {"time": {"size": size, "stride": draw(st.integers(1, 4))}}
     elif kind == "offsets":
-        offsets = draw(st.lists(st.integers(-3, 3), min_size=1, max_size=3, unique=True))
-        if max(offsets) - min(offsets) >= steps:
+        others = draw(st.lists(st.integers(-3, 3).filter(bool), max_size=2, unique=True))
+        offsets = draw(st.permutations([0, *others]))
+        if max(offsets) - min(offsets) >= taken_steps:
             offsets = [0]
         sample["offsets"] = {"time": offsets}
     if draw(st.booleans()):
         sample["window"] = {**sample.get("window", {}), "lat": {"size": draw(st.integers(1, lat)), "stride": 1}}
     if draw(st.booleans()):
-        size = draw(st.integers(1, lon))
+        size = draw(st.integers(1, taken_lon))
         sample["window"] = {**sample.get("window", {}), "lon": {"size": size, "stride": draw(st.integers(1, 2))}}
     budget = draw(st.integers(1, 3000))  # bytes per unit: from one position per unit to all in one
     # Where the split files are: local (read in place), or behind an fsspec URL (read by ranges),
     # classic with time as a record dim or fixed, or NetCDF-4.
     storage = draw(st.sampled_from(["local", "NETCDF3_CLASSIC records", "NETCDF3_64BIT", "NETCDF4"]))
-    return sizes, (lat, lon), sample, budget, storage
+    return sizes, (lat, lon), {"sample": sample, "select": select}, budget, storage
 
 
 def _write(directory: Path, values: np.ndarray, sizes: list[int], storage: str = "local") -> None:
@@ -68,7 +82,7 @@ def _write(directory: Path, values: np.ndarray, sizes: list[int], storage: str =
 
 
 def _samples(directory: str, sample: dict, budget: float) -> dict[int, np.ndarray]:
-    config = parse_config({"input": {"paths": f"{directory}/*.nc"}, "sample": sample, "output": {"path": "x"}})
+    config = parse_config({"input": {"paths": f"{directory}/*.nc"}, **sample, "output": {"path": "x"}})
     plan = make_plan(config, unit_budget_bytes=budget)
     out: dict[int, np.ndarray] = {}
     spec = cut_spec(plan)

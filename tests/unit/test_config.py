@@ -57,6 +57,13 @@ def _error(data) -> str:
             {"input": {"paths": "x", "calendar": "noleap", "decode_times": False}},
             "input: calendar is only used to decode times: drop it, or set decode_times: true",
         ),
+        ({"sample": {"offsets": {"lev": [14, 16]}}}, "offsets [14, 16] do not include 0; they are steps relative"),
+        ({"select": {"lat": {}}}, "select: lat: give min, max or both"),
+        ({"select": {"lat": {"min": 1, "mx": 2}}}, "select: lat: mx: unknown key"),
+        ({"select": {"level": []}}, "select: level: an empty list selects nothing"),
+        ({"select": {"level": [500, 500]}}, "select: level: a value is listed twice"),
+        ({"input": {"paths": "x", "coord_tolerance": -1}}, "input.coord_tolerance: give float32 (the default), or a"),
+        ({"input": {"paths": "x", "coord_tolerance": "float64"}}, "input.coord_tolerance: give float32"),
     ],
 )
 def test_mistakes_name_the_key(change, expected):
@@ -154,3 +161,15 @@ def test_relative_local_paths_become_absolute_for_cluster_workers(tmp_path, monk
     assert config.input.paths == [f"{tmp_path}/in/*.nc", "gs://b/x/*.nc", "/abs/*.nc"]
     assert config.output.path == f"{tmp_path}/out"
     assert with_absolute_paths(parse_config({**data, "output": {"path": "gs://b/out"}})).output.path == "gs://b/out"
+
+
+def test_select_forms_and_tolerance():
+    import datetime
+
+    select = {"level": 500, "lat": {"min": 30}, "time": {"min": datetime.date(2000, 1, 1), "max": 2010}}
+    config = parse_config({**BASE, "select": select, "input": {"paths": "x", "coord_tolerance": 0}})
+    assert config.select["level"] == [500]  # one value is a list of one
+    assert (config.select["lat"].min, config.select["lat"].max) == (30, None)
+    assert (config.select["time"].min, config.select["time"].max) == ("2000-01-01", 2010)  # YAML's dates as text
+    assert config.input.coord_tolerance == 0 and parse_config(BASE).input.coord_tolerance == "float32"
+    assert parse_config({**BASE, "sample": {"offsets": {"time": [-1, 0]}}}).sample.offsets == {"time": [-1, 0]}

@@ -89,9 +89,11 @@ def test_offsets_give_pairs_and_first_index():
     axis = Axis.offsets("time", 10, [0, 4])
     assert axis.count == 6 and axis.span == 5
     assert axis.element_indices(np.array([0, 5])).tolist() == [[0, 4], [5, 9]]
-    negative = Axis.offsets("time", 10, [1, -1])
-    assert negative.steps == (2, 0)
-    assert negative.first_index(np.array([0])).tolist() == [2]
+    negative = Axis.offsets("time", 10, [0, -1])
+    assert negative.steps == (1, 0) and negative.to_json()["offsets"] == [0, -1]
+    # A sample's index is its element at offset 0, and it takes index + each offset.
+    assert negative.first_index(np.array([0, 3])).tolist() == [1, 4]
+    assert negative.element_indices(np.array([0, 3])).tolist() == [[1, 0], [4, 3]]
 
 
 def test_units_prefer_file_boundaries():
