@@ -19,6 +19,8 @@ setup(
         "xarray==2026.9.0",
         "netCDF4==1.7.5.1.post1",
         "h5netcdf==1.8.2",
+        "h5py>=3.10",  # imported directly: probing and reading NetCDF-4 through HDF5's low-level API
+        "cftime>=1.6",  # model calendars (noleap, 360_day, ...) in splits, selection and coord/time
         "gcsfs==2026.10.1",
         "fsspec==2026.9.0",
         "numpy>=2.0,<2.5",
