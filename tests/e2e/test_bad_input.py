@@ -345,3 +345,19 @@ def test_files_that_are_not_a_time_series_of_netcdf_say_why_and_the_fix(tmp_path
     path = tmp_path / "input.nc"
     write(path)
     assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "input.nc", *expected)
+
+
+def test_a_sample_over_two_gigabytes_is_refused_at_planning(tmp_path, capsys):
+    """A tf.train.Example holds at most 2 GB; such a sample (here 2.3 GB: kept 24,000 x 24,000) never reaches Beam."""
+    import netCDF4
+
+    path = tmp_path / "huge.nc"
+    with netCDF4.Dataset(path, "w") as nc:  # the chunks are never written: a 10 KB file
+        for dim, size in (("time", 2), ("y", 24_000), ("x", 24_000)):
+            nc.createDimension(dim, size)
+        time = nc.createVariable("time", "f8", ("time",))
+        time.units = "days since 2000-01-01"
+        time[:] = [0, 1]
+        nc.createVariable("v", "f4", ("time", "y", "x"), chunksizes=(1, 1000, 1000), zlib=True)
+    config = {"input": {"paths": str(path)}, "sample": {"keep": ["y", "x"]}, "output": {"path": str(tmp_path / "o")}}
+    assert_fails(config, tmp_path, capsys, "a sample's record may take 2,304 MB", "cut smaller samples")
