@@ -80,7 +80,12 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("signum", "code", "what"), [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+    ("signum", "code", "what"),
+    [
+        (signal.SIGTERM, 143, "stopped by SIGTERM"),
+        (signal.SIGINT, 130, "interrupted"),
+    ],
+    ids=["sigterm", "ctrl-c"],
 )
 def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, tmp_path, signum, code, what):
     """What `timeout`, Docker, Kubernetes and batch schedulers send, and Ctrl-C: one line, nothing left behind."""
@@ -97,12 +102,16 @@ def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, 
         )
     )
     process = subprocess.Popen(
-        _command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        _command(config, "--quiet"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     try:
         _first_shard_write(output, process)
         time.sleep(0.3)  # into the writing
-        process.send_signal(signum)
+        os.killpg(process.pid, signum)
         _, err = process.communicate(timeout=120)
     finally:
         process.kill()
