@@ -17,6 +17,7 @@ from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import ListedFile, SourceFile, check_not_truncated, list_files
+from planning.zarr_store import StoreLayout
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -31,6 +32,8 @@ class Inventory:
     probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
     #: each file's version as listed (modification time or generation): workers check it is unchanged
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: a Zarr store's chunking, when the input is one store (planning.zarr_inventory) rather than files
+    zarr: StoreLayout | None = None
 
     @property
     def reference(self) -> FileInfo:

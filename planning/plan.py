@@ -34,6 +34,8 @@ from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
+from planning.zarr_inventory import take_store_inventory
+from planning.zarr_store import store_input
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
@@ -64,6 +66,7 @@ class BuildPlan:
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
     probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
+    zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
 
     @property
     def grid(self) -> SampleGrid:
@@ -214,7 +217,11 @@ def make_plan(
 
     ``cached_probes``: the files' probes kept from an earlier run (planning.probe_cache).
     """
-    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes)
+    store = store_input(config.input.paths)
+    if store is not None:
+        inventory = take_store_inventory(store, config.input.concat_dim)
+    else:
+        inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes)
     chosen = select_variables(config, inventory)
     check_variables_agree(inventory, chosen)
     grid = build_grid(config, chosen, inventory.sizes)
@@ -242,6 +249,7 @@ def make_plan(
         schema=schema,
         run_id=run_id or uuid.uuid4().hex[:12],
         probes=inventory.probes,
+        zarr_store=store,
     )
 
 
@@ -261,8 +269,16 @@ def _plan_units(
     if concat_dim not in grid_dims:
         return plan_units(grid, cost, budget_bytes)
     stride = grid.axis(concat_dim).stride
-    starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    units = plan_units(grid, cost, budget_bytes, concat_dim, starts)
+    least = 1
+    if inventory.zarr is not None:
+        # A store is read by whole chunks: units start where chunks start and hold at least one
+        # (narrowed along the other dims instead), so no chunk is fetched for a sliver of it.
+        chunk = inventory.zarr.concat_chunk(((v.name, v.dims) for v in variables), concat_dim)
+        starts = [-(-s // stride) for s in range(0, grid.axis(concat_dim).length, chunk)]
+        least = max(1, chunk // stride)
+    else:
+        starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, least)
     if labels is not None:
         which = grid_dims.index(concat_dim)
         # Positions that make samples, counted up to each position: a unit has some if the count grows.

@@ -41,6 +41,7 @@ class CutSpec:
     nan_policy: str
     fill_value: float | None
     allow_float32_overflow: bool
+    zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -125,6 +126,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         nan_policy=config.nan_policy,
         fill_value=config.fill_value,
         allow_float32_overflow=config.output.allow_float32_overflow,
+        zarr_store=plan.zarr_store,
     )
 
 

@@ -31,6 +31,7 @@ from planning.sampling import Unit
 from planning.slabs import Slabs, read_slabs
 from planning.source_index import SourceIndex
 from planning.specs import CutSpec
+from planning.zarr_reads import read_store_box
 from schemas.errors import UserError
 from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
 
@@ -78,6 +79,8 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
+    if spec.zarr_store is not None:
+        return read_store_box(spec.zarr_store, spec.positions.concat_dim, spec.variables, box)
     files = sources.overlapping(*box[spec.positions.concat_dim])
     return read_slabs(files, spec.positions.concat_dim, spec.variables, box)
 
