@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from arco_like import PACKED, STATIC, arco_like, write_netcdf, write_store
 from pipelines.build import main
 from schemas import load_schema, load_stats
 
-from conftest import BUCKET
+from conftest import BUCKET, REPO
 from helpers import expected_feature, read_all_records
 
 pytestmark = [
@@ -164,3 +165,42 @@ def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
     array["compressor"] = {"id": "imagecodecs_jpeg2k", "level": 80}
     metadata.write_text(json.dumps(array))
     assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
+
+
+def _readme_block(marker: str) -> str:
+    match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert match, f"README has no block marked {marker}"
+    return match.group(1)
+
+
+def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
+    """The README's ARCO-ERA5 config, on the test's store (ARCO's names and layout) and without its date splits."""
+    config = yaml.safe_load(_readme_block("zarr:config"))
+    assert config["input"]["paths"].startswith("gs://gcp-public-data-arco-era5/")
+    config["input"]["paths"] = str(inputs["v3"])
+    config["sample"]["window"] = {"latitude": 4, "longitude": 4}  # the test's grid is 10 x 18
+    del config["splits"]  # 2010 to 2020; the test's store holds 12 hours of 2020
+    config["output"]["path"] = str(tmp_path / "out")
+    (tmp_path / "arco_era5.yaml").write_text(yaml.safe_dump(config))
+    assert main(["--config", str(tmp_path / "arco_era5.yaml"), "--quiet"]) == 0
+    assert_records_are_slices(tmp_path / "out", inputs["v3"])
+
+
+def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, tmp_path, capsys):
+    """The README's Dataflow command line, dry run against the storage emulator."""
+    command = _readme_block("zarr:dataflow").replace("\\\n", " ").split()
+    assert command[:4] == ["python", "-m", "pipelines.build", "--config"]
+    gcs.put(str(inputs["v3"]), f"{BUCKET}/readme/arco.zarr", recursive=True)
+    config = yaml.safe_load(_readme_block("zarr:config"))
+    config["input"]["paths"] = f"gs://{BUCKET}/readme/arco.zarr"
+    config["sample"]["window"] = {"latitude": 4, "longitude": 4}
+    config["splits"] = {
+        "train": {"time": ["2020-01-01T00", "2020-01-01T07"]},
+        "valid": {"time": ["2020-01-01T08", None]},
+    }
+    config["output"]["path"] = f"gs://{BUCKET}/readme/out"
+    (tmp_path / command[4]).write_text(yaml.safe_dump(config))
+    flags = [f.replace("my-bucket", BUCKET) for f in command[5:] if not f.startswith("--setup_file")]
+    offline = ["--no_auth", "--dry_run=True", f"--setup_file={REPO / 'setup.py'}"]
+    assert main(["--config", str(tmp_path / command[4]), *flags, *offline]) == 0
+    assert "Dry run: the job graph" in capsys.readouterr().out
