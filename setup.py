@@ -23,6 +23,7 @@ setup(
         "cftime>=1.6",  # model calendars (noleap, 360_day, ...) in splits, selection and coord/time
         "gcsfs==2026.10.1",
         "fsspec==2026.9.0",
+        "zarr>=3.1",  # Zarr stores as input (planning.zarr_store)
         "numpy>=2.0,<2.5",
         "pandas>=2.2",
         "pydantic>=2.10,<3",

@@ -29,7 +29,9 @@ class _Strict(BaseModel):
 class InputConfig(_Strict):
     """Where the NetCDF files are and how they join into one virtual dataset."""
 
-    paths: list[str] = Field(description="a glob or a list of globs (local paths or gs:// URLs)")
+    paths: list[str] = Field(
+        description="a glob or a list of globs (local paths or gs:// URLs) of NetCDF files, or one Zarr store"
+    )
     concat_dim: str = Field(
         "time", description="the dim the files are split along; files are ordered by its coordinate"
     )

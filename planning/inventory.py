@@ -21,6 +21,7 @@ from planning.probe_cache import reuse_or_probe
 from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
 from planning.time_decoding import AS_STATED, TimeDecoding, is_time
 from planning.tolerance import coordinate_mismatch, describe_tolerance
+from planning.zarr_store import StoreLayout
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -35,6 +36,8 @@ class Inventory:
     probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
     #: each file's version as listed (modification time or generation): workers check it is unchanged
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: a Zarr store's chunking, when the input is one store (planning.zarr_inventory) rather than files
+    zarr: StoreLayout | None = None
 
     @property
     def reference(self) -> FileInfo:

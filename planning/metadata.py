@@ -100,22 +100,26 @@ def inspect_file(path: str, decoding: TimeDecoding = AS_STATED) -> FileInfo:
     else:
         nbytes = check_not_truncated(path)
     with open_netcdf(path, decode_times=False) as opened:
-        ds = decoding.dataset(path, opened)
-        coords = {}
-        coord_attrs = {}
-        for dim in ds.dims:
-            if dim in ds.variables:
-                coords[dim] = ds[dim].values
-                coord_attrs[dim] = _attrs(ds[dim])
-        variables = {
-            str(name): VariableInfo(
-                name=str(name),
-                dims=tuple(str(d) for d in var.dims),
-                dtype=str(var.dtype),
-                source_dtype=str(var.encoding.get("dtype", var.dtype)),
-                attrs=_attrs(var),
-            )
-            for name, var in ds.data_vars.items()
-        }
-        sizes = {str(k): int(v) for k, v in ds.sizes.items()}
-        return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
+        return dataset_info(path, nbytes, decoding.dataset(path, opened))
+
+
+def dataset_info(path: str, nbytes: int, ds: xr.Dataset) -> FileInfo:
+    """An opened dataset's info: its dim coordinates are loaded, no data variable is."""
+    coords = {}
+    coord_attrs = {}
+    for dim in ds.dims:
+        if dim in ds.variables:
+            coords[dim] = ds[dim].values
+            coord_attrs[dim] = _attrs(ds[dim])
+    variables = {
+        str(name): VariableInfo(
+            name=str(name),
+            dims=tuple(str(d) for d in var.dims),
+            dtype=str(var.dtype),
+            source_dtype=str(var.encoding.get("dtype", var.dtype)),
+            attrs=_attrs(var),
+        )
+        for name, var in ds.data_vars.items()
+    }
+    sizes = {str(k): int(v) for k, v in ds.sizes.items()}
+    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)

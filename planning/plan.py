@@ -37,6 +37,8 @@ from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from planning.splits import SplitPlan, position_splits, split_ranges
 from planning.time_decoding import TimeDecoding
+from planning.zarr_inventory import take_store_inventory
+from planning.zarr_store import store_input
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
@@ -69,6 +71,7 @@ class BuildPlan:
     probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
+    zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
 
     @property
     def grid(self) -> SampleGrid:
@@ -224,7 +227,11 @@ def make_plan(
     """
     decoding = TimeDecoding.of(config.input)
     tolerance = config.input.coord_tolerance
-    inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance)
+    store = store_input(config.input.paths)
+    if store is not None:
+        inventory = take_store_inventory(store, config.input.concat_dim)
+    else:
+        inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance)
     chosen = select_variables(config, inventory)
     check_variables_agree(inventory, chosen, tolerance)
     # From here on, everything is counted on the selected grid; only the workers' reads map back.
@@ -255,6 +262,7 @@ def make_plan(
         run_id=run_id or uuid.uuid4().hex[:12],
         probes=inventory.probes,
         selection=dataset.selection,
+        zarr_store=store,
     )
 
 
@@ -275,8 +283,16 @@ def _plan_units(
     if concat_dim not in grid_dims:
         return plan_units(grid, cost, budget_bytes)
     stride = grid.axis(concat_dim).stride
-    starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    units = plan_units(grid, cost, budget_bytes, concat_dim, starts)
+    least = 1
+    if inventory.zarr is not None:
+        # A store is read by whole chunks: units start where chunks start and hold at least one
+        # (narrowed along the other dims instead), so no chunk is fetched for a sliver of it.
+        chunk = inventory.zarr.concat_chunk(((v.name, v.dims) for v in variables), concat_dim)
+        starts = [-(-s // stride) for s in range(0, grid.axis(concat_dim).length, chunk)]
+        least = max(1, chunk // stride)
+    else:
+        starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, least)
     if labels is not None:
         which = grid_dims.index(concat_dim)
         # Positions that make samples, counted up to each position: a unit has some if the count grows.

@@ -233,12 +233,13 @@ def _largest_fitting(fits, count: int) -> int:
     return low
 
 
-def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int]) -> list[int]:
+def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int], least: int = 1) -> list[int]:
     """Positions per unit along each grid dim: whole dims, except along ``order``'s first dims.
 
     The dims in ``order`` are narrowed one after another: each to the most positions that fit
-    the budget with the dims after it whole; if one position does not fit, to one, and on to
-    the next. A unit then fits the budget whenever one position along every dim does.
+    the budget with the dims after it whole; if one position does not fit, to one (to ``least``
+    for the first), and on to the next. A unit then fits the budget whenever one position along
+    every dim does.
     """
     chunk = [a.count for a in grid.grid_axes]
 
@@ -250,7 +251,8 @@ def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequen
     for which in order:
         if fits(which, chunk[which]):
             break
-        chunk[which] = _largest_fitting(functools.partial(fits, which), chunk[which])
+        floor = min(least, chunk[which]) if which == order[0] else 1
+        chunk[which] = max(floor, _largest_fitting(functools.partial(fits, which), chunk[which]))
     return chunk
 
 
@@ -271,6 +273,7 @@ def plan_units(
     budget_bytes: float,
     first_dim: str | None = None,
     preferred_breaks: Sequence[int] = (),
+    least_first: int = 1,
 ) -> list[Unit]:
     """Cut the grid into boxes of positions whose estimated cost fits ``budget_bytes``.
 
@@ -278,7 +281,9 @@ def plan_units(
     dims in grid order (the variables' storage order: a box spanning the inner dims whole is
     a few long runs of bytes in the files) while one position of the dims before does not fit.
     Along ``first_dim`` units end at ``preferred_breaks`` (positions where a file starts) when
-    one fits, so most units open whole files and no halo. Time is linear in the units.
+    one fits, so most units open whole files and no halo; and hold at least ``least_first``
+    positions along it (a Zarr store's chunk), narrowed along the other dims instead. Time is
+    linear in the units.
     """
     if grid.num_samples == 0:
         return []
@@ -287,7 +292,7 @@ def plan_units(
     if first_dim in dims:
         order.remove(dims.index(first_dim))
         order.insert(0, dims.index(first_dim))
-    chunk = _chunks(grid, cost, budget_bytes, order)
+    chunk = _chunks(grid, cost, budget_bytes, order, least_first if first_dim in dims else 1)
     breaks = sorted({b for b in preferred_breaks if 0 < b < grid.shape[order[0]]}) if first_dim in dims else []
     spans = {}
     for which in order:

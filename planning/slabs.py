@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import xarray as xr
@@ -173,18 +173,33 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     return slabs
 
 
+#: Reads some variables' values over a box of the source: a Zarr store's reader (planning.zarr_reads).
+PieceReader = Callable[[Sequence[VariablePlan], Box], Slabs]
+
+
 def read_selected(
-    sources: SourceIndex, concat_dim: str, variables: Sequence[VariablePlan], box: Box, selection: Selection
+    sources: SourceIndex,
+    concat_dim: str,
+    variables: Sequence[VariablePlan],
+    box: Box,
+    selection: Selection,
+    read_piece: PieceReader | None = None,
 ) -> Slabs:
     """Each variable's values over ``box``, index ranges on the selected grid (planning.selection).
 
     The box maps to one piece of the source per combination of the selected runs it spans
     (a seam-crossing longitude range: two); each piece is read and put in its place, so only
     selected elements are read. Variables are read in groups by the selected dims they have,
-    so a field without a selected dim is read once, not once per piece.
+    so a field without a selected dim is read once, not once per piece. ``read_piece``: how a
+    piece is read (default: from the files of ``sources`` that overlap it).
     """
+
+    def from_files(group: Sequence[VariablePlan], piece: Box) -> Slabs:
+        return read_slabs(sources.overlapping(*piece[concat_dim]), concat_dim, group, piece)
+
+    read = read_piece or from_files
     if not selection:
-        return read_slabs(sources.overlapping(*box[concat_dim]), concat_dim, variables, box)
+        return read(variables, box)
     slabs = Slabs({})
     groups: dict[tuple[str, ...], list[VariablePlan]] = {}
     for variable in variables:
@@ -192,7 +207,7 @@ def read_selected(
     for dims, group in groups.items():
         pieces = selection.pieces(box, dims)
         for piece, place in pieces:
-            part = read_slabs(sources.overlapping(*piece[concat_dim]), concat_dim, group, piece)
+            part = read(group, piece)
             slabs.bytes_read += part.bytes_read
             slabs.requests += part.requests
             slabs.round_trips += part.round_trips

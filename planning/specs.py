@@ -44,6 +44,7 @@ class CutSpec:
     allow_float32_overflow: bool
     #: what the grid's positions are in the source along the selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
+    zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -129,6 +130,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         fill_value=config.fill_value,
         allow_float32_overflow=config.output.allow_float32_overflow,
         selection=plan.selection,
+        zarr_store=plan.zarr_store,
     )
 
 

@@ -7,6 +7,7 @@ leading ``sample`` dim, and per split how many samples were cut, dropped or fill
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 
 import apache_beam as beam
@@ -31,6 +32,7 @@ from planning.sampling import Unit
 from planning.slabs import Slabs, read_selected
 from planning.source_index import SourceIndex
 from planning.specs import CutSpec
+from planning.zarr_reads import read_store_box
 from schemas.errors import UserError
 from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
 
@@ -78,7 +80,10 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    return read_selected(sources, spec.positions.concat_dim, spec.variables, box, spec.selection)
+    concat_dim = spec.positions.concat_dim
+    store = spec.zarr_store
+    reader = None if store is None else functools.partial(read_store_box, store, concat_dim)
+    return read_selected(sources, concat_dim, spec.variables, box, spec.selection, reader)
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:

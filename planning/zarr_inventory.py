@@ -1,0 +1,58 @@
+"""A Zarr store planned as one source covering the whole concat dim: its metadata and dim coordinates only."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import xarray as xr
+
+from planning.coords import format_value
+from planning.inventory import Inventory
+from planning.metadata import dataset_info
+from planning.zarr_store import StoreLayout, open_store, open_store_dataset
+from schemas.errors import UserError
+
+
+def _chunks(ds: xr.Dataset) -> dict[str, tuple[int, ...]]:
+    """Each data variable's storage object shape: its shard where sharded (one object), else its chunk."""
+    out = {}
+    for name, var in ds.data_vars.items():
+        shape = var.encoding.get("shards") or var.encoding.get("chunks") or var.shape
+        out[str(name)] = tuple(int(n) for n in shape)
+    return out
+
+
+def _stored_bytes(ds: xr.Dataset) -> int:
+    """The data variables' size as stored, before compression (the listing would cost a request per 1,000 chunks)."""
+    return sum(
+        math.prod(var.shape) * np.dtype(var.encoding.get("dtype", var.dtype)).itemsize for var in ds.data_vars.values()
+    )
+
+
+def take_store_inventory(url: str, concat_dim: str) -> Inventory:
+    """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates."""
+    ds = open_store_dataset(url, open_store(url))
+    try:
+        info = dataset_info(url, _stored_bytes(ds), ds)
+        chunks = _chunks(ds)
+    finally:
+        ds.close()
+    if concat_dim not in info.sizes:
+        raise UserError(
+            f"{url}: has no dim {concat_dim!r} (its dims: {', '.join(info.sizes) or 'none'}); "
+            "set input.concat_dim to the dim to sample along"
+        )
+    if info.sizes[concat_dim] == 0:
+        raise UserError(f"{url}: dim {concat_dim!r} is empty; there is nothing to sample")
+    values = info.coords.get(concat_dim)
+    if values is None:
+        values = np.arange(info.sizes[concat_dim])
+    elif len(values) > 1 and not np.all(values[1:] > values[:-1]):
+        step = int(np.flatnonzero(values[1:] <= values[:-1])[0])
+        raise UserError(
+            f"{url}: {concat_dim!r} is not strictly increasing ({format_value(values[step])} is followed by "
+            f"{format_value(values[step + 1])} at index {step + 1}); fix the store's coordinate"
+        )
+    # Static variables (no concat dim) are in the same store: Inventory.static_file_of names it.
+    return Inventory(concat_dim, (info,), (), values, zarr=StoreLayout(url, chunks))

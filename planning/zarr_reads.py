@@ -1,0 +1,85 @@
+"""Reading a unit's box from a Zarr store on a worker: only the chunks the box touches, missing chunks refused.
+
+Values are decoded by xarray's CF rules from the store's encodings, as the NetCDF route decodes
+the same encodings, so the same data gives the same values either way.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+
+from planning.features import VariablePlan
+from planning.slabs import Box, Slabs
+from planning.zarr_store import RecordingStore, open_store, open_store_dataset
+from schemas.errors import UserError
+
+#: Each worker process opens a store once (its metadata: with consolidated metadata one request)
+#: and keeps it for every unit it reads; threads share it (zarr reads through its own event loop).
+_OPENED: dict[str, tuple[RecordingStore, xr.Dataset]] = {}
+_OPENING = threading.Lock()
+
+
+def _opened(url: str) -> tuple[RecordingStore, xr.Dataset]:
+    with _OPENING:
+        if url not in _OPENED:
+            store = open_store(url)
+            # Data variables only: no coordinate is loaded, and times stay numbers as in the NetCDF route.
+            _OPENED[url] = store, open_store_dataset(url, store, decode_times=False, indexes=False)
+        return _OPENED[url]
+
+
+def _chunk_where(key: str, variable: xr.Variable, concat_dim: str) -> str:
+    """Where a chunk key lies along the concat dim, e.g. " (time 3 to 3)"; "" if the key does not say."""
+    parts = re.split(r"[./]", key.split("/", 1)[1])
+    if parts and parts[0] == "c":
+        parts = parts[1:]
+    chunks = variable.encoding.get("shards") or variable.encoding.get("chunks")
+    if concat_dim not in variable.dims or not chunks or len(parts) != len(variable.dims):
+        return ""
+    axis = variable.dims.index(concat_dim)
+    start = int(parts[axis]) * chunks[axis]
+    return f" ({concat_dim} steps {start} to {min(start + chunks[axis], variable.shape[axis]) - 1})"
+
+
+def _missing_chunk(url: str, name: str, key: str, variable: xr.Variable, concat_dim: str) -> UserError:
+    return UserError(
+        f"{url}: variable {name!r}: chunk {key!r} is missing{_chunk_where(key, variable, concat_dim)} and would read "
+        "as fill values; restore it (a store written with write_empty_chunks=False leaves out all-fill chunks: "
+        "rewrite it with write_empty_chunks=True)"
+    )
+
+
+def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.ndarray:
+    if variable.name not in ds.data_vars:
+        raise UserError(f"{url}: variable {variable.name!r} is missing (was the store rewritten during the build?)")
+    try:
+        values = ds[variable.name].isel({d: slice(*box[d]) for d in variable.dims}).values
+    except Exception as error:
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None
+    expected = tuple(box[d][1] - box[d][0] for d in variable.dims)
+    if values.shape != expected or values.dtype != np.dtype(variable.dtype):
+        raise UserError(
+            f"{url}: variable {variable.name!r} reads as {values.dtype} {values.shape} where the plan needs "
+            f"{variable.dtype} {expected}; the store changed since the build was planned: run it again"
+        )
+    return values
+
+
+def read_store_box(url: str, concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+    """Each variable's values over ``box`` (index ranges on the store), static variables included."""
+    store, ds = _opened(url)
+    slabs = Slabs({})
+    for variable in variables:
+        slabs.values[variable.name] = _values(url, ds, variable, box)
+        # Checked after the read: the store notes each key it found absent (planning.zarr_store).
+        missing = store.missing_chunk(variable.name)
+        if missing is not None:
+            raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
+    slabs.bytes_read = store.take_bytes()
+    return slabs

@@ -1,0 +1,163 @@
+"""A Zarr store as input: recognising one in input.paths, opening it (local or any fsspec URL), and its errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+
+import fsspec
+import numcodecs.errors
+import xarray as xr
+import zarr.errors
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
+
+from planning.sources import NETCDF_LOCK
+from schemas.errors import UserError
+from schemas.urls import is_remote
+
+#: Files only a Zarr store holds at its root: v3's zarr.json, v2's group and consolidated metadata.
+MARKERS = ("zarr.json", ".zgroup", ".zmetadata")
+
+#: Keys that hold metadata, not chunks: a missing one is xarray looking for another Zarr version.
+_METADATA_KEYS = {*MARKERS, ".zarray", ".zattrs"}
+
+#: The package that registers each family of codecs (by the codec id's first word).
+_CODEC_PACKAGES = {"imagecodecs": "imagecodecs", "numcodecs": "numcodecs", "zfpy": "zfpy", "pcodec": "pcodec"}
+
+
+def is_store(path: str) -> bool:
+    """Whether an input path names a Zarr store rather than NetCDF files (a glob never does).
+
+    A name with ".zarr" in it is taken at its word. Otherwise a local directory is looked into;
+    a remote path only when its last part has no extension, so a list of NetCDF URLs costs no request.
+    """
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if ".zarr" in name.lower():
+        return True
+    if glob.has_magic(path) or (is_remote(path) and "." in name):
+        return False
+    if not is_remote(path):
+        return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in MARKERS)
+    fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
+    return any(fs.exists(f"{root}/{marker}") for marker in MARKERS)
+
+
+def store_input(paths: Sequence[str]) -> str | None:
+    """The store input.paths names, or None for NetCDF globs; a store is read alone, never in a list."""
+    stores = [p for p in paths if is_store(p)]
+    if not stores:
+        return None
+    if len(paths) > 1:
+        other = next((p for p in paths if p not in stores), stores[-1])
+        what = "another Zarr store" if other in stores else "NetCDF input"
+        raise UserError(
+            f"input.paths: {stores[0]} is a Zarr store but {other} is {what}; a store is read alone: "
+            "list only the store (or only NetCDF globs)"
+        )
+    return stores[0].rstrip("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreLayout:
+    """A store planned as one source: its URL and each data variable's chunk shape."""
+
+    url: str
+    chunks: dict[str, tuple[int, ...]]
+
+    def concat_chunk(self, variables: Iterable[tuple[str, tuple[str, ...]]], concat_dim: str) -> int:
+        """Steps along the concat dim that start a chunk of every one of ``variables`` (name, dims) together."""
+        lengths = [self.chunks[name][dims.index(concat_dim)] for name, dims in variables if concat_dim in dims]
+        return math.lcm(*lengths) if lengths else 1
+
+
+class RecordingStore(WrapperStore):
+    """A store that remembers the chunk keys it found missing (zarr reads them as fill values, silently)
+    and counts the bytes it returned."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.missing: set[str] = set()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def _with_store(self, store):
+        return type(self)(store)
+
+    def _note(self, key: str, buffer) -> None:
+        with self._lock:
+            if buffer is None:
+                if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
+                    self.missing.add(key)
+            else:
+                self._bytes += len(buffer)
+
+    async def get(self, key, prototype, byte_range=None):
+        buffer = await self._store.get(key, prototype, byte_range)
+        self._note(key, buffer)
+        return buffer
+
+    async def get_partial_values(self, prototype, key_ranges):
+        key_ranges = list(key_ranges)
+        buffers = await self._store.get_partial_values(prototype, key_ranges)
+        for (key, _), buffer in zip(key_ranges, buffers):
+            self._note(key, buffer)
+        return buffers
+
+    def take_bytes(self) -> int:
+        """Bytes returned since the last call (so the calls' sum counts each byte once)."""
+        with self._lock:
+            taken, self._bytes = self._bytes, 0
+            return taken
+
+    def missing_chunk(self, variable: str) -> str | None:
+        """A missing chunk key of ``variable`` seen so far, if any."""
+        with self._lock:
+            return min((k for k in self.missing if k.startswith(f"{variable}/")), default=None)
+
+
+def open_store(url: str) -> RecordingStore:
+    """The store at a local path or fsspec URL, read-only."""
+    if is_remote(url):
+        return RecordingStore(FsspecStore.from_url(url, read_only=True))
+    if not os.path.isdir(url):
+        raise UserError(f"{url}: no such Zarr store (not found); check input.paths")
+    return RecordingStore(LocalStore(url, read_only=True))
+
+
+def codec_error(url: str, error: Exception) -> UserError:
+    """An unreadable codec, named with the package that would read it."""
+    found = re.search(r"'+([^']+)'+", str(error))
+    codec = found.group(1) if found else str(error)
+    first = re.split(r"[._]", codec)[0]
+    package = _CODEC_PACKAGES.get(first, "the package that provides it (numcodecs, imagecodecs, ...)")
+    return UserError(f"{url}: codec {codec!r} is not available; install {package} (pip install {package.split()[0]})")
+
+
+def open_store_dataset(url: str, store: RecordingStore, decode_times: bool = True, indexes: bool = True) -> xr.Dataset:
+    """The store as a lazy dataset (metadata only: with consolidated metadata, one request), decoded as xarray
+    decodes it; ``indexes``: load the dim coordinates into indexes (planning wants them, workers do not)."""
+    try:
+        # Under the lock every warnings filter of ours is set under (filters are process-wide).
+        with NETCDF_LOCK, warnings.catch_warnings():
+            # zarr warns that consolidated metadata is not in the v3 spec; xarray about NaN fills on integers.
+            warnings.simplefilter("ignore")
+            return xr.open_zarr(
+                store,
+                consolidated=None,
+                chunks=None,
+                decode_times=decode_times,
+                create_default_indexes=indexes,
+            )
+    except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
+        raise codec_error(url, error) from None
+    except (zarr.errors.NodeNotFoundError, FileNotFoundError):
+        raise UserError(f"{url}: not a Zarr store (no {', '.join(MARKERS)} at its root); check input.paths") from None
+    except Exception as error:
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise UserError(f"{url}: cannot be read as a Zarr store ({reason}); check input.paths") from None

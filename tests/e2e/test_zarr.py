@@ -1,0 +1,206 @@
+"""Zarr input end to end: an ARCO-ERA5-like store (local and through gs://) builds the shards its NetCDF copy does."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+from arco_like import PACKED, STATIC, arco_like, write_netcdf, write_store
+
+from pipelines.build import main
+from schemas import load_schema, load_stats
+
+from conftest import BUCKET, REPO
+from helpers import expected_feature, read_all_records
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Failed to open Zarr store with consolidated metadata:RuntimeWarning"),
+]
+
+#: A few of the store's many variables: on levels, at the surface, packed, and static.
+VARIABLES = ["temperature", "geopotential", "2m_temperature", PACKED, STATIC]
+SAMPLE = {"window": {"latitude": 5, "longitude": 6}, "keep": ["level"]}
+
+
+def _config(tmp_path: Path, paths, output: Path, variables=VARIABLES) -> Path:
+    config = {
+        "input": {"paths": [str(p) for p in paths], "concat_dim": "time"},
+        "variables": variables,
+        "sample": SAMPLE,
+        "output": {"path": str(output), "num_shards": 2},
+    }
+    path = tmp_path / f"{output.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _build(tmp_path: Path, paths, output: Path) -> Path:
+    assert main(["--config", str(_config(tmp_path, paths, output)), "--quiet"]) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict:
+    """The same data as a v3 store with consolidated metadata, a v2 store without, and NetCDF files."""
+    root = tmp_path_factory.mktemp("arco")
+    ds = arco_like()
+    return {
+        "dataset": ds,
+        "v3": write_store(ds, root / "arco-v3.zarr"),
+        "v2": write_store(ds, root / "arco-v2.zarr", zarr_format=2, consolidated=False),
+        "netcdf": write_netcdf(ds, root / "netcdf"),
+    }
+
+
+@pytest.fixture(scope="module")
+def from_netcdf(inputs, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("from_netcdf")
+    return _build(root, inputs["netcdf"], root / "out")
+
+
+def _shards(output: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(output.glob("*.tfrecord*"))}
+
+
+def assert_same_output(output: Path, reference: Path) -> None:
+    """Byte-identical shards and equal statistics."""
+    shards = _shards(output)
+    assert shards and shards == _shards(reference)
+    assert load_stats(str(output)) == load_stats(str(reference))
+
+
+def assert_records_are_slices(output: Path, store: Path | str) -> None:
+    """Every record's variables equal their slice of the store, as xarray reads it."""
+    schema = load_schema(str(output))
+    records = read_all_records(output, schema)
+    source = xr.open_zarr(store, chunks=None).load()
+    count = len(records["index/time"])
+    assert count == schema.sample["num_samples"] > 0
+    for i in range(count):
+        record = {name: values[i] for name, values in records.items()}
+        for feature in schema.variable_features:
+            np.testing.assert_array_equal(record[feature.name], expected_feature(source, schema, feature.name, record))
+
+
+@pytest.mark.parametrize("layout", ["v3", "v2"])
+def test_a_store_gives_the_shards_of_its_netcdf_copy(inputs, from_netcdf, tmp_path, layout):
+    output = _build(tmp_path, [inputs[layout]], tmp_path / "out")
+    assert_same_output(output, from_netcdf)
+    assert_records_are_slices(output, inputs[layout])
+    sources = load_schema(str(output)).sources
+    assert (sources["files"], sources["listed"][0]["path"]) == (1, str(inputs[layout]))
+
+
+def test_the_packed_variable_decodes_as_xarray_decodes_it(inputs, from_netcdf):
+    """The NetCDF route decodes scale, offset and fill itself: the store's values, through xarray, agree."""
+    schema = load_schema(str(from_netcdf))
+    records = read_all_records(from_netcdf, schema)
+    assert np.isnan(records[PACKED]).any()  # the fill value is masked, not read as a number
+    store = xr.open_zarr(inputs["v3"], chunks=None)[PACKED].values
+    with xr.open_mfdataset(inputs["netcdf"][:-1]) as files:
+        np.testing.assert_array_equal(store, files[PACKED].values)
+
+
+def test_a_store_on_cloud_storage(inputs, from_netcdf, gcs, tmp_path):
+    gcs.put(str(inputs["v3"]), f"{BUCKET}/arco/arco.zarr", recursive=True)
+    url = f"gs://{BUCKET}/arco/arco.zarr"
+    output = _build(tmp_path, [url], tmp_path / "out")
+    assert_same_output(output, from_netcdf)
+    assert_records_are_slices(output, inputs["v3"])
+    # Out to the bucket too: the same shards.
+    config = yaml.safe_load(_config(tmp_path, [url], tmp_path / "out").read_text())
+    config["output"]["path"] = f"gs://{BUCKET}/arco-out"
+    (tmp_path / "remote.yaml").write_text(yaml.safe_dump(config))
+    assert main(["--config", str(tmp_path / "remote.yaml"), "--quiet"]) == 0
+    remote = {Path(p).name: gcs.cat(p) for p in gcs.glob(f"{BUCKET}/arco-out/*.tfrecord*")}
+    assert remote == _shards(from_netcdf)
+
+
+def assert_fails(tmp_path: Path, capsys, paths, *expected: str, variables=VARIABLES) -> str:
+    output = tmp_path / "failed"
+    status = main(["--config", str(_config(tmp_path, paths, output, variables))])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in expected:
+        assert fragment in lines[0], lines[0]
+    assert not (output / "schema.json").exists()
+    return lines[0]
+
+
+def test_a_store_listed_with_netcdf_files_is_refused(inputs, tmp_path, capsys):
+    paths = [inputs["v3"], inputs["netcdf"][0]]
+    assert_fails(tmp_path, capsys, paths, str(inputs["v3"]), "is a Zarr store", "read alone")
+
+
+def test_a_directory_named_zarr_that_is_not_a_store(tmp_path, capsys):
+    (tmp_path / "empty.zarr").mkdir()
+    assert_fails(tmp_path, capsys, [tmp_path / "empty.zarr"], "empty.zarr", "not a Zarr store")
+
+
+def test_a_variable_the_store_lacks(inputs, tmp_path, capsys):
+    assert_fails(
+        tmp_path, capsys, [inputs["v3"]], "'relative_humidity'", "not a data variable", variables=["relative_humidity"]
+    )
+
+
+def test_a_chunk_missing_in_the_middle(inputs, tmp_path, capsys):
+    store = shutil.copytree(inputs["v3"], tmp_path / "holed.zarr")
+    (store / "geopotential" / "c" / "5" / "0" / "0" / "0").unlink()
+    assert_fails(tmp_path, capsys, [store], "'geopotential'", "'geopotential/c/5/0/0/0' is missing (time steps 5 to 5)")
+
+
+def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
+    store = shutil.copytree(inputs["v2"], tmp_path / "jpeg.zarr")
+    metadata = store / "temperature" / ".zarray"
+    array = json.loads(metadata.read_text())
+    array["compressor"] = {"id": "imagecodecs_jpeg2k", "level": 80}
+    metadata.write_text(json.dumps(array))
+    assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
+
+
+def _readme_block(marker: str) -> str:
+    match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert match, f"README has no block marked {marker}"
+    return match.group(1)
+
+
+def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
+    """The README's ARCO-ERA5 config, on the test's store (ARCO's names and layout) and without its date splits."""
+    config = yaml.safe_load(_readme_block("zarr:config"))
+    assert config["input"]["paths"].startswith("gs://gcp-public-data-arco-era5/")
+    config["input"]["paths"] = str(inputs["v3"])
+    config["sample"]["window"] = {"latitude": 4, "longitude": 4}  # the test's grid is 10 x 18
+    del config["splits"]  # 2010 to 2020; the test's store holds 12 hours of 2020
+    config["output"]["path"] = str(tmp_path / "out")
+    (tmp_path / "arco_era5.yaml").write_text(yaml.safe_dump(config))
+    assert main(["--config", str(tmp_path / "arco_era5.yaml"), "--quiet"]) == 0
+    assert_records_are_slices(tmp_path / "out", inputs["v3"])
+
+
+def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, tmp_path, capsys):
+    """The README's Dataflow command line, dry run against the storage emulator."""
+    command = _readme_block("zarr:dataflow").replace("\\\n", " ").split()
+    assert command[:4] == ["python", "-m", "pipelines.build", "--config"]
+    gcs.put(str(inputs["v3"]), f"{BUCKET}/readme/arco.zarr", recursive=True)
+    config = yaml.safe_load(_readme_block("zarr:config"))
+    config["input"]["paths"] = f"gs://{BUCKET}/readme/arco.zarr"
+    config["sample"]["window"] = {"latitude": 4, "longitude": 4}
+    config["splits"] = {
+        "train": {"time": ["2020-01-01T00", "2020-01-01T07"]},
+        "valid": {"time": ["2020-01-01T08", None]},
+    }
+    config["output"]["path"] = f"gs://{BUCKET}/readme/out"
+    (tmp_path / command[4]).write_text(yaml.safe_dump(config))
+    flags = [f.replace("my-bucket", BUCKET) for f in command[5:] if not f.startswith("--setup_file")]
+    offline = ["--no_auth", "--dry_run=True", f"--setup_file={REPO / 'setup.py'}"]
+    assert main(["--config", str(tmp_path / command[4]), *flags, *offline]) == 0
+    assert "Dry run: the job graph" in capsys.readouterr().out
