@@ -71,6 +71,14 @@ def test_quick_dask_comparison_builds_identical_shards(tmp_path):
     assert len(results["walls"]["local"]) == len(results["walls"]["dask"]) == 1
 
 
+def test_quick_zarr_comparison_builds_identical_shards(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.zarr_vs_netcdf", "--quick", "--workdir", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ("NetCDF files", "Zarr store", "Zarr / NetCDF", "shards byte-identical: True"):
+        assert row in result.stdout, result.stdout
+
+
 def test_quick_unit_memory_benchmark_prints_every_row(tmp_path):
     command = [sys.executable, "-m", "benchmarks.unit_memory", "--quick", "--workdir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -76,11 +76,13 @@ def assert_same_output(output: Path, reference: Path) -> None:
     assert load_stats(str(output)) == load_stats(str(reference))
 
 
-def assert_records_are_slices(output: Path, store: Path | str) -> None:
-    """Every record's variables equal their slice of the store, as xarray reads it."""
+def assert_records_are_slices(output: Path, store: Path | str, levels=None) -> None:
+    """Every record's variables equal their slice of the store (of its ``levels``), as xarray reads it."""
     schema = load_schema(str(output))
     records = read_all_records(output, schema)
     source = xr.open_zarr(store, chunks=None).load()
+    if levels is not None:
+        source = source.sel(level=levels)
     count = len(records["index/time"])
     assert count == schema.sample["num_samples"] > 0
     for i in range(count):
@@ -167,6 +169,29 @@ def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
     assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
 
 
+def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path):
+    """Levels and a latitude band from the store, and from its NetCDF copy: the same shards."""
+    outputs = {}
+    for name in ("v3", "netcdf"):
+        paths = inputs[name] if name == "netcdf" else [inputs[name]]
+        path = _config(tmp_path, paths, tmp_path / f"selected-{name}")
+        config = yaml.safe_load(path.read_text())
+        config["select"] = {"level": [500, 850], "latitude": {"min": -70, "max": 70}}
+        path.write_text(yaml.safe_dump(config))
+        assert main(["--config", str(path), "--quiet"]) == 0
+        outputs[name] = tmp_path / f"selected-{name}"
+    assert_same_output(outputs["v3"], outputs["netcdf"])
+    schema = load_schema(str(outputs["v3"]))
+    assert schema.feature("temperature").shape[0] == 2  # two levels
+    source = inputs["dataset"].sel(level=[500, 850])
+    records = read_all_records(outputs["v3"], schema)
+    latitudes = source.latitude.values[(source.latitude.values >= -70) & (source.latitude.values <= 70)]
+    for i in range(0, len(records["index/time"]), 5):
+        t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "latitude", "longitude"))
+        expected = source.temperature.isel(time=t, longitude=slice(x, x + 6)).sel(latitude=latitudes[y : y + 5])
+        np.testing.assert_array_equal(records["temperature"][i], expected.values)
+
+
 def _readme_block(marker: str) -> str:
     match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert match, f"README has no block marked {marker}"
@@ -183,7 +208,7 @@ def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
     config["output"]["path"] = str(tmp_path / "out")
     (tmp_path / "arco_era5.yaml").write_text(yaml.safe_dump(config))
     assert main(["--config", str(tmp_path / "arco_era5.yaml"), "--quiet"]) == 0
-    assert_records_are_slices(tmp_path / "out", inputs["v3"])
+    assert_records_are_slices(tmp_path / "out", inputs["v3"], levels=config["select"]["level"])
 
 
 def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, tmp_path, capsys):
