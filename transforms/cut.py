@@ -27,6 +27,7 @@ from planning.contracts import (
     UnitCounts,
 )
 from planning.features import VariablePlan
+from planning.preprocess import read_derived
 from planning.sampling import Unit
 from planning.slabs import Slabs, read_selected
 from planning.source_index import SourceIndex
@@ -78,6 +79,9 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
+    if spec.preprocess is not None:
+        where = f"unit {unit.index}"
+        return read_derived(spec.preprocess, sources, spec.positions.concat_dim, box, spec.selection, where)
     return read_selected(sources, spec.positions.concat_dim, spec.variables, box, spec.selection)
 
 
