@@ -69,6 +69,8 @@ def _describe_feature(feature: Feature) -> tuple[str, str]:
         if stored and stored != feature.dtype:
             packed = f", {in_file} in the file" if in_file and in_file != stored else ""
             text += f" (stored as {feature.dtype}; source {stored}{packed})"
+        if "preprocess" in source:
+            text += f" (derived by {source['preprocess']})"
         return str(attrs.get("units", "")), text.strip()
     if feature.role == "index":
         return "", f"start index along {source.get('dim', '?')}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,10 @@ from schemas.urls import is_remote
 #: (tensorflow/datasets#10995). Planning sizes shards so none can exceed it; writers check it.
 MAX_SHARD_MB = 512
 MAX_SHARD_BYTES = int(MAX_SHARD_MB * 1e6)
+
+
+#: input.preprocess: a module path, a colon, and a (dotted) name in the module.
+_FUNCTION_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class _Strict(BaseModel):
@@ -66,6 +71,21 @@ class InputConfig(_Strict):
             "0: not at all. The first file's values are the ones recorded"
         ),
     )
+    preprocess: str | None = Field(
+        None,
+        description=(
+            "derived variables: a function `package.module:function` taking an xr.Dataset of the input variables "
+            "over each unit's slab and returning an xr.Dataset; `variables` then names its outputs "
+            "(see Derived variables)"
+        ),
+    )
+    preprocess_inputs: list[str] | None = Field(
+        None,
+        description=(
+            "the variables input.preprocess is given; default: every numeric variable with all the sample dims "
+            "(list static or lower-dimensional ones here to give them too)"
+        ),
+    )
 
     @field_validator("paths", mode="before")
     @classmethod
@@ -87,6 +107,22 @@ class InputConfig(_Strict):
             raise ValueError("give at least one non-empty path or glob")
         return [p if is_remote(p) else os.path.expanduser(p) for p in value]
 
+    @field_validator("preprocess")
+    @classmethod
+    def _function_path(cls, value: str | None) -> str | None:
+        if value is not None and not _FUNCTION_PATH.fullmatch(value):
+            raise ValueError("give the function as package.module:function, e.g. mypackage.derived:wind_speed")
+        return value
+
+    @field_validator("preprocess_inputs")
+    @classmethod
+    def _inputs(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("an empty list gives the function nothing; leave it out to give every variable")
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(f"a variable is listed twice: {value}")
+        return value
+
     @field_validator("calendar")
     @classmethod
     def _known_calendar(cls, value: str | None) -> str | None:
@@ -98,6 +134,8 @@ class InputConfig(_Strict):
     def _calendar_decodes(self) -> InputConfig:
         if self.calendar is not None and not self.decode_times:
             raise ValueError("calendar is only used to decode times: drop it, or set decode_times: true")
+        if self.preprocess_inputs is not None and self.preprocess is None:
+            raise ValueError("preprocess_inputs are what input.preprocess is given: set preprocess, or drop them")
         return self
 
 
@@ -324,7 +362,8 @@ class BuildConfig(_Strict):
         None,
         description=(
             "default: every data variable that has all the sample dims; list lower-dimensional or static "
-            "variables (e.g. orography on lat, lon) explicitly to include them in every sample"
+            "variables (e.g. orography on lat, lon) explicitly to include them in every sample; with "
+            "input.preprocess: among the variables it returns"
         ),
     )
     select: dict[str, list[CoordValue] | SelectRange] = Field(

@@ -17,6 +17,7 @@ import numpy as np
 
 from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
 from planning.coords import record_values
+from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
 from planning.features import (
     StackPlan,
@@ -30,6 +31,7 @@ from planning.features import (
 from planning.inventory import Inventory, check_variables_agree, take_inventory
 from planning.manifest import Manifest, build_manifest
 from planning.positions import Positions
+from planning.preprocess import Preprocess
 from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.selection import Selection
@@ -72,6 +74,7 @@ class BuildPlan:
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
+    preprocess: Preprocess | None = None  # config input.preprocess: what workers apply to each slab
 
     @property
     def grid(self) -> SampleGrid:
@@ -228,17 +231,29 @@ def make_plan(
     decoding = TimeDecoding.of(config.input)
     tolerance = config.input.coord_tolerance
     store = store_input(config.input.paths)
+    if store is not None and config.input.preprocess:
+        raise UserError(
+            f"input.preprocess: not available with a Zarr store yet ({store}); derive the variables "
+            "in the store, or build from NetCDF files"
+        )
     if store is not None:
         inventory = take_store_inventory(store, config.input.concat_dim)
     else:
         inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance)
-    chosen = select_variables(config, inventory)
+    preprocess = None
+    chosen = preprocess_inputs(config, inventory) if config.input.preprocess else select_variables(config, inventory)
     check_variables_agree(inventory, chosen, tolerance)
     # From here on, everything is counted on the selected grid; only the workers' reads map back.
     dataset = select_dataset(config, inventory, chosen)
+    if config.input.preprocess:
+        # The variables cut are the function's outputs: learnt by running it on a tiny slab.
+        preprocess, chosen = plan_preprocess(config, inventory, dataset, chosen)
     grid = build_grid(config, chosen, dataset.sizes)
     coords = _coordinates(grid, dataset)
-    variables = variable_plans(grid, chosen, inventory)
+    if preprocess is None:
+        variables = variable_plans(grid, chosen, inventory)
+    else:
+        variables = derived_plans(grid, chosen, preprocess)
     stacks = stack_plans(config, variables)
     features = record_features(grid, variables, stacks, coords)
     files = dataset.files_on_grid()
@@ -246,7 +261,8 @@ def make_plan(
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
     splits, labels, drops = _assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
-    units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
+    held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
+    units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels, held)
     sources = SourceIndex.of(dataset.source_files())
     schema = describe_build(config, grid, dataset, sources, features, splits, drops)
     positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
@@ -263,6 +279,7 @@ def make_plan(
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
+        preprocess=preprocess,
     )
 
 
@@ -274,12 +291,16 @@ def _plan_units(
     record_bytes: int,
     budget_bytes: float,
     labels: np.ndarray | None,
+    held: tuple = (),
 ) -> list[Unit]:
-    """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do)."""
+    """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do).
+
+    ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs).
+    """
     concat_dim = inventory.concat_dim
     grid_dims = [a.dim for a in grid.grid_axes]
     # Samples are held about three times over: cut, encoded, and in buckets.
-    cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables), 3 * record_bytes)
+    cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables) + held, 3 * record_bytes)
     if concat_dim not in grid_dims:
         return plan_units(grid, cost, budget_bytes)
     stride = grid.axis(concat_dim).stride

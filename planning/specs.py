@@ -17,6 +17,7 @@ from planning.layout import ShardLayout
 from planning.names import join, run_dir, shard_path, temporary_path
 from planning.plan import BuildPlan
 from planning.positions import Positions
+from planning.preprocess import Preprocess
 from planning.selection import Selection
 from planning.source_index import SourceIndex
 from planning.splits import SplitPlan
@@ -45,6 +46,8 @@ class CutSpec:
     #: what the grid's positions are in the source along the selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
+    #: config input.preprocess: read its inputs, apply it to the slab, cut its outputs (``variables``)
+    preprocess: Preprocess | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -131,6 +134,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         allow_float32_overflow=config.output.allow_float32_overflow,
         selection=plan.selection,
         zarr_store=plan.zarr_store,
+        preprocess=plan.preprocess,
     )
 
 

@@ -28,6 +28,7 @@ from planning.contracts import (
     UnitCounts,
 )
 from planning.features import VariablePlan
+from planning.preprocess import read_derived
 from planning.sampling import Unit
 from planning.slabs import Slabs, read_selected
 from planning.source_index import SourceIndex
@@ -83,6 +84,9 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     concat_dim = spec.positions.concat_dim
     store = spec.zarr_store
     reader = None if store is None else functools.partial(read_store_box, store, concat_dim)
+    if spec.preprocess is not None:
+        where = f"unit {unit.index}"
+        return read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)
     return read_selected(sources, concat_dim, spec.variables, box, spec.selection, reader)
 
 

@@ -1,0 +1,212 @@
+"""Planning derived variables: what ``input.preprocess`` reads, and what it returns, learnt on a tiny slab.
+
+The function runs at planning on a slab at the start of the selected grid (sample.keep dims
+whole, one sample's span plus one step along the others), so the schema knows its outputs'
+dims and dtypes before any worker starts. It runs again on that slab cut short at either end
+along each sample dim: a unit's slab ends where the unit does, so an output whose values
+there change (a gradient, a running mean) would depend on the unit budget, and is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import xarray as xr
+
+from planning.config import BuildConfig
+from planning.features import VariablePlan, build_grid, select_variables, variable_plans
+from planning.inventory import Inventory
+from planning.metadata import VariableInfo
+from planning.metadata import _attrs as json_attrs
+from planning.preprocess import Box, Output, Preprocess, check_output, load_function
+from planning.sampling import SampleGrid
+from planning.selected import SelectedDataset
+from planning.slabs import read_selected
+from planning.source_index import SourceIndex
+from schemas.errors import UserError
+from schemas.schema import Feature
+
+#: How far an output's values at a slab's edge may move when the slab is cut there, relative to
+#: its largest value: vectorised maths may round a value's last bit differently by array length.
+EDGE_TOLERANCE = 1e-6
+
+_PLANNING = "a slab at the start of the input at planning"
+
+
+def _is_numeric(dtype) -> bool:
+    return np.dtype(dtype).kind in "fiub"
+
+
+def _sample_dims(config: BuildConfig) -> set[str]:
+    sample = config.sample
+    return set(sample.window) | set(sample.offsets) | set(sample.keep) | {config.input.concat_dim}
+
+
+def preprocess_inputs(config: BuildConfig, inventory: Inventory) -> list[VariableInfo]:
+    """``input.preprocess_inputs``, or every numeric variable with all the sample dims."""
+    # The sample dims are checked as for `variables:`, against every variable of the input.
+    select_variables(config.model_copy(update={"variables": None}), inventory)
+    available = inventory.variables
+    names = config.input.preprocess_inputs
+    if names is None:
+        wanted = _sample_dims(config)
+        return [v for v in available.values() if wanted <= set(v.dims) and _is_numeric(v.dtype)]
+    chosen = []
+    for name in names:
+        if name not in available:
+            raise UserError(
+                f"input.preprocess_inputs: {name!r} is not a data variable of the input "
+                f"(it has: {', '.join(available)}); fix the name"
+            )
+        if not _is_numeric(available[name].dtype):
+            raise UserError(
+                f"input.preprocess_inputs: {name!r} has dtype {available[name].dtype}, not numbers; remove it"
+            )
+        chosen.append(available[name])
+    if not any(inventory.concat_dim in v.dims for v in chosen):
+        raise UserError(
+            f"input.preprocess_inputs: none of {names} has the dim {inventory.concat_dim!r}; "
+            "include at least one variable along input.concat_dim"
+        )
+    return chosen
+
+
+def _returned(preprocess: Preprocess, dataset: xr.Dataset) -> dict[str, VariableInfo]:
+    """The function's data variables, dims in the slab's order (foreign dims after, to be refused)."""
+    out = {}
+    for name, array in dataset.data_vars.items():
+        dims = tuple(d for d in preprocess.dims if d in array.dims)
+        dims += tuple(d for d in array.dims if d not in dims)
+        dtype = str(array.dtype)
+        out[str(name)] = VariableInfo(str(name), dims, dtype, dtype, json_attrs(array.variable))
+    return out
+
+
+def _choose(config: BuildConfig, path: str, returned: dict[str, VariableInfo]) -> list[VariableInfo]:
+    """``variables:`` among the function's outputs, or every numeric output with all the sample dims."""
+    listing = ", ".join(f"{v.name} ({', '.join(v.dims)})" for v in returned.values()) or "nothing"
+    if config.variables is None:
+        wanted = _sample_dims(config)
+        candidates = [v for v in returned.values() if wanted <= set(v.dims) and _is_numeric(v.dtype)]
+        if not candidates:
+            raise UserError(
+                f"input.preprocess: {path} returns no numeric variable with all the sample dims "
+                f"({', '.join(sorted(wanted))}); it returns {listing}: return one, or name outputs under `variables:`"
+            )
+        widest = set(max(candidates, key=lambda v: len(v.dims)).dims)
+        return [v for v in candidates if set(v.dims) == widest]
+    chosen = []
+    for name in config.variables:
+        if name not in returned:
+            raise UserError(
+                f"variables: {name!r} is not among what input.preprocess {path} returns ({listing}); "
+                f"return it (e.g. ds.assign({name}=...)) or remove it from `variables:`"
+            )
+        if not _is_numeric(returned[name].dtype):
+            raise UserError(
+                f"variables: {name!r} as input.preprocess {path} returns it has dtype {returned[name].dtype}, "
+                "which a tf.Example cannot hold as numbers; cast it in the function or remove it"
+            )
+        chosen.append(returned[name])
+    if not any(config.input.concat_dim in v.dims for v in chosen):
+        raise UserError(
+            f"variables: none of {config.variables} (returned by {path}) has the dim {config.input.concat_dim!r}; "
+            "include at least one variable along input.concat_dim"
+        )
+    return chosen
+
+
+def _check_dims(
+    preprocess: Preprocess,
+    grid: SampleGrid,
+    inputs: list[VariableInfo],
+    chosen: list[VariableInfo],
+    returned: xr.Dataset,
+    box: Box,
+) -> None:
+    """Outputs on the slab's dims and sizes, lacking no sample dim every input has (a reduction along it)."""
+    path = preprocess.path
+    shared = [a.dim for a in grid.axes if a.role != "keep" and all(a.dim in v.dims for v in inputs)]
+    for variable in chosen:
+        check_output(path, variable.name, returned[variable.name].variable, preprocess.dims, box, _PLANNING)
+        lacking = [d for d in shared if d not in variable.dims]
+        if lacking:
+            raise UserError(
+                f"input.preprocess: {path} returned {variable.name!r} without the dim {lacking[0]!r} its inputs have; "
+                f"a unit's slab holds only part of {lacking[0]}, so reduce along sample.keep dims only"
+            )
+
+
+def _differs(whole: np.ndarray, part: np.ndarray) -> bool:
+    whole, part = whole.astype(np.float64), part.astype(np.float64)
+    if whole.shape != part.shape or not np.array_equal(np.isnan(whole), np.isnan(part)):
+        return True
+    scale = float(np.nanmax(np.abs(whole), initial=0.0)) if whole.size else 0.0
+    return not np.allclose(whole, part, rtol=EDGE_TOLERANCE, atol=EDGE_TOLERANCE * scale, equal_nan=True)
+
+
+def _along(dims: tuple[str, ...], dim: str, start: int, stop: int) -> tuple[slice, ...]:
+    return tuple(slice(start, stop) if d == dim else slice(None) for d in dims)
+
+
+def _check_edges(preprocess: Preprocess, grid: SampleGrid, values: dict[str, np.ndarray], box: Box) -> None:
+    """Refuse outputs whose values at a slab's edge change when the slab is cut there (see the module)."""
+    whole = preprocess.apply({k: v.copy() for k, v in values.items()}, box, _PLANNING)
+    for axis in grid.axes:
+        low, high = box[axis.dim]
+        if axis.role == "keep" or high - low <= axis.span:
+            continue  # every unit holds this dim whole
+        for start in (0, high - low - axis.span):  # the slab less its last step, less its first
+            stop = start + axis.span
+            part = {v.name: values[v.name][_along(v.dims, axis.dim, start, stop)].copy() for v in preprocess.inputs}
+            where = f"{_PLANNING}, cut to {axis.span} {axis.dim}"
+            cut = preprocess.apply(part, {**box, axis.dim: (low + start, low + stop)}, where)
+            for output in preprocess.outputs:
+                if _differs(whole[output.name][_along(output.dims, axis.dim, start, stop)], cut[output.name]):
+                    raise UserError(
+                        f"input.preprocess: {preprocess.path} gives {output.name!r} values that depend on where a "
+                        f"slab ends along {axis.dim!r} (they changed when the slab was cut to {axis.span} {axis.dim}); "
+                        f"units end anywhere along it, so derive pointwise along {axis.dim} (only sample.keep dims "
+                        "are whole in every slab)"
+                    )
+
+
+def plan_preprocess(
+    config: BuildConfig, inventory: Inventory, dataset: SelectedDataset, inputs: list[VariableInfo]
+) -> tuple[Preprocess, list[VariableInfo]]:
+    """What workers need to apply the function, and the outputs the build cuts (as variables to plan)."""
+    path = config.input.preprocess
+    load_function(path)
+    grid = build_grid(config, inputs, dataset.sizes)
+    plans = tuple(variable_plans(grid, inputs, inventory))
+    sizes = {a.dim: a.length for a in grid.axes}
+    coords = {d: found for d in sizes if (found := dataset.coordinate(d)) is not None}
+    preprocess = Preprocess.of(path, plans, sizes, coords)
+    box = {a.dim: (0, a.length if a.role == "keep" else min(a.length, a.span + 1)) for a in grid.axes}
+    sources = SourceIndex.of(dataset.source_files())
+    values = read_selected(sources, inventory.concat_dim, plans, box, dataset.selection).values
+    returned = preprocess.run({k: v.copy() for k, v in values.items()}, box, _PLANNING)
+    found = _returned(preprocess, returned)
+    chosen = _choose(config, path, found)
+    _check_dims(preprocess, grid, inputs, chosen, returned, box)
+    outputs = tuple(Output(v.name, v.dims, v.dtype) for v in chosen)
+    preprocess = dataclasses.replace(preprocess, outputs=outputs)
+    _check_edges(preprocess, grid, values, box)
+    return preprocess, chosen
+
+
+def derived_plans(grid: SampleGrid, chosen: list[VariableInfo], preprocess: Preprocess) -> list[VariablePlan]:
+    """The outputs as variables to cut (computed on the slab, so read from no file), with their provenance."""
+    inputs = [v.name for v in preprocess.inputs]
+    plans = []
+    for var in chosen:
+        shape, dims = grid.feature_shape(var.dims)
+        dtype = "float32" if np.dtype(var.dtype).kind == "f" else "int64"
+        source = {"variable": var.name, "dtype": var.dtype, "preprocess": preprocess.path, "inputs": inputs}
+        source["attrs"] = var.attrs
+        if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
+            source["stored_as"] = "float32 (tf.Example holds no float64)"
+        feature = Feature(var.name, dtype, shape, dims, "variable", source)
+        plans.append(VariablePlan(var.name, var.dims, var.dtype, feature))
+    return plans

@@ -1,0 +1,75 @@
+"""input.preprocess functions for the tests: derived variables users ask for, and functions that break the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+NOT_A_FUNCTION = 3
+
+
+# What users want: each works pointwise along the sample dims, so any slab gives the same values.
+
+
+def wind_speed(ds: xr.Dataset) -> xr.Dataset:
+    speed = np.sqrt(ds.u**2 + ds.v**2)
+    return xr.Dataset({"wind_speed": speed.assign_attrs(units="m s-1")})
+
+
+def kelvin_to_celsius(ds: xr.Dataset) -> xr.Dataset:
+    return ds.assign(t=(ds.t - 273.15).assign_attrs(units="degC"))
+
+
+def climatology(ds: xr.Dataset) -> xr.DataArray:
+    """A fixed climatology made from the slab's coordinates: wrong coordinates give wrong values."""
+    hour = ds.time.dt.hour.astype(np.float32)
+    return 300 - 0.5 * np.abs(ds.lat) + 0.01 * ds.lon + 0.02 * ds.level + 0.1 * hour
+
+
+def anomaly(ds: xr.Dataset) -> xr.Dataset:
+    # climatology's dims come first in its result (lat, lon, level, time): the build lays outputs out as the files do
+    return xr.Dataset({"t_anomaly": climatology(ds) - ds.t, "u": ds.u})
+
+
+def column_total(ds: xr.Dataset) -> xr.Dataset:
+    """A sum along level, which every slab holds whole when sample.keep has it."""
+    return xr.Dataset({"q_column": ds.q.sum("level"), "u": ds.u})
+
+
+def land_temperature(ds: xr.Dataset) -> xr.Dataset:
+    """Static inputs (an invariants file without time): a mask, and a field passed through."""
+    return xr.Dataset({"t_land": ds.t.where(ds.lsm > 0.5), "orography": ds.orography})
+
+
+# Functions the build refuses.
+
+
+def raises(ds: xr.Dataset) -> xr.Dataset:
+    return ds.assign(w=ds["w"])
+
+
+def returns_dataarray(ds: xr.Dataset) -> xr.DataArray:
+    return ds.t
+
+
+def lat_gradient(ds: xr.Dataset) -> xr.Dataset:
+    return xr.Dataset({"dtdlat": ds.t.differentiate("lat")})
+
+
+def minus_time_mean(ds: xr.Dataset) -> xr.Dataset:
+    return xr.Dataset({"t": ds.t - ds.t.mean("time")})
+
+
+def time_mean(ds: xr.Dataset) -> xr.Dataset:
+    return xr.Dataset({"t": ds.t.mean("time"), "u": ds.u})
+
+
+def drops_a_row(ds: xr.Dataset) -> xr.Dataset:
+    return ds.isel(lat=slice(1, None))
+
+
+def fails_late(ds: xr.Dataset) -> xr.Dataset:
+    """Fine on the first steps (all planning runs it on), fails on a worker's later ones."""
+    if (ds.time > np.datetime64("2020-01-02T12")).any():
+        raise ValueError("no climatology after 2020-01-02T12")
+    return ds
