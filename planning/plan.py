@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from planning.aux_coords import coordinate_plans, scalar_coordinates
 from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
 from planning.coords import record_values
 from planning.describe import describe_build
@@ -69,6 +70,8 @@ class BuildPlan:
     probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
+    #: the config's ``coords``, read and cut like variables into coord/<name> features (planning.aux_coords)
+    coordinates: tuple[VariablePlan, ...] = ()
 
     @property
     def grid(self) -> SampleGrid:
@@ -232,16 +235,17 @@ def make_plan(
     grid = build_grid(config, chosen, dataset.sizes)
     coords = _coordinates(grid, dataset)
     variables = variable_plans(grid, chosen, inventory)
+    coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
-    features = record_features(grid, variables, stacks, coords)
+    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates])
     files = dataset.files_on_grid()
     record_bytes = _record_bytes(tuple(features))
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
     splits, labels, drops = _assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
-    units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels)
+    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, labels)
     sources = SourceIndex.of(dataset.source_files())
-    schema = describe_build(config, grid, dataset, sources, features, splits, drops)
+    schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
     positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
     return BuildPlan(
         config=config,
@@ -255,6 +259,7 @@ def make_plan(
         run_id=run_id or uuid.uuid4().hex[:12],
         probes=inventory.probes,
         selection=dataset.selection,
+        coordinates=tuple(coordinates),
     )
 
 

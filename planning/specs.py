@@ -44,6 +44,8 @@ class CutSpec:
     allow_float32_overflow: bool
     #: what the grid's positions are in the source along the selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
+    #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
+    coords: tuple[VariablePlan, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -129,6 +131,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         fill_value=config.fill_value,
         allow_float32_overflow=config.output.allow_float32_overflow,
         selection=plan.selection,
+        coords=plan.coordinates,
     )
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 from apache_beam.metrics import Metrics
 
+from planning.aux_coords import cut_coordinates
 from planning.contracts import (
     BYTES_READ,
     METRICS_NAMESPACE,
@@ -78,7 +79,8 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    return read_selected(sources, spec.positions.concat_dim, spec.variables, box, spec.selection)
+    variables = (*spec.variables, *spec.coords)  # the coordinates of config `coords` are read like variables
+    return read_selected(sources, spec.positions.concat_dim, variables, box, spec.selection)
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
@@ -114,6 +116,7 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
     }
     for name, (dims, values) in spec.positions.columns([where[chosen] for where in positions]).items():
         coords[name] = ((SAMPLE_DIM, *dims), values)
+    coords.update(cut_coordinates(grid, spec.coords, unit, slabs.values, chosen))
     data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
     return Block(unit.index, xr.Dataset(data_vars, coords), counts)
 
