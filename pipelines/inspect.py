@@ -77,6 +77,11 @@ def _describe_feature(feature: Feature) -> tuple[str, str]:
     if feature.role == "coord":
         calendar = f" ({source['calendar']} calendar)" if "calendar" in source else ""
         return str(source.get("units", "")), f"{source.get('dim', '?')} values the sample covers{calendar}"
+    if feature.role == "aux_coord":
+        attrs = source.get("attrs", {})
+        static = ", from the first file" if source.get("static") else ""
+        text = f"coordinate {source.get('coordinate', '?')} at the sample's points{static}"
+        return str(attrs.get("units", "")), text
     return "", feature.role
 
 
@@ -158,6 +163,19 @@ def geometry_lines(schema: Schema) -> list[str]:
     return lines
 
 
+def scalar_lines(schema: Schema) -> list[str]:
+    """The files' scalar coordinates: name = value units (long name)."""
+    if not schema.scalar_coords:
+        return []
+    lines = ["Scalar coordinates (schema.json's scalar_coords)"]
+    for entry in schema.scalar_coords:
+        attrs = entry.get("attrs", {})
+        units = f" {attrs['units']}" if attrs.get("units") else ""
+        name = f" ({attrs['long_name']})" if attrs.get("long_name") else ""
+        lines.append(f"  {entry['name']} = {entry['value']}{units}{name}")
+    return lines
+
+
 def _stat_rows(name: str, units: str, s: dict[str, Any], coords: dict[str, list]) -> list[list[str]]:
     """One row per variable, or per index of its per-dim statistics (e.g. one per level)."""
     import numpy as np
@@ -234,6 +252,7 @@ def summary(path: str, only_split: str | None = None) -> str:
         feature_lines(schema),
         split_lines(schema, files, only_split),
         geometry_lines(schema),
+        scalar_lines(schema),
         config_lines(schema),
         stats_lines(stats, schema),
     ]

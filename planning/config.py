@@ -366,6 +366,14 @@ class BuildConfig(_Strict):
             "input.preprocess: among the variables it returns"
         ),
     )
+    coords: list[str] = Field(
+        default_factory=list,
+        description=(
+            "coordinates of the files that are not dim coordinates (2-D lat and lon of a curvilinear grid, "
+            "auxiliary or scalar coordinates), carried in every record as coord/<name>, cut with the sample's "
+            "window over their own dims, e.g. [lat, lon]; scalar coordinates are recorded in schema.json anyway"
+        ),
+    )
     select: dict[str, list[CoordValue] | SelectRange] = Field(
         default_factory=dict,
         json_schema_extra={"reference_type": "mapping: dim → list of values, or {min, max}"},
@@ -449,6 +457,13 @@ class BuildConfig(_Strict):
                     raise ValueError(f"{dim}: an empty list selects nothing; give values or leave {dim} out")
                 if len(set(wanted)) != len(wanted):
                     raise ValueError(f"{dim}: a value is listed twice: {wanted}")
+        return value
+
+    @field_validator("coords")
+    @classmethod
+    def _coords(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a coordinate is listed twice: {value}")
         return value
 
     @field_validator("variables")

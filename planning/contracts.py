@@ -55,8 +55,9 @@ class Block:
 
     ``samples``: an ``xr.Dataset`` with a leading ``sample`` dim, one data variable per selected
     variable (already in its record dtype), and per-sample coordinates ``sample_id``, ``split``,
-    ``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid; samples are
-    in sample-id order. ``counts``: per split name, what the unit cut, dropped and filled.
+    ``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid (and
+    ``coord/<name>`` for each of the config's ``coords``); samples are in sample-id order.
+    ``counts``: per split name, what the unit cut, dropped and filled.
     """
 
     unit: int

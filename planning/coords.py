@@ -73,3 +73,16 @@ def irregular_steps(values: np.ndarray) -> np.ndarray:
     diffs = np.diff(numeric)
     typical = np.median(diffs)
     return (diffs > 1.5 * typical) | (diffs < 0.5 * typical)
+
+
+def json_scalar(value: np.ndarray):
+    """A scalar coordinate's value for schema.json: a number, text, or a time as ISO text (in its own calendar)."""
+    value = np.asarray(value).reshape(())
+    kind = value.dtype.kind
+    if kind in "fiub":
+        number = value.item()
+        # schema.json is strict JSON: NaN and infinities become their names.
+        return number if not isinstance(number, float) or np.isfinite(number) else str(number)
+    if kind == "S":
+        return value.item().decode(errors="replace")
+    return iso(value[()])

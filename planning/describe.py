@@ -84,6 +84,7 @@ def describe_build(
     features: Sequence[Feature],
     splits: Sequence[SplitPlan],
     drops: dict[str, int],
+    scalar_coords: Sequence[dict] = (),
 ) -> Schema:
     """The schema without its shards (Finalize adds those once they are written)."""
     kept = {}
@@ -97,6 +98,7 @@ def describe_build(
         examples_per_record=config.output.examples_per_record,
         sample=sample_description(config, grid, dataset, splits),
         coords=kept,
+        scalar_coords=tuple(scalar_coords),
         sources=describe_sources(config, sources, dataset.inventory),
         counts=drops,
         seed=config.shuffle.seed,

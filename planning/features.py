@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -69,6 +70,11 @@ def select_variables(config: BuildConfig, inventory: Inventory) -> list[Variable
     chosen = []
     for name in config.variables:
         if name not in available:
+            if any(name in info.coordinates for info in (inventory.reference, *inventory.static_files)):
+                raise UserError(
+                    f"variables: {name!r} is a coordinate of the input, not a data variable; list it under "
+                    "`coords:` to carry it in every record"
+                )
             raise UserError(
                 f"variables: {name!r} is not a data variable of the input (it has: {', '.join(available) or 'none'})"
             )
@@ -177,8 +183,12 @@ def record_features(
     variables: list[VariablePlan],
     stacks: list[StackPlan],
     coords: dict[str, tuple[np.ndarray, dict]],
+    coordinates: Sequence[Feature] = (),
 ) -> list[Feature]:
-    """Every feature of a record: variables (stacks in place of their first member), index/*, coord/*."""
+    """Every feature of a record: variables (stacks in place of their first member), index/*, coord/*.
+
+    ``coordinates``: the features of the config's ``coords`` (planning.aux_coords), last.
+    """
     stack_of = {name: stack for stack in stacks for name in stack.variables}
     features: list[Feature] = []
     for var in variables:
@@ -196,8 +206,11 @@ def record_features(
         dtype = "int64" if values.dtype == np.int64 else "float32"
         shape, dims = ((), ()) if axis.role == "iterate" else ((len(axis.steps),), (axis.dim,))
         features.append(Feature(f"coord/{axis.dim}", dtype, shape, dims, "coord", {"dim": axis.dim, **info}))
+    features.extend(coordinates)
     names = [f.name for f in features]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
-        raise UserError(f"feature name {clash[0]!r} is used twice (by variables, stacks or positions); rename one")
+        raise UserError(
+            f"feature name {clash[0]!r} is used twice (by variables, stacks, positions or coords); rename one"
+        )
     return features

@@ -9,6 +9,7 @@ import numpy as np
 import xarray as xr
 
 from planning.classic_reads import read_raw
+from planning.coords import json_scalar
 from planning.netcdf3 import ClassicHeader
 from planning.remote_files import RemoteFile
 from planning.sources import check_not_truncated, open_netcdf, refuse_truncated
@@ -37,6 +38,10 @@ class FileInfo:
     coords: dict[str, np.ndarray]  # decoded values of every dim coordinate
     coord_attrs: dict[str, dict[str, Any]]
     variables: dict[str, VariableInfo]
+    #: coordinates other than dim coordinates (2-D lat/lon of a curvilinear grid, scalars), as xarray opens them
+    coordinates: dict[str, VariableInfo] = dataclasses.field(default_factory=dict)
+    #: the values of the scalar ones, as schema.json holds them (planning.coords.json_scalar)
+    scalar_values: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
@@ -73,20 +78,25 @@ def inspect_classic(
     for variable in header.variables.values():
         sizes.update(zip(variable.dims, variable.shape))
         named_coords.update(str(variable.attrs.get("coordinates", "")).split())
-    coords, coord_attrs, variables = {}, {}, {}
+    coords, coord_attrs, variables, coordinates, scalars = {}, {}, {}, {}, {}
     for name, variable in header.variables.items():
         if variable.dims == (name,):
             raw = read_raw(fetch, variable, header.record_size, [(0, variable.shape[0])])
             coordinate = decoding.values(path, name, variable.dims, raw, variable.attrs)
             coords[name] = np.asarray(coordinate.values)
             coord_attrs[name] = _attrs(coordinate)
-        elif name not in named_coords:
-            empty = np.empty((0,) * len(variable.dims), dtype=variable.dtype.newbyteorder("="))
-            variable_info = decoding.values(path, name, variable.dims, empty, variable.attrs)
-            variables[name] = VariableInfo(
-                name, variable.dims, str(variable_info.dtype), str(empty.dtype), _attrs(variable_info)
-            )
-    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
+            continue
+        empty = np.empty((0,) * len(variable.dims), dtype=variable.dtype.newbyteorder("="))
+        variable_info = decoding.values(path, name, variable.dims, empty, variable.attrs)
+        info = VariableInfo(name, variable.dims, str(variable_info.dtype), str(empty.dtype), _attrs(variable_info))
+        if name not in named_coords:
+            variables[name] = info
+            continue
+        coordinates[name] = info
+        if not variable.dims:  # a scalar coordinate: its one value is a few bytes
+            raw = read_raw(fetch, variable, header.record_size, [])
+            scalars[name] = json_scalar(decoding.values(path, name, (), raw, variable.attrs).values)
+    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables, coordinates, scalars)
 
 
 def inspect_file(path: str, decoding: TimeDecoding = AS_STATED) -> FileInfo:
@@ -111,15 +121,18 @@ def dataset_info(path: str, nbytes: int, ds: xr.Dataset) -> FileInfo:
         if dim in ds.variables:
             coords[dim] = ds[dim].values
             coord_attrs[dim] = _attrs(ds[dim])
-    variables = {
-        str(name): VariableInfo(
-            name=str(name),
-            dims=tuple(str(d) for d in var.dims),
-            dtype=str(var.dtype),
-            source_dtype=str(var.encoding.get("dtype", var.dtype)),
-            attrs=_attrs(var),
-        )
-        for name, var in ds.data_vars.items()
-    }
+    variables = {str(name): _info(name, var) for name, var in ds.data_vars.items()}
+    coordinates = {str(name): _info(name, var) for name, var in ds.coords.items() if name not in ds.dims}
+    scalars = {name: json_scalar(ds[name].values) for name, info in coordinates.items() if not info.dims}
     sizes = {str(k): int(v) for k, v in ds.sizes.items()}
-    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables)
+    return FileInfo(path, nbytes, sizes, coords, coord_attrs, variables, coordinates, scalars)
+
+
+def _info(name, var: xr.DataArray) -> VariableInfo:
+    return VariableInfo(
+        name=str(name),
+        dims=tuple(str(d) for d in var.dims),
+        dtype=str(var.dtype),
+        source_dtype=str(var.encoding.get("dtype", var.dtype)),
+        attrs=_attrs(var),
+    )

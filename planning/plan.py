@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from planning.aux_coords import coordinate_plans, scalar_coordinates
 from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
 from planning.coords import record_values
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
@@ -75,6 +76,8 @@ class BuildPlan:
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
     preprocess: Preprocess | None = None  # config input.preprocess: what workers apply to each slab
+    #: the config's ``coords``, read and cut like variables into coord/<name> features (planning.aux_coords)
+    coordinates: tuple[VariablePlan, ...] = ()
 
     @property
     def grid(self) -> SampleGrid:
@@ -254,17 +257,18 @@ def make_plan(
         variables = variable_plans(grid, chosen, inventory)
     else:
         variables = derived_plans(grid, chosen, preprocess)
+    coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
-    features = record_features(grid, variables, stacks, coords)
+    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates])
     files = dataset.files_on_grid()
     record_bytes = _record_bytes(tuple(features))
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
     splits, labels, drops = _assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
-    units = _plan_units(grid, chosen, inventory, files, record_bytes, unit_budget_bytes, labels, held)
+    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, labels, held)
     sources = SourceIndex.of(dataset.source_files())
-    schema = describe_build(config, grid, dataset, sources, features, splits, drops)
+    schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
     positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
     return BuildPlan(
         config=config,
@@ -280,6 +284,7 @@ def make_plan(
         selection=dataset.selection,
         zarr_store=store,
         preprocess=preprocess,
+        coordinates=tuple(coordinates),
     )
 
 

@@ -48,6 +48,8 @@ class CutSpec:
     zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
     #: config input.preprocess: read its inputs, apply it to the slab, cut its outputs (``variables``)
     preprocess: Preprocess | None = None
+    #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
+    coords: tuple[VariablePlan, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,6 +137,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         selection=plan.selection,
         zarr_store=plan.zarr_store,
         preprocess=plan.preprocess,
+        coords=plan.coordinates,
     )
 
 

@@ -59,8 +59,8 @@ def _why_not_in_place(plan: BuildPlan) -> str | None:
         return "nan_policy: drop decides on the workers which samples are written"
     if output.examples_per_record > 1 or output.compression:
         return "packed or compressed records are only laid out after the shard's sort"
-    if any(feature.dtype == "int64" for feature in plan.schema.variable_features):
-        return "integer variables are varint-encoded: their records' sizes depend on the data"
+    if any(f.dtype == "int64" for f in plan.schema.features if f.role in ("variable", "aux_coord")):
+        return "integer variables or coords are varint-encoded: their records' sizes depend on the data"
     if plan.grid.num_samples > MAX_IN_PLACE_SAMPLES:
         return f"more than {MAX_IN_PLACE_SAMPLES:,} samples"
     return None

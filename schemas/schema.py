@@ -16,9 +16,10 @@ PARSER_FILE = "parser.py"
 #: What a tf.train.Example can hold; every feature is stored as one of these.
 RecordDtype = Literal["float32", "int64"]
 #: variable: a data variable's values; index: a sample's start index along a dim of the
-#: virtual dataset; coord: the coordinate values the sample covers along that dim; count: how
-#: many samples a packed record holds.
-FeatureRole = Literal["variable", "index", "coord", "count"]
+#: virtual dataset; coord: the coordinate values the sample covers along that dim; aux_coord:
+#: another coordinate of the files (config ``coords``, e.g. a curvilinear grid's 2-D lat) at
+#: the sample's points; count: how many samples a packed record holds.
+FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count"]
 #: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
 RECORD_COUNT = "record/count"
 
@@ -117,6 +118,8 @@ class Schema:
     sample: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: coordinate values of the dims kept whole in every sample
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the files' scalar coordinates (a height of 2 m): each one's name, value, dtype and attrs
+    scalar_coords: tuple[dict[str, Any], ...] = ()
     #: the input: globs, file count, bytes, a fingerprint of every file's path, size and range
     #: along the concat dim, a few of those files, and the static files
     sources: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -174,6 +177,7 @@ class Schema:
             "counts": self.counts,
             "sample": self.sample,
             "coords": self.coords,
+            "scalar_coords": list(self.scalar_coords),
             "sources": self.sources,
             "config": self.config,
         }
@@ -192,6 +196,7 @@ class Schema:
             examples_per_record=obj.get("examples_per_record", 1),
             sample=obj.get("sample", {}),
             coords=obj.get("coords", {}),
+            scalar_coords=tuple(obj.get("scalar_coords", [])),
             sources=obj.get("sources", {}),
             counts=obj.get("counts", {}),
             seed=obj.get("seed", 0),

@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 from apache_beam.metrics import Metrics
 
+from planning.aux_coords import cut_coordinates
 from planning.contracts import (
     BYTES_READ,
     METRICS_NAMESPACE,
@@ -86,8 +87,12 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     reader = None if store is None else functools.partial(read_store_box, store, concat_dim)
     if spec.preprocess is not None:
         where = f"unit {unit.index}"
-        return read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)
-    return read_selected(sources, concat_dim, spec.variables, box, spec.selection, reader)
+        slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)
+        if spec.coords:  # the coordinates of config `coords` are read as they are, not derived
+            slabs.values.update(read_selected(sources, concat_dim, spec.coords, box, spec.selection, reader).values)
+        return slabs
+    variables = (*spec.variables, *spec.coords)  # the coordinates of config `coords` are read like variables
+    return read_selected(sources, concat_dim, variables, box, spec.selection, reader)
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
@@ -123,6 +128,7 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
     }
     for name, (dims, values) in spec.positions.columns([where[chosen] for where in positions]).items():
         coords[name] = ((SAMPLE_DIM, *dims), values)
+    coords.update(cut_coordinates(grid, spec.coords, unit, slabs.values, chosen))
     data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
     return Block(unit.index, xr.Dataset(data_vars, coords), counts)
 
