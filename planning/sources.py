@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import logging
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
 
 import fsspec
 import xarray as xr
-from fsspec.implementations.local import LocalFileSystem
 
 from planning.netcdf3 import expected_size
 from schemas.errors import UserError
@@ -37,24 +38,42 @@ def _version(info: dict) -> str:
     return ""
 
 
+def _local_listing(pattern: str) -> dict[str, dict]:
+    """What fsspec's local listing gives (absolute path: size, type, mtime), at a tenth of its cost."""
+    infos = {}
+    pattern = pattern.removeprefix("file://")  # a file:// URL names a local path
+    for path in glob.glob(os.path.abspath(pattern), recursive=True):
+        with contextlib.suppress(FileNotFoundError):
+            status = os.stat(path)
+            kind = "directory" if stat.S_ISDIR(status.st_mode) else "file"
+            infos[path] = {"size": status.st_size, "type": kind, "mtime": status.st_mtime}
+    return infos
+
+
+def _listing(pattern: str) -> tuple[fsspec.AbstractFileSystem | None, dict[str, dict]]:
+    if not is_remote(pattern):
+        return None, _local_listing(pattern)
+    fs, _, paths = fsspec.get_fs_token_paths(pattern)
+    infos = {}
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            infos[path] = fs.info(path)
+    return fs, infos
+
+
 def list_files(patterns: Sequence[str]) -> list[ListedFile]:
     """Every file the globs match, each once, sorted, with its size and version; an error names a pattern
     that matches none. Sizes come from the listing (gcsfs caches it), not from a request per file."""
     found: dict[str, ListedFile] = {}
     for pattern in patterns:
-        fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        infos = {}
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                infos[path] = fs.info(path)
+        fs, infos = _listing(pattern)
         if not infos:
             raise UserError(f"input: {pattern!r} matches no file; check the path or glob (quote it in the shell)")
         files = {path: info for path, info in infos.items() if info.get("type") != "directory"}
         if not files:
             raise UserError(f"input: {pattern!r} matches only directories; add a file glob such as '/*.nc'")
-        local = isinstance(fs, LocalFileSystem)
         for path, info in files.items():
-            name = path if local else fs.unstrip_protocol(path)
+            name = path if fs is None else fs.unstrip_protocol(path)
             found[name] = ListedFile(name, int(info["size"]), _version(info))
     return [found[name] for name in sorted(found)]
 
