@@ -118,3 +118,30 @@ def split_along_time(source, directory, pieces: int, *, formats=("NETCDF4",), un
         part.to_netcdf(path, format=formats[i % len(formats)])
         paths.append(str(path))
     return paths
+
+
+def build_quietly(config: dict, tmp_path: Path, name: str = "config.yaml") -> Path:
+    """Build ``config`` (written to ``tmp_path/name``) with the command line; returns its output."""
+    import yaml
+
+    from pipelines.build import main
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet"]) == 0
+    return Path(config["output"]["path"])
+
+
+def refused(config: dict, tmp_path: Path, capsys) -> str:
+    """The one error line a build of ``config`` fails with (exit 2, no schema.json written)."""
+    import yaml
+
+    from pipelines.build import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert not (Path(config["output"]["path"]) / "schema.json").exists()
+    return lines[0]

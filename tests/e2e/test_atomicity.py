@@ -41,18 +41,17 @@ def _first_shard_write(output: Path, process: subprocess.Popen, timeout: float =
     raise AssertionError("no shard appeared in time")
 
 
+def _write_config(archive: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The config every test here builds (12 shards of 8x8 patches), and its output."""
+    output, config = tmp_path / "out", tmp_path / "c.yaml"
+    sample = {"window": {"lat": 8, "lon": 8}, "keep": ["level"]}
+    settings = {"input": {"paths": str(archive / "*.nc")}, "sample": sample}
+    config.write_text(yaml.safe_dump({**settings, "output": {"path": str(output), "num_shards": 12}}))
+    return config, output
+
+
 def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
-    output = tmp_path / "out"
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "input": {"paths": str(larger_archive / "*.nc")},
-                "sample": {"window": {"lat": 8, "lon": 8}, "keep": ["level"]},
-                "output": {"path": str(output), "num_shards": 12},
-            }
-        )
-    )
+    config, output = _write_config(larger_archive, tmp_path)
     process = subprocess.Popen(
         _command(config), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -89,18 +88,7 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
 )
 def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, tmp_path, signum, code, what):
     """What `timeout`, Docker, Kubernetes and batch schedulers send, and Ctrl-C: one line, nothing left behind."""
-    output = tmp_path / "out"
-    config = tmp_path / "c.yaml"
-    sample = {"window": {"lat": 8, "lon": 8}, "keep": ["level"]}
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "input": {"paths": str(larger_archive / "*.nc")},
-                "sample": sample,
-                "output": {"path": str(output), "num_shards": 12},
-            }
-        )
-    )
+    config, output = _write_config(larger_archive, tmp_path)
     process = subprocess.Popen(
         _command(config, "--quiet"),
         stdout=subprocess.DEVNULL,
@@ -123,18 +111,7 @@ def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, 
 
 
 def test_a_second_build_into_an_output_being_written_is_refused(larger_archive, tmp_path, capsys):
-    output = tmp_path / "out"
-    config = tmp_path / "c.yaml"
-    sample = {"window": {"lat": 8, "lon": 8}, "keep": ["level"]}
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "input": {"paths": str(larger_archive / "*.nc")},
-                "sample": sample,
-                "output": {"path": str(output), "num_shards": 12},
-            }
-        )
-    )
+    config, output = _write_config(larger_archive, tmp_path)
     first = subprocess.Popen(_command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _first_shard_write(output, first)

@@ -12,16 +12,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-import yaml
 
-from pipelines.build import main
 from pipelines.inspect import summary
 from planning.config import parse_config
 from planning.plan import make_plan
 from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas import load_schema
 
-from helpers import expected_feature, load_virtual_dataset, parse_with_generated_parser, read_all_records
+from helpers import (
+    build_quietly,
+    expected_feature,
+    load_virtual_dataset,
+    parse_with_generated_parser,
+    read_all_records,
+    refused,
+)
 
 NY, NX, STEPS, FILES = 12, 10, 4, 3
 
@@ -80,23 +85,6 @@ def ocean(tmp_path_factory):
     return get
 
 
-def build(config: dict, tmp_path: Path) -> Path:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["--config", str(path), "--quiet"]) == 0
-    return Path(config["output"]["path"])
-
-
-def fails(config: dict, tmp_path: Path, capsys) -> str:
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["--config", str(path), "--quiet"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert not (Path(config["output"]["path"]) / "schema.json").exists()
-    return lines[0]
-
-
 def strategy(config: dict) -> WriteStrategy:
     return choose_write_strategy(make_plan(parse_config(config)), shared_filesystem=True)[0]
 
@@ -141,7 +129,7 @@ def test_coordinates_are_cut_with_the_samples_window(ocean, tmp_path, file_forma
         "output": {"path": str(tmp_path / "out")},
     }
     assert strategy(config) is WriteStrategy.BUCKET_FILES  # int64 coord/step: records' sizes depend on the data
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     source = load_virtual_dataset(sorted(directory.glob("tos_*.nc")), "time")
     records = check_coordinates(output, source, ["lat", "lon", "step", "depth"])
     # Every pair of steps is there, those joining two files too (index 3: steps 3 and 4).
@@ -180,7 +168,7 @@ def test_parser_inspect_and_selection(ocean, tmp_path):
         "output": {"path": str(tmp_path / "out")},
     }
     assert strategy(config) is WriteStrategy.IN_PLACE
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     source = load_virtual_dataset(sorted(directory.glob("tos_*.nc")), "time")
     schema = load_schema(str(output))
     selected = source.isel(time=slice(*schema.sample["selection"]["time"]["source_index_runs"][0]))
@@ -206,7 +194,7 @@ def test_coordinates_from_a_grid_file(ocean, tmp_path):
         "nan_policy": "drop",
         "output": {"path": str(tmp_path / "out")},
     }
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     source = load_virtual_dataset(sorted(directory.glob("tos_*.nc")), "time")
     source = source.assign_coords(xr.open_dataset(directory / "grid.nc").load())
     check_coordinates(output, source, ["lat", "lon"])
@@ -240,5 +228,5 @@ def test_bad_coords_fail_in_one_line(ocean, tmp_path, capsys, change, message):
         "output": {"path": str(tmp_path / "out")},
         **change,
     }
-    line = fails(config, tmp_path, capsys)
+    line = refused(config, tmp_path, capsys)
     assert message.format(path=directory / "tos_0.nc") in line, line

@@ -11,33 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-import yaml
 
-from pipelines.build import main
 from pipelines.demo import ArchiveShape, write_archive
 from planning import slabs
 from planning.config import parse_config
 from planning.plan import make_plan
 from schemas import load_schema
 
-from helpers import expected_feature, load_virtual_dataset, read_all_records
-
-
-def build(config: dict, tmp_path: Path, name: str = "config.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config))
-    assert main(["--config", str(path), "--quiet"]) == 0
-    return Path(config["output"]["path"])
-
-
-def fails(config: dict, tmp_path: Path, capsys) -> str:
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert main(["--config", str(path), "--quiet"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert not (Path(config["output"]["path"]) / "schema.json").exists()
-    return lines[0]
+from helpers import build_quietly, expected_feature, load_virtual_dataset, read_all_records, refused
 
 
 def selected_source(source: xr.Dataset, schema) -> xr.Dataset:
@@ -95,7 +76,7 @@ def test_levels_and_a_box_across_the_seam_with_a_static_field(era5, tmp_path):
     source = xr.merge([source, xr.open_dataset(era5 / "invariants.nc").load()])
     levels = source["level"].values[[0, 2, 3]].tolist()
     select = {"level": levels, "lat": {"min": -50, "max": 50}, "lon": {"min": 300, "max": 60}}
-    output = build(era5_config(era5, tmp_path / "o", select), tmp_path)
+    output = build_quietly(era5_config(era5, tmp_path / "o", select), tmp_path)
     schema = load_schema(str(output))
     records = check_records(output, source)
     # Independently of the code under test: which latitudes and longitudes the box holds.
@@ -149,7 +130,7 @@ def test_a_seam_crossing_range_on_era_interim(sample_file, tmp_path):
         "sample": {"window": {"latitude": 4, "longitude": {"size": 6, "stride": 2}}, "keep": ["level"]},
         "output": {"path": str(tmp_path / "o")},
     }
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     records = check_records(output, load_virtual_dataset([path], "month"))
     longitudes = records["coord/longitude"].astype(np.float64)
     assert np.all(np.diff(longitudes, axis=1) % 360 == 0.75)
@@ -175,8 +156,8 @@ def test_a_time_range_reads_only_its_files_and_negative_bounds_mean_the_same(sam
             "output": {"path": str(tmp_path / output), "num_shards": 2},
         }
 
-    output = build(config({"min": 350, "max": 10}, "east"), tmp_path, "a.yaml")
-    negative = build(config({"min": -10, "max": 10}, "negative"), tmp_path, "b.yaml")
+    output = build_quietly(config({"min": 350, "max": 10}, "east"), tmp_path, "a.yaml")
+    negative = build_quietly(config({"min": -10, "max": 10}, "negative"), tmp_path, "b.yaml")
     source = load_virtual_dataset([trefht], "time")
     records = check_records(output, source)
     years = source["time"].dt.year
@@ -204,7 +185,7 @@ def test_offsets_are_steps_from_the_samples_index(sample_file, tmp_path, capsys)
         "sample": {"offsets": {"time": [-1, 0]}},
         "output": {"path": str(tmp_path / "o")},
     }
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     source = load_virtual_dataset([trefht], "time")
     records = check_records(output, source)
     # index/time names the step at offset 0; the pair is that step and the one before.
@@ -214,7 +195,7 @@ def test_offsets_are_steps_from_the_samples_index(sample_file, tmp_path, capsys)
     assert sorted(set(records["index/time"].tolist())) == list(range(1, 10))
     config["sample"]["offsets"] = {"lev": [14, 16]}
     config["output"]["path"] = str(tmp_path / "levels")
-    message = fails(config, tmp_path, capsys)
+    message = refused(config, tmp_path, capsys)
     assert "sample.offsets: lev: offsets [14, 16] do not include 0" in message and "select: {lev: [values]}" in message
 
 
@@ -231,7 +212,7 @@ def test_offsets_are_steps_from_the_samples_index(sample_file, tmp_path, capsys)
     ],
 )
 def test_a_bad_selection_is_one_line(era5, tmp_path, capsys, select, expected):
-    message = fails(era5_config(era5, tmp_path / "o", select), tmp_path, capsys)
+    message = refused(era5_config(era5, tmp_path / "o", select), tmp_path, capsys)
     assert expected in message, message
 
 
@@ -261,7 +242,7 @@ def test_files_join_when_their_grids_agree_within_the_tolerance(tmp_path, capsys
         "sample": {"window": {"lat": 2, "lon": 5}, "keep": ["lev"]},
         "output": {"path": str(tmp_path / "o")},
     }
-    output = build(config, tmp_path)
+    output = build_quietly(config, tmp_path)
     assert load_schema(str(output)).coords["lev"] == LEV.tolist()  # the first file's values
     # Both files' values, each file's on its own lev (joined by position, as the build did).
     source = xr.concat([xr.open_dataset(p).load() for p in sorted(inputs.glob("*.nc"))], "time", join="override")
@@ -273,7 +254,7 @@ def test_files_join_when_their_grids_agree_within_the_tolerance(tmp_path, capsys
     # Exact: the float32 rounding is refused, with the numbers and the key to change.
     config["input"]["coord_tolerance"] = 0
     config["output"]["path"] = str(tmp_path / "exact")
-    message = fails(config, tmp_path, capsys)
+    message = refused(config, tmp_path, capsys)
     assert f"b.nc: 'lev' differs from {inputs / 'a.nc'} by up to 6.1e-05 (at index 3: 992.5562" in message
     assert "input.coord_tolerance (now 0): raise it or regrid" in message
     # A real difference is refused by default, and joins within a tolerance large enough.
@@ -281,10 +262,10 @@ def test_files_join_when_their_grids_agree_within_the_tolerance(tmp_path, capsys
     moved[1] += 0.01
     cesm_like(inputs / "b.nc", "2000-01-04", moved)
     del config["input"]["coord_tolerance"]
-    message = fails(config, tmp_path, capsys)
+    message = refused(config, tmp_path, capsys)
     assert message.startswith(f"error: {inputs / 'b.nc'}: ")
     assert "'lev' differs from" in message and "by up to 0.01 (at index 1: " in message
     assert "within input.coord_tolerance (now float32: 1.2e-07 times the value, 9.1e-07 there)" in message
     config["input"]["coord_tolerance"] = 0.02
     config["output"]["path"] = str(tmp_path / "tolerant")
-    assert load_schema(str(build(config, tmp_path))).coords["lev"] == LEV.tolist()
+    assert load_schema(str(build_quietly(config, tmp_path))).coords["lev"] == LEV.tolist()
