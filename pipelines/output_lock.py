@@ -23,7 +23,11 @@ from schemas.urls import is_remote
 
 
 def _lock_path(output: str) -> str:
-    canonical = output.rstrip("/") if is_remote(output) else os.path.realpath(os.path.expanduser(output))
+    if is_remote(output):
+        # The same gs:// URL on a storage emulator is another storage (tests run side by side).
+        canonical = f"{os.environ.get('STORAGE_EMULATOR_HOST', '')} {output.rstrip('/')}"
+    else:
+        canonical = os.path.realpath(os.path.expanduser(output))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:24]
     directory = os.path.join(tempfile.gettempdir(), "xarray-tfrecords-locks")
     os.makedirs(directory, exist_ok=True)

@@ -115,9 +115,13 @@ def test_a_second_build_into_an_output_being_written_is_refused(larger_archive, 
     first = subprocess.Popen(_command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _first_shard_write(output, first)
+        first.send_signal(signal.SIGSTOP)  # paused mid-build: it cannot finish before the second starts
         # The same output by another spelling of its path, with --overwrite: still refused.
         again = str(tmp_path / "." / "out")
-        assert main(["--config", str(config), "--output", again, "--overwrite", "--quiet"]) == 2
+        try:
+            assert main(["--config", str(config), "--output", again, "--overwrite", "--quiet"]) == 2
+        finally:
+            first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=300)
     finally:
         first.kill()
