@@ -75,7 +75,7 @@ def _nested_model(annotation) -> type[BaseModel] | None:
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{field.alias or name}"
         nested = _nested_model(field.annotation)
         description = (field.description or "").replace("|", "\\|")
         type_name = (field.json_schema_extra or {}).get("reference_type") or _type_name(field.annotation)
@@ -84,9 +84,11 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.extend(_rows(nested, f"{key}."))
             continue
         if nested is not None:
-            item = "<dim>" if typing.get_origin(field.annotation) is dict else "[]"
+            origin = typing.get_origin(field.annotation)
+            # A mapping's values are under each key, a list's items under [], an optional model's keys directly.
+            below = {dict: f"{key}.<dim>.", list: f"{key}[]."}.get(origin, f"{key}.")
             rows.append(f"| `{key}` | {type_name} | {_default(field)} | {description} |")
-            rows.extend(_rows(nested, f"{key}.{item}." if item == "<dim>" else f"{key}[]."))
+            rows.extend(_rows(nested, below))
             continue
         rows.append(f"| `{key}` | {type_name} | {_default(field)} | {description} |")
     return rows

@@ -146,9 +146,15 @@ def geometry_lines(schema: Schema) -> list[str]:
         lines.extend(f"  {_axis_text(axis, schema.coords.get(axis['dim']))}" for axis in sample["axes"])
     for dim, selected in sample.get("selection", {}).items():
         lines.append(f"  selected {dim}: {selected['length']} values, {selected['first']} to {selected['last']}")
-    calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample else ""
+    along_concat = "split_dim" not in sample  # splits along input.new_dim name members, not dates
+    calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample and along_concat else ""
+    dim = "" if along_concat else f"{sample['split_dim']} "
     for name, split in sample.get("splits", {}).items():
-        lines.append(f"  split {name}: {split['first']} to {split['last']}{calendar}")
+        lines.append(f"  split {name}: {dim}{split['first']} to {split['last']}{calendar}")
+    new_dim = sample.get("new_dim")
+    if new_dim:
+        values = ", ".join(map(str, new_dim["values"][:8])) + (", ..." if len(new_dim["values"]) > 8 else "")
+        lines.append(f"  {new_dim['name']} from the file names ({new_dim['from']}): {values}")
     sources = schema.sources
     if sources.get("files"):
         globs = ", ".join(sources.get("globs", []))
@@ -157,7 +163,8 @@ def geometry_lines(schema: Schema) -> list[str]:
         for i, source in enumerate(listed):
             if i == len(listed) - 1 and sources["files"] > len(listed):
                 lines.append("  ...")
-            lines.append(f"  {source['path']}  [{source['start']}:{source['stop']}]")
+            member = f"  {new_dim['name']} {new_dim['values'][source['member']]}" if new_dim else ""
+            lines.append(f"  {source['path']}  [{source['start']}:{source['stop']}]{member}")
     for source in sources.get("static", []):
         lines.append(f"  {source['path']}  (static variables)")
     return lines

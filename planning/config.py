@@ -31,6 +31,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class NewDimConfig(_Strict):
+    """A dim made from the files' names: files otherwise alike (ensemble members) joined along it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(description="the new dim's name, e.g. member")
+    pattern: str = Field(
+        alias="from",
+        description=(
+            "a regular expression searched in each file's name (not its directory) with one group: the group's "
+            "match is the file's coordinate value along the new dim, an integer where every match reads as one, "
+            r'e.g. "TREFHT\\.B06\\.(\\d+)"'
+        ),
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _one_group(cls, value: str) -> str:
+        try:
+            compiled = re.compile(value)
+        except re.error as error:
+            raise ValueError(f"not a regular expression ({error})") from None
+        if compiled.groups != 1:
+            raise ValueError(
+                f"give exactly one group ( ... ) around the part of the file name that is the coordinate value, "
+                f"found {compiled.groups}; write other groups as (?: ... )"
+            )
+        return value
+
+
 class InputConfig(_Strict):
     """Where the NetCDF files are and how they join into one virtual dataset."""
 
@@ -77,6 +107,15 @@ class InputConfig(_Strict):
             "derived variables: a function `package.module:function` taking an xr.Dataset of the input variables "
             "over each unit's slab and returning an xr.Dataset; `variables` then names its outputs "
             "(see Derived variables)"
+        ),
+    )
+    new_dim: NewDimConfig | None = Field(
+        None,
+        json_schema_extra={"reference_type": "{name, from}"},
+        description=(
+            "files that are otherwise alike (ensemble members, one per file or per run of files) joined along a "
+            r'new dim whose coordinate is read from their names, e.g. {name: member, from: "TREFHT\\.B06\\.(\\d+)"} '
+            "(see Ensembles)"
         ),
     )
     preprocess_inputs: list[str] | None = Field(
@@ -136,7 +175,16 @@ class InputConfig(_Strict):
             raise ValueError("calendar is only used to decode times: drop it, or set decode_times: true")
         if self.preprocess_inputs is not None and self.preprocess is None:
             raise ValueError("preprocess_inputs are what input.preprocess is given: set preprocess, or drop them")
+        if self.new_dim is not None and self.new_dim.name == self.concat_dim:
+            raise ValueError(
+                f"new_dim.name: {self.new_dim.name!r} is concat_dim already; give the new dim another name"
+            )
         return self
+
+    @property
+    def split_dims(self) -> tuple[str, ...]:
+        """The dims a split may range along: concat_dim, and the new dim if there is one."""
+        return (self.concat_dim,) if self.new_dim is None else (self.concat_dim, self.new_dim.name)
 
 
 class WindowConfig(_Strict):
@@ -388,7 +436,8 @@ class BuildConfig(_Strict):
         None,
         json_schema_extra={"reference_type": "mapping: split name → {concat_dim: [start, end]}"},
         description=(
-            'coordinate ranges along concat_dim, inclusive, e.g. train: {time: ["1979", "2015"]}; '
+            'coordinate ranges along concat_dim, inclusive, e.g. train: {time: ["1979", "2015"]}, or along '
+            "input.new_dim (every split along the same dim), e.g. test: {member: [31, 40]}; "
             "default: one split named data holding every sample"
         ),
     )
@@ -407,18 +456,29 @@ class BuildConfig(_Strict):
             raise ValueError("nan_policy: fill needs a fill_value, e.g. fill_value: 0.0")
         if self.nan_policy != "fill" and self.fill_value is not None:
             raise ValueError(f"fill_value is set but nan_policy is {self.nan_policy}: set nan_policy: fill, or drop it")
+        along = self.input.split_dims
         for name, ranges in (self.splits or {}).items():
             if not name.isidentifier():
                 raise ValueError(f"splits: {name!r} is not a plain name (letters, digits, _): it names the shard files")
-            if list(ranges) != [self.input.concat_dim]:
+            if len(ranges) != 1 or next(iter(ranges)) not in along:
+                which = " or ".join(repr(d) for d in along)
                 raise ValueError(
-                    f"splits.{name}: give one range along {self.input.concat_dim!r} (input.concat_dim), "
-                    f"e.g. {self.input.concat_dim}: [start, end]; got keys {list(ranges)}"
+                    f"splits.{name}: give one range along {which} (input.concat_dim"
+                    f"{', input.new_dim' if len(along) > 1 else ''}), e.g. {along[-1]}: [start, end]; "
+                    f"got keys {list(ranges)}"
                 )
-            bounds = ranges[self.input.concat_dim]
+            dim, bounds = next(iter(ranges.items()))
             if len(bounds) != 2:
-                raise ValueError(f"splits.{name}.{self.input.concat_dim}: give [start, end], got {bounds}")
+                raise ValueError(f"splits.{name}.{dim}: give [start, end], got {bounds}")
+        dims = {next(iter(ranges)) for ranges in (self.splits or {}).values()}
+        if len(dims) > 1:
+            raise ValueError(f"every split ranges along one dim: choose {' or '.join(sorted(dims))} for all of them")
         return self
+
+    @property
+    def split_dim(self) -> str:
+        """The dim the splits range along (input.concat_dim when there are none)."""
+        return next(iter(next(iter(self.splits.values())))) if self.splits else self.input.concat_dim
 
     @field_validator("splits", mode="before")
     @classmethod

@@ -23,7 +23,6 @@ from planning.preprocess import Box, Output, Preprocess, check_output, load_func
 from planning.sampling import SampleGrid
 from planning.selected import SelectedDataset
 from planning.slabs import read_selected
-from planning.source_index import SourceIndex
 from schemas.errors import UserError
 from schemas.schema import Feature
 
@@ -184,7 +183,7 @@ def plan_preprocess(
     coords = {d: found for d in sizes if (found := dataset.coordinate(d)) is not None}
     preprocess = Preprocess.of(path, plans, sizes, coords)
     box = {a.dim: (0, a.length if a.role == "keep" else min(a.length, a.span + 1)) for a in grid.axes}
-    sources = SourceIndex.of(dataset.source_files())
+    sources = dataset.source_index()
     values = read_selected(sources, inventory.concat_dim, plans, box, dataset.selection).values
     returned = preprocess.run({k: v.copy() for k, v in values.items()}, box, _PLANNING)
     found = _returned(preprocess, returned)

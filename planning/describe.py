@@ -29,11 +29,15 @@ def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedD
 
     Lengths, positions and index ranges count on the selected grid; ``selection`` says where it is in the source.
     """
-    values = dataset.concat_values
-    calendar = time_calendar(values[:1])  # the calendar of the splits' dates (times only)
+    concat_dim, split_dim = config.input.concat_dim, config.split_dim
+    calendar = time_calendar(dataset.concat_values[:1])  # the calendar of the concat dim's dates (times only)
+    values, _ = dataset.coordinate(split_dim)
+    members = dataset.inventory.members
     out = {
-        "concat_dim": config.input.concat_dim,
+        "concat_dim": concat_dim,
         **({"calendar": calendar} if calendar else {}),
+        **({"new_dim": {"name": members.dim, **members.to_json()}} if members is not None else {}),
+        **({"split_dim": split_dim} if split_dim != concat_dim else {}),
         "axes": [a.to_json() for a in grid.axes],
         "grid_dims": [a.dim for a in grid.grid_axes],
         "grid_shape": list(grid.shape),
@@ -65,14 +69,16 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
         "bytes": sources.total_bytes,
         "fingerprint": f"sha256:{sources.fingerprint()}",
         # Without the version (a modification time): touching an input must not change the output.
-        "listed": [_listed(sources[i]) for i in dict.fromkeys(listed)],
+        "listed": [_listed(sources[i], sources.members is not None) for i in dict.fromkeys(listed)],
         "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
     }
 
 
-def _listed(source: SourceFile) -> dict:
+def _listed(source: SourceFile, with_member: bool) -> dict:
     entry = dataclasses.asdict(source)
     del entry["version"]
+    if not with_member:
+        del entry["member"]
     return entry
 
 
@@ -102,6 +108,6 @@ def describe_build(
         sources=describe_sources(config, sources, dataset.inventory),
         counts=drops,
         seed=config.shuffle.seed,
-        config=config.model_dump(mode="json"),
+        config=config.model_dump(mode="json", by_alias=True),
         created_by=f"xarray-tfrecords {package_version()}",
     )

@@ -13,8 +13,10 @@ import fsspec
 import numpy as np
 
 from planning.calendars import GREGORIAN, as_cftime, calendar_of
+from planning.config import NewDimConfig
 from planning.coords import format_value
 from planning.local_probe import probe_local_files
+from planning.members import Members, check_same_steps, group_by_member, make_members
 from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
@@ -38,10 +40,19 @@ class Inventory:
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: a Zarr store's chunking, when the input is one store (planning.zarr_inventory) rather than files
     zarr: StoreLayout | None = None
+    #: input.new_dim: the members and their files (``files`` are the first member's)
+    members: Members | None = None
 
     @property
     def reference(self) -> FileInfo:
         return self.files[0]
+
+    @property
+    def all_files(self) -> tuple[FileInfo, ...]:
+        """Every file along the concat dim: of every member, member by member."""
+        if self.members is None:
+            return self.files
+        return tuple(info for files in self.members.files for info in files)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -49,19 +60,29 @@ class Inventory:
         sizes = {d: n for info in self.static_files for d, n in info.sizes.items()}
         sizes.update(self.reference.sizes)
         sizes[self.concat_dim] = len(self.concat_values)
+        if self.members is not None:
+            sizes[self.members.dim] = len(self.members.values)
         return sizes
 
     @property
     def variables(self) -> dict[str, VariableInfo]:
-        """Every data variable: along the concat dim (from the first file) or static."""
+        """Every data variable: along the concat dim (from the first file; the new dim first, if any) or static."""
         found = {name: var for info in self.static_files for name, var in info.variables.items()}
         found.update(self.reference.variables)
+        if self.members is not None:
+            member_dim = (self.members.dim,)
+            found = {
+                name: dataclasses.replace(var, dims=member_dim + var.dims) if self.concat_dim in var.dims else var
+                for name, var in found.items()
+            }
         return found
 
     def coordinate(self, dim: str) -> tuple[np.ndarray, dict] | None:
         """Values and attributes of a dim's coordinate on the virtual dataset, if it has one."""
         if dim == self.concat_dim:
             return self.concat_values, self.reference.coord_attrs.get(dim, {})
+        if self.members is not None and dim == self.members.dim:
+            return self.members.values, {}
         for info in (self.reference, *self.static_files):
             if dim in info.coords:
                 return info.coords[dim], info.coord_attrs.get(dim, {})
@@ -74,11 +95,16 @@ class Inventory:
         return next(info.path for info in self.static_files if variable in info.variables)
 
     def source_files(self) -> list[SourceFile]:
-        files, start = [], 0
-        for info in self.files:
-            stop = start + info.sizes[self.concat_dim]
-            files.append(SourceFile(info.path, start, stop, info.nbytes, self.versions.get(info.path, "")))
-            start = stop
+        """The files along the concat dim with their ranges on it, member by member (input.new_dim)."""
+        groups = (self.files,) if self.members is None else self.members.files
+        files = []
+        for member, group in enumerate(groups):
+            start = 0
+            for info in group:
+                stop = start + info.sizes[self.concat_dim]
+                version = self.versions.get(info.path, "")
+                files.append(SourceFile(info.path, start, stop, info.nbytes, version, member))
+                start = stop
         return files
 
 
@@ -88,11 +114,13 @@ def take_inventory(
     cached: Mapping | None = None,
     decoding: TimeDecoding = AS_STATED,
     tolerance: str | float = "float32",
+    new_dim: NewDimConfig | None = None,
 ) -> Inventory:
     """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache).
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar); ``tolerance``:
-    input.coord_tolerance, how far static files' grids may differ from the first file's.
+    input.coord_tolerance, how far static files' grids may differ from the first file's;
+    ``new_dim``: input.new_dim, the files grouped into members by their names.
     """
     listed = list_files(patterns)
     probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim))
@@ -102,9 +130,17 @@ def take_inventory(
     if not along:
         raise _no_concat_dim(infos[0], concat_dim)
     along = _one_calendar(along, concat_dim) if decoding.enabled else _one_unit(along, concat_dim)
-    ordered, values = _order(along, concat_dim)
+    members = None
+    if new_dim is None:
+        ordered, values = _order(along, concat_dim)
+    else:
+        groups = [(value, *_order(files, concat_dim)) for value, files in group_by_member(along, new_dim)]
+        check_same_steps(groups, concat_dim, new_dim.name)
+        members = make_members(new_dim.name, new_dim.pattern, groups)
+        _, ordered, values = groups[0]
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
-    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, {f.path: f.version for f in listed})
+    versions = {f.path: f.version for f in listed}
+    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, versions, members=members)
     _check_static_files(inventory, tolerance)
     return inventory
 
@@ -188,7 +224,8 @@ def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.n
                 f"{after.path}: its {concat_dim} range overlaps {before.path} "
                 f"(starts at {format_value(after.coords[concat_dim][0])}, "
                 f"the other ends at {format_value(before.coords[concat_dim][-1])}); "
-                "the same steps twice would duplicate samples: remove one of the files"
+                "the same steps twice would duplicate samples: remove one of the files (or, for ensemble members "
+                "one per file, join them along a new dim with input.new_dim)"
             )
     return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
 
@@ -347,10 +384,10 @@ def check_variables_agree(
 ) -> None:
     """Every variable along the concat dim is in every file with the same dims and dtype; grids match
     (coordinates within ``tolerance``, input.coord_tolerance)."""
-    along = [v for v in variables if inventory.concat_dim in v.dims]
-    dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
     reference = inventory.reference
-    for info in inventory.files[1:]:
+    along = [reference.variables[v.name] for v in variables if inventory.concat_dim in v.dims]
+    dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
+    for info in inventory.all_files[1:]:
         for var in along:
             other = info.variables.get(var.name)
             if other is None:

@@ -38,7 +38,7 @@ from planning.selected import SelectedDataset, select_dataset
 from planning.selection import Selection
 from planning.source_index import SourceIndex
 from planning.sources import SourceFile
-from planning.splits import SplitPlan, position_splits, split_ranges
+from planning.splits import SplitPlan, gap_positions, position_labels, split_ranges
 from planning.time_decoding import TimeDecoding
 from planning.zarr_inventory import take_store_inventory
 from planning.zarr_store import store_input
@@ -179,36 +179,58 @@ def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[
     return coords
 
 
+@dataclasses.dataclass(frozen=True)
+class _SplitPositions:
+    """Which grid positions make samples of which split, as Positions needs it and units are filtered by."""
+
+    dim: str  # the split dim
+    labels: np.ndarray | None  # per position along it: its split, or -1; None: every position, the one split
+    across_gap: np.ndarray | None  # per position along the concat dim, when the splits run along another dim
+
+    def making(self, concat_dim: str) -> dict[str, np.ndarray]:
+        """Per dim, the positions along it that can make samples (a unit without one along any makes none)."""
+        out = {} if self.labels is None else {self.dim: self.labels >= 0}
+        if self.across_gap is not None:
+            out[concat_dim] = ~self.across_gap
+        return out
+
+
 def _assign_splits(
     config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, files: list[SourceFile], record_bound: int
-) -> tuple[list[SplitPlan], np.ndarray | None, dict[str, int]]:
-    """Splits with their sample and shard counts, each concat position's split, and the drop counts.
+) -> tuple[list[SplitPlan], _SplitPositions, dict[str, int]]:
+    """Splits with their sample and shard counts, which positions make samples of each, and the drop counts.
 
-    ``files``: their ranges on the selected concat dim, where splits are counted.
+    ``files``: their ranges on the selected concat dim, where gaps are found.
     """
-    concat_dim = config.input.concat_dim
-    splits = split_ranges(config, dataset.concat_values, dataset.coordinate(concat_dim)[1])
+    concat_dim, split_dim = config.input.concat_dim, config.split_dim
+    splits = split_ranges(config, *dataset.coordinate(split_dim))
     grid_dims = [a.dim for a in grid.grid_axes]
-    if concat_dim not in grid_dims:
-        if config.splits:
-            raise UserError(f"splits: {concat_dim!r} is kept whole in every sample, so it cannot be split")
-        labels, across_gap, per_position = None, None, grid.num_samples
-        counts = [grid.num_samples]
+    if split_dim not in grid_dims and config.splits:
+        raise UserError(f"splits: {split_dim!r} is kept whole in every sample, so it cannot be split")
+    across_gap = None
+    if concat_dim in grid_dims:
+        across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
+    gap_drops = 0 if across_gap is None else int(across_gap.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
+    if split_dim not in grid_dims:
+        labels, counts = None, [grid.num_samples - gap_drops]
     else:
-        axis = grid.axis(concat_dim)
-        labels, across_gap = position_splits(config, axis, dataset.concat_values, splits, files)
-        per_position = grid.num_samples // axis.count
+        labels = position_labels(grid.axis(split_dim), splits)
+        per_position = grid.num_samples // grid.axis(split_dim).count
+        if split_dim == concat_dim:
+            labels[across_gap] = -1
+            across_gap = None  # in the labels now
+        elif across_gap is not None:
+            # Per split-dim position, the samples at positions along the concat dim that cross no gap.
+            per_position = per_position // grid.axis(concat_dim).count * int((~across_gap).sum())
         counts = [int((labels == i).sum()) * per_position for i in range(len(splits))]
     drops = {
         "grid_positions": grid.num_samples,
-        "samples_dropped_at_gaps": 0 if across_gap is None else int(across_gap.sum()) * per_position,
-        "samples_outside_splits": 0,
+        "samples_dropped_at_gaps": gap_drops,
+        "samples_outside_splits": grid.num_samples - gap_drops - sum(counts),
     }
-    if labels is not None:
-        drops["samples_outside_splits"] = int(((labels < 0) & ~across_gap).sum()) * per_position
     if sum(counts) == 0:
-        reason = "crosses a gap in the data" if drops["samples_dropped_at_gaps"] else "lies outside every split"
-        raise UserError(f"input: every sample along {concat_dim} {reason}; there is nothing to write")
+        reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
+        raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
     planned, first = [], 0
     for split, count in zip(splits, counts):
         if count == 0:
@@ -218,7 +240,9 @@ def _assign_splits(
         first += shards
     if labels is not None and not config.splits and (labels == 0).all():
         labels = None  # every position makes samples of the one split: nothing to look up
-    return planned, labels, drops
+    if across_gap is not None and not across_gap.any():
+        across_gap = None
+    return planned, _SplitPositions(split_dim, labels, across_gap), drops
 
 
 def make_plan(
@@ -239,10 +263,17 @@ def make_plan(
             f"input.preprocess: not available with a Zarr store yet ({store}); derive the variables "
             "in the store, or build from NetCDF files"
         )
+    if store is not None and config.input.new_dim:
+        raise UserError(
+            f"input.new_dim: joins files by their names, but the input is one Zarr store ({store}); "
+            "give the store the dim itself, or build from NetCDF files"
+        )
     if store is not None:
         inventory = take_store_inventory(store, config.input.concat_dim)
     else:
-        inventory = take_inventory(config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance)
+        inventory = take_inventory(
+            config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance, config.input.new_dim
+        )
     preprocess = None
     chosen = preprocess_inputs(config, inventory) if config.input.preprocess else select_variables(config, inventory)
     check_variables_agree(inventory, chosen, tolerance)
@@ -263,13 +294,15 @@ def make_plan(
     files = dataset.files_on_grid()
     record_bytes = _record_bytes(tuple(features))
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
-    splits, labels, drops = _assign_splits(config, grid, dataset, files, record_bound)
+    splits, placed, drops = _assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
-    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, labels, held)
-    sources = SourceIndex.of(dataset.source_files())
+    making = placed.making(config.input.concat_dim)
+    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, making, held)
+    sources = dataset.source_index()
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
-    positions = Positions(grid, config.input.concat_dim, labels, {d: v for d, (v, _) in coords.items()})
+    coord_values = {d: v for d, (v, _) in coords.items()}
+    positions = Positions(grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap)
     return BuildPlan(
         config=config,
         sources=sources,
@@ -295,11 +328,12 @@ def _plan_units(
     files: list[SourceFile],
     record_bytes: int,
     budget_bytes: float,
-    labels: np.ndarray | None,
+    making: dict[str, np.ndarray],
     held: tuple = (),
 ) -> list[Unit]:
     """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do).
 
+    ``making``: per dim, the positions that can make samples (units without any are left out);
     ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs).
     """
     concat_dim = inventory.concat_dim
@@ -307,7 +341,7 @@ def _plan_units(
     # Samples are held about three times over: cut, encoded, and in buckets.
     cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables) + held, 3 * record_bytes)
     if concat_dim not in grid_dims:
-        return plan_units(grid, cost, budget_bytes)
+        return _making_samples(plan_units(grid, cost, budget_bytes), grid_dims, making)
     stride = grid.axis(concat_dim).stride
     least = 1
     if inventory.zarr is not None:
@@ -318,11 +352,16 @@ def _plan_units(
         least = max(1, chunk // stride)
     else:
         starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, least)
-    if labels is not None:
-        which = grid_dims.index(concat_dim)
-        # Positions that make samples, counted up to each position: a unit has some if the count grows.
-        made = np.concatenate([[0], np.cumsum(labels >= 0)])
+    return _making_samples(plan_units(grid, cost, budget_bytes, concat_dim, starts, least), grid_dims, making)
+
+
+def _making_samples(units: list[Unit], grid_dims: list[str], making: dict[str, np.ndarray]) -> list[Unit]:
+    """The units that make samples, numbered anew: each holds a position that can along every dim of ``making``."""
+    if not making:
+        return units
+    for dim, can in making.items():
+        which = grid_dims.index(dim)
+        # Positions that can, counted up to each position: a unit has some if the count grows.
+        made = np.concatenate([[0], np.cumsum(can)])
         units = [u for u in units if made[u.ranges[which][1]] > made[u.ranges[which][0]]]
-        units = [dataclasses.replace(u, index=i) for i, u in enumerate(units)]
-    return units
+    return [dataclasses.replace(u, index=i) for i, u in enumerate(units)]

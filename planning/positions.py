@@ -20,18 +20,25 @@ class Positions:
 
     grid: SampleGrid
     concat_dim: str
-    #: per position along the concat dim, the index of its split, or -1: no sample there;
+    #: per position along the split dim, the index of its split, or -1: no sample there;
     #: None when every position makes samples of the one split
     split_of_position: np.ndarray | None
     #: record-ready coordinate values (int64 or float32) along each grid dim that has them
     coords: dict[str, np.ndarray]
+    split_dim: str | None = None  # the dim splits range along (None: the concat dim)
+    #: when the splits range along another dim (input.new_dim): per position along the concat
+    #: dim, whether its samples would join steps across a gap (they make none); None: none do
+    across_gap: np.ndarray | None = None
 
     def split_labels(self, positions: list[np.ndarray]) -> np.ndarray:
         """Each sample's split index, or -1 for samples that belong to none."""
-        if self.split_of_position is None:
-            return np.zeros(len(positions[0]) if positions else 1, dtype=np.int16)
-        which = [a.dim for a in self.grid.grid_axes].index(self.concat_dim)
-        return self.split_of_position[positions[which]]
+        dims = [a.dim for a in self.grid.grid_axes]
+        labels = np.zeros(len(positions[0]) if positions else 1, dtype=np.int16)
+        if self.split_of_position is not None:
+            labels = self.split_of_position[positions[dims.index(self.split_dim or self.concat_dim)]]
+        if self.across_gap is not None:
+            labels = np.where(self.across_gap[positions[dims.index(self.concat_dim)]], np.int16(-1), labels)
+        return labels
 
     def columns(self, positions: list[np.ndarray]) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
         """{feature name: (dims after the sample dim, values)} of the index/* and coord/* features."""

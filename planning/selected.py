@@ -22,6 +22,7 @@ from planning.coords import format_value, json_values
 from planning.inventory import Inventory
 from planning.metadata import VariableInfo
 from planning.selection import Selection, runs_of
+from planning.source_index import SourceIndex
 from planning.sources import SourceFile
 from schemas.errors import UserError
 
@@ -73,6 +74,11 @@ class SelectedDataset:
     def source_files(self) -> list[SourceFile]:
         """The files that hold selected steps, with their ranges along the concat dim of the source."""
         return [f for f, on_grid in self._files() if on_grid.stop > on_grid.start]
+
+    def source_index(self) -> SourceIndex:
+        """The files workers read, as the columns they load (planning.source_index)."""
+        members = self.inventory.members
+        return SourceIndex.of(self.source_files(), None if members is None else members.dim)
 
     def files_on_grid(self) -> list[SourceFile]:
         """The same files with their ranges on the selected concat dim (where splits, gaps and units count)."""

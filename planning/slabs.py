@@ -173,6 +173,33 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     return slabs
 
 
+def _add_counts(slabs: Slabs, part: Slabs) -> None:
+    slabs.bytes_read += part.bytes_read
+    slabs.requests += part.requests
+    slabs.round_trips += part.round_trips
+
+
+def read_members(sources: SourceIndex, concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+    """Each variable's values over ``box`` with input.new_dim: every member in the box read from its own
+    files, and stacked along the new dim (the first dim of every variable along the concat dim)."""
+    dim = sources.member_dim
+    per_member = [v for v in variables if v.dims[:1] == (dim,)]
+    # Static variables, and coordinates along the concat dim alone, are the same for every
+    # member: read from the first member's files.
+    slabs = read_slabs(
+        sources.overlapping(*box[concat_dim]), concat_dim, [v for v in variables if v not in per_member], box
+    )
+    inner = [dataclasses.replace(v, dims=v.dims[1:]) for v in per_member]
+    parts: dict[str, list[np.ndarray]] = {v.name: [] for v in inner}
+    for member in range(*box[dim]) if inner else ():
+        part = read_slabs(sources.overlapping(*box[concat_dim], member), concat_dim, inner, box)
+        _add_counts(slabs, part)
+        for name, values in part.values.items():
+            parts[name].append(values)
+    slabs.values.update({name: np.stack(pieces) for name, pieces in parts.items()})
+    return slabs
+
+
 #: Reads some variables' values over a box of the source: a Zarr store's reader (planning.zarr_reads).
 PieceReader = Callable[[Sequence[VariablePlan], Box], Slabs]
 
@@ -195,6 +222,8 @@ def read_selected(
     """
 
     def from_files(group: Sequence[VariablePlan], piece: Box) -> Slabs:
+        if sources.member_dim is not None:
+            return read_members(sources, concat_dim, group, piece)
         return read_slabs(sources.overlapping(*piece[concat_dim]), concat_dim, group, piece)
 
     read = read_piece or from_files
@@ -208,9 +237,7 @@ def read_selected(
         pieces = selection.pieces(box, dims)
         for piece, place in pieces:
             part = read(group, piece)
-            slabs.bytes_read += part.bytes_read
-            slabs.requests += part.requests
-            slabs.round_trips += part.round_trips
+            _add_counts(slabs, part)
             for variable in group:
                 values = part.values[variable.name]
                 if len(pieces) == 1:

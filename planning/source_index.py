@@ -19,22 +19,29 @@ from planning.sources import SourceFile
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SourceIndex:
-    """Files in concat order; file i covers [starts[i], stops[i]) of the virtual dataset's concat dim."""
+    """Files in concat order; file i covers [starts[i], stops[i]) of the virtual dataset's concat dim.
+
+    With input.new_dim, the files of each member in turn: file i is of member ``members[i]``.
+    """
 
     paths: tuple[str, ...]
     starts: np.ndarray  # int64
     stops: np.ndarray
     nbytes: np.ndarray
     versions: tuple[str, ...] = ()  # as listed (modification time or generation); workers check them
+    members: np.ndarray | None = None  # int64, ascending; None: no new dim
+    member_dim: str | None = None  # input.new_dim's name
 
     @classmethod
-    def of(cls, files: list[SourceFile]) -> SourceIndex:
+    def of(cls, files: list[SourceFile], member_dim: str | None = None) -> SourceIndex:
         return cls(
             tuple(f.path for f in files),
             np.array([f.start for f in files], dtype=np.int64),
             np.array([f.stop for f in files], dtype=np.int64),
             np.array([f.nbytes for f in files], dtype=np.int64),
             tuple(f.version for f in files),
+            None if member_dim is None else np.array([f.member for f in files], dtype=np.int64),
+            member_dim,
         )
 
     def __len__(self) -> int:
@@ -42,8 +49,9 @@ class SourceIndex:
 
     def __getitem__(self, index: int) -> SourceFile:
         version = self.versions[index] if self.versions else ""
+        member = 0 if self.members is None else int(self.members[index])
         return SourceFile(
-            self.paths[index], int(self.starts[index]), int(self.stops[index]), int(self.nbytes[index]), version
+            self.paths[index], int(self.starts[index]), int(self.stops[index]), int(self.nbytes[index]), version, member
         )
 
     def __iter__(self) -> Iterator[SourceFile]:
@@ -53,26 +61,30 @@ class SourceIndex:
     def total_bytes(self) -> int:
         return int(self.nbytes.sum())
 
-    def overlapping(self, begin: int, end: int) -> list[SourceFile]:
-        """The files that hold any of positions [begin, end) along the concat dim, in order."""
-        first = int(np.searchsorted(self.stops, begin, side="right"))
-        last = int(np.searchsorted(self.starts, end, side="left"))
+    def overlapping(self, begin: int, end: int, member: int = 0) -> list[SourceFile]:
+        """The files (of ``member``, with input.new_dim) holding any of positions [begin, end) of the concat dim."""
+        low, high = 0, len(self)
+        if self.members is not None:
+            low, high = (int(np.searchsorted(self.members, member, side=side)) for side in ("left", "right"))
+        first = low + int(np.searchsorted(self.stops[low:high], begin, side="right"))
+        last = low + int(np.searchsorted(self.starts[low:high], end, side="left"))
         return [self[i] for i in range(first, last)]
 
-    def containing(self, position: int) -> SourceFile:
-        return self[int(np.searchsorted(self.stops, position, side="right"))]
-
     def fingerprint(self) -> str:
-        """Changes when any file, its size or its place along the concat dim changes."""
+        """Changes when any file, its size or its place along the concat dim (or the new dim) changes."""
         digest = hashlib.sha256("\n".join(self.paths).encode())
         for column in (self.starts, self.stops, self.nbytes):
             digest.update(column.tobytes())
+        if self.members is not None:
+            digest.update(self.members.tobytes())
         return digest.hexdigest()
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         paths, versions = np.array(self.paths, dtype=np.str_), np.array(self.versions, dtype=np.str_)
         columns = {"starts": self.starts, "stops": self.stops, "nbytes": self.nbytes}
+        if self.members is not None:
+            columns.update(members=self.members, member_dim=np.array(self.member_dim, dtype=np.str_))
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -81,4 +93,7 @@ class SourceIndex:
         with np.load(io.BytesIO(data), allow_pickle=False) as columns:
             paths = tuple(str(p) for p in columns["paths"])
             versions = tuple(str(v) for v in columns["versions"])
-            return cls(paths, columns["starts"], columns["stops"], columns["nbytes"], versions)
+            members, member_dim = None, None
+            if "members" in columns:
+                members, member_dim = columns["members"], str(columns["member_dim"])
+            return cls(paths, columns["starts"], columns["stops"], columns["nbytes"], versions, members, member_dim)

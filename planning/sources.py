@@ -189,3 +189,4 @@ class SourceFile:
     stop: int
     nbytes: int
     version: str = ""  # modification time or generation when listed ("" when the filesystem has none)
+    member: int = 0  # its index along input.new_dim (its member's range along the concat dim is its own)

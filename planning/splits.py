@@ -1,9 +1,10 @@
-"""Splits: which positions along the concat dim make samples of which split, and which none.
+"""Splits: which positions along the split dim make samples of which split, and which none.
 
-A sample belongs to a split when every step it takes along the concat dim lies inside the
-split's range, so no window or pair straddles a boundary (nothing leaks from test into
-train). A sample that would join steps across a gap in the data belongs to no split either,
-unless the config makes gaps an error.
+Splits range along the concat dim, or along input.new_dim (ensemble members). A sample
+belongs to a split when every step it takes along that dim lies inside the split's range, so
+no window or pair straddles a boundary (nothing leaks from test into train). A sample that
+would join steps across a gap in the data belongs to no split either, unless the config
+makes gaps an error.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ DEFAULT_SPLIT = "data"
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
     name: str
-    start: int  # source index range [start, stop) along the concat dim
+    start: int  # source index range [start, stop) along the split dim
     stop: int
     num_samples: int = 0
     num_shards: int = 1
@@ -45,7 +46,8 @@ def _span(values: np.ndarray, low, high) -> slice:
     index = date_index(values)
     if index is not None:
         return index.slice_indexer(low, high)
-    low, high = (None if bound is None else float(bound) for bound in (low, high))
+    if values.dtype.kind not in "US":
+        low, high = (None if bound is None else float(bound) for bound in (low, high))
     return slice(
         0 if low is None else int(np.searchsorted(values, low, side="left")),
         len(values) if high is None else int(np.searchsorted(values, high, side="right")),
@@ -53,7 +55,9 @@ def _span(values: np.ndarray, low, high) -> slice:
 
 
 def _what_to_give(config: BuildConfig, values: np.ndarray, attrs: dict) -> str:
-    """What a split bound along the concat dim must be, for its error message."""
+    """What a split bound along the split dim must be, for its error message."""
+    if values.dtype.kind in "US":
+        return "the coordinate holds names: give names"
     calendar = calendar_of(values[:1])
     if calendar is not None:
         calendar = "standard" if calendar == "datetime64" else calendar
@@ -64,13 +68,13 @@ def _what_to_give(config: BuildConfig, values: np.ndarray, attrs: dict) -> str:
 
 
 def split_ranges(config: BuildConfig, values: np.ndarray, attrs: dict | None = None) -> list[SplitPlan]:
-    """Each configured split's index range along the concat dim (inclusive coordinate bounds).
+    """Each configured split's index range along the split dim (inclusive coordinate bounds).
 
-    ``attrs``: the concat coordinate's attributes (its units say what numeric bounds count).
+    ``values``, ``attrs``: the split dim's coordinate (its units say what numeric bounds count).
     """
     if not config.splits:
         return [SplitPlan(DEFAULT_SPLIT, 0, len(values))]
-    dim = config.input.concat_dim
+    dim = config.split_dim
     dates = date_index(values[:1]) is not None
     splits = []
     for name, ranges in config.splits.items():
@@ -96,31 +100,30 @@ def split_ranges(config: BuildConfig, values: np.ndarray, attrs: dict | None = N
                 f"splits: {before.name} and {after.name} overlap at {dim} {format_value(values[after.start])}; "
                 "a sample must not belong to two splits"
             )
-    return ordered  # in time order, whatever the order in the config
+    return ordered  # in coordinate order, whatever the order in the config
 
 
-def position_splits(
-    config: BuildConfig, axis: Axis, values: np.ndarray, splits: list[SplitPlan], files: list[SourceFile]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per position along the concat dim: its split's index or -1, and whether it crosses a gap.
-
-    -1 marks a position whose samples would straddle a split boundary, lie outside every
-    split, or join steps across a gap in the data.
-    """
+def position_labels(axis: Axis, splits: list[SplitPlan]) -> np.ndarray:
+    """Per position along the split dim: the index of the split all its steps lie in, or -1."""
     starts = np.arange(axis.count) * axis.stride
     ends = starts + axis.span  # exclusive
     label = np.full(axis.count, -1, dtype=np.int16)
     for index, split in enumerate(splits):
         label[(starts >= split.start) & (ends <= split.stop)] = index
-    across_gap = np.zeros(axis.count, dtype=bool)
-    if axis.span > 1:
-        irregular = irregular_steps(values)
-        crossings = np.concatenate(([0], np.cumsum(irregular)))
-        across_gap = crossings[ends - 1] - crossings[starts] > 0
-        if across_gap.any() and config.input.gaps == "error":
-            _raise_gap(config, values, irregular, files, int(across_gap.sum()))
-        label[across_gap] = -1
-    return label, across_gap
+    return label
+
+
+def gap_positions(config: BuildConfig, axis: Axis, values: np.ndarray, files: list[SourceFile]) -> np.ndarray:
+    """Per position along the concat dim: whether its samples would join steps across a gap in the data."""
+    if axis.span == 1:
+        return np.zeros(axis.count, dtype=bool)
+    starts = np.arange(axis.count) * axis.stride
+    irregular = irregular_steps(values)
+    crossings = np.concatenate(([0], np.cumsum(irregular)))
+    across_gap = crossings[starts + axis.span - 1] - crossings[starts] > 0
+    if across_gap.any() and config.input.gaps == "error":
+        _raise_gap(config, values, irregular, files, int(across_gap.sum()))
+    return across_gap
 
 
 def _raise_gap(config: BuildConfig, values: np.ndarray, irregular: np.ndarray, files: list[SourceFile], count: int):

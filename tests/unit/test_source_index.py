@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 from hypothesis import given
@@ -30,7 +31,25 @@ def test_overlapping_finds_exactly_the_files_a_range_reads(lengths, data):
     end = data.draw(st.integers(begin + 1, total))
     expected = [f for f in index if f.start < end and f.stop > begin]
     assert index.overlapping(begin, end) == expected
-    assert index.containing(begin) == expected[0]
+
+
+def test_with_members_each_member_finds_its_own_files():
+    """input.new_dim: members cover the same steps with their own files (here split differently)."""
+    files = []
+    for member, lengths in enumerate([[4, 4], [2, 6], [8]]):
+        start = 0
+        for i, length in enumerate(lengths):
+            files.append(SourceFile(f"m{member}-{i}.nc", start, start + length, 10, "", member))
+            start += length
+    index = SourceIndex.of(files, "member")
+    assert [f.path for f in index.overlapping(3, 5, 0)] == ["m0-0.nc", "m0-1.nc"]
+    assert [f.path for f in index.overlapping(3, 5, 1)] == ["m1-1.nc"]
+    assert [f.path for f in index.overlapping(0, 8, 2)] == ["m2-0.nc"]
+    again = SourceIndex.from_bytes(index.to_bytes())
+    assert list(again) == files and again.member_dim == "member"
+    assert again.fingerprint() == index.fingerprint()
+    moved = [dataclasses.replace(f, member=1 - f.member) if f.member < 2 else f for f in files]
+    assert SourceIndex.of(sorted(moved, key=lambda f: f.member), "member").fingerprint() != index.fingerprint()
 
 
 def test_byte_form_round_trips():
