@@ -70,7 +70,7 @@ def _slab_ranges(reader: BlockReader, variables: Sequence[VariablePlan], box: di
 
 
 #: The attributes xarray's CF decoding reads (times are not decoded on workers).
-_DECODING_ATTRS = (b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"_Unsigned", b"dtype")
+_DECODING_ATTRS = frozenset((b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"_Unsigned", b"dtype"))
 
 
 def read_attribute(dataset: h5py.h5d.DatasetID, name: bytes):
@@ -89,13 +89,23 @@ def read_attribute(dataset: h5py.h5d.DatasetID, name: bytes):
     return value
 
 
-def _read_stored(dataset: h5py.h5d.DatasetID, dtype: np.dtype, ranges: list[tuple[int, int]]) -> np.ndarray:
-    """The stored values over ``ranges``, as h5py's ``dataset[slices]`` reads them, without its per-call cost."""
+def _decoding_attributes(dataset: h5py.h5d.DatasetID) -> dict:
+    """The attributes of a dataset that its CF decoding reads (one listing: cheaper than asking for each)."""
+    names: list[bytes] = []
+    h5py.h5a.iterate(dataset, names.append)
+    return {name.decode(): read_attribute(dataset, name) for name in names if name in _DECODING_ATTRS}
+
+
+def _read_stored(
+    dataset: h5py.h5d.DatasetID, dtype: np.dtype, ranges: list[tuple[int, int]], stored_shape: tuple[int, ...]
+) -> np.ndarray:
+    """The stored values over ``ranges`` of a dataset of ``stored_shape``, as h5py's ``dataset[slices]`` reads
+    them, without its per-call cost."""
     shape = tuple(stop - start for start, stop in ranges)
     out = np.empty(shape, dtype)
     if out.size == 0:
         return out
-    if not shape:
+    if shape == stored_shape:  # the whole dataset (ranges lie inside it): no selection to make
         dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
         return out
     space = dataset.get_space()
@@ -113,7 +123,6 @@ def read_box(
     problem), a variable missing or not a plain numeric array, a filter h5py cannot decode.
     The low-level API: the high-level one costs three times as much on a small file.
     """
-    stored = {}
     with NETCDF_LOCK, contextlib.ExitStack() as stack:
         try:
             if isinstance(target, str):
@@ -122,29 +131,36 @@ def read_box(
                 file = stack.enter_context(h5py.File(target, "r")).id
         except OSError:
             return None
-        stack.callback(file.close)
-        for variable in variables:
-            name = variable.name.encode()
-            try:
-                dataset = h5py.h5d.open(file, name)  # (a group of that name: not a dataset, raises)
-            except (KeyError, OSError):
-                return None
-            dtype, shape = dataset.dtype, dataset.shape
-            if len(shape) != len(variable.dims) or dtype.kind not in "fiub" or dtype.byteorder == ">":
-                return None
-            ranges = [box.get(d, (0, n)) for d, n in zip(variable.dims, shape)]
-            if any(stop > n for (_, stop), n in zip(ranges, shape)):
-                return None  # smaller than planned: xarray's read shows what the file holds
-            try:
-                raw = _read_stored(dataset, dtype, ranges)
-            except OSError:  # e.g. a compression filter this h5py lacks
-                return None
-            attrs = {
-                key.decode(): read_attribute(dataset, key) for key in _DECODING_ATTRS if h5py.h5a.exists(dataset, key)
-            }
-            stored[variable.name] = (variable.dims, raw, attrs)
+        try:
+            stored = _read_stored_values(file, variables, box)
+        finally:
+            file.close()
+    if stored is None:
+        return None
     # Decoded outside the lock: other units' reads go on meanwhile.
     return {name: decode_values(name, *parts) for name, parts in stored.items()}
+
+
+def _read_stored_values(file: h5py.h5f.FileID, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]):
+    """Each variable's (dims, stored values over ``box``, decoding attributes); None: xarray must read the file."""
+    stored = {}
+    for variable in variables:
+        try:
+            dataset = h5py.h5d.open(file, variable.name.encode())  # (a group of that name: not a dataset, raises)
+        except (KeyError, OSError):
+            return None
+        dtype, shape = dataset.dtype, dataset.shape
+        if len(shape) != len(variable.dims) or dtype.kind not in "fiub" or dtype.byteorder == ">":
+            return None
+        ranges = [box.get(d, (0, n)) for d, n in zip(variable.dims, shape)]
+        if any(stop > n for (_, stop), n in zip(ranges, shape)):
+            return None  # smaller than planned: xarray's read shows what the file holds
+        try:
+            raw = _read_stored(dataset, dtype, ranges, shape)
+        except OSError:  # e.g. a compression filter this h5py lacks
+            return None
+        stored[variable.name] = (variable.dims, raw, _decoding_attributes(dataset))
+    return stored
 
 
 def _cannot_read(path: str, error: Exception) -> UserError:
