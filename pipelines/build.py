@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import importlib.util
 import io
@@ -88,8 +89,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so the build cleans up as after Ctrl-C."""
 
 
-def _terminate(signum, frame):
-    raise Terminated()
+def _stop(signum, frame, run_over: threading.Event):
+    """Ctrl-C or SIGTERM: stop Beam's worker processes first (they ignore both), then unwind and clean up."""
+    runners = sys.modules.get("pipelines.runners")  # not imported yet: no worker started either
+    if runners is not None:
+        runners.stop_local_workers(until=run_over)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    # Ctrl-C too, unless ignored from the start (a script's background job), as Python leaves it then.
+    stopping = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
+    run_over = threading.Event()
+    stop = functools.partial(_stop, run_over=run_over)
+    previous_handlers = {signum: signal.signal(signum, stop) for signum in stopping} if in_main_thread else {}
     output = args.output or ""
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
@@ -147,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         return report_failure(error, args.verbose, output=output)
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        run_over.set()
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
     if schema is None:
         print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
         return 0

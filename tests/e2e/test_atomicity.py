@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,6 +79,23 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
     assert {p.name for p in output.iterdir()} == expected  # no _tmp, no temporary shard names
 
 
+#: Beam's worker processes instead of threads: each used to print its own KeyboardInterrupt traceback.
+PROCESSES = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+
+
+def _group_gone(pgid: int, timeout: float = 2.0) -> bool:
+    """Whether no process of the group is left, not even one waiting to be reaped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("workers", [(), PROCESSES], ids=["threads", "processes"])
 @pytest.mark.parametrize(
     ("signum", "code", "what"),
     [
@@ -86,11 +104,15 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
     ],
     ids=["sigterm", "ctrl-c"],
 )
-def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, tmp_path, signum, code, what):
-    """What `timeout`, Docker, Kubernetes and batch schedulers send, and Ctrl-C: one line, nothing left behind."""
+def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, tmp_path, signum, code, what, workers):
+    """What `timeout`, Docker, Kubernetes and batch schedulers send, and Ctrl-C: one line, nothing left behind.
+
+    The signal reaches the whole process group, as a terminal's Ctrl-C does: Beam's worker
+    processes too, which must neither print nor outlive the build.
+    """
     config, output = _write_config(larger_archive, tmp_path)
     process = subprocess.Popen(
-        _command(config, "--quiet"),
+        _command(config, "--quiet", *workers),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -101,13 +123,17 @@ def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, 
         time.sleep(0.3)  # into the writing
         os.killpg(process.pid, signum)
         _, err = process.communicate(timeout=120)
+        gone = _group_gone(process.pid)
     finally:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # whatever is left, so that a failure leaks nothing
+        process.wait()
     lines = [line for line in err.splitlines() if line.strip()]
     assert process.returncode == code, err
     assert len(lines) == 1 and lines[0].startswith(f"error: {what}; the run's files were removed"), err
     # Only the bookkeeping a rerun uses: no schema.json, no shard, no temporary, no _tmp.
     assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
+    assert gone, "a process of the build's group outlived it"
 
 
 def test_a_second_build_into_an_output_being_written_is_refused(larger_archive, tmp_path, capsys):
