@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from planning.calendars import calendar_of, is_cftime, iso
+from planning.time_decoding import is_time
 
 TIME_UNITS = "seconds since 1970-01-01T00:00:00Z"
 
@@ -15,7 +16,8 @@ def record_values(values: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray
     """Coordinate values as a record can hold them, and how to read them back; None if it cannot.
 
     Times become int64 seconds since 1970 (any calendar, the calendar recorded); integers
-    int64; floats float32.
+    int64; floats float32, except times kept as stored numbers (input.decode_times: false) that
+    are whole: int64, as float32 would round them (seconds since 1970 by up to two minutes).
     """
     kind = values.dtype.kind
     if kind == "M":
@@ -29,11 +31,17 @@ def record_values(values: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray
         return np.round(seconds).astype(np.int64), {"units": TIME_UNITS, "calendar": calendar}
     # Times kept as stored (input.decode_times: false) keep their calendar beside their units.
     kept = {k: attrs[k] for k in ("units", "calendar") if k in attrs}
-    if kind in "iub":
+    if kind in "iub" or (kind == "f" and is_time(attrs) and _whole(values)):
         return values.astype(np.int64), kept
     if kind == "f":
         return values.astype(np.float32), kept
     return None
+
+
+def _whole(values: np.ndarray) -> bool:
+    """Whether every value is a whole number that int64 holds exactly (as float64 does, below 2**53)."""
+    finite = np.isfinite(values).all()
+    return bool(finite and (np.abs(values) < 2**53).all() and (values == np.round(values)).all())
 
 
 def time_calendar(values: np.ndarray) -> str | None:
