@@ -109,6 +109,14 @@ class InputConfig(_Strict):
             "(see Derived variables)"
         ),
     )
+    missing_chunks: Literal["error", "fill"] = Field(
+        "error",
+        description=(
+            "a Zarr store's chunk that is absent: `error` stops the build (it may be a store still being written), "
+            "`fill` reads it as the array's fill value, as Zarr does: for stores written with "
+            "write_empty_chunks=False (zarr 3's default), which leave out every all-fill chunk"
+        ),
+    )
     new_dim: NewDimConfig | None = Field(
         None,
         json_schema_extra={"reference_type": "{name, from}"},

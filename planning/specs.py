@@ -46,6 +46,7 @@ class CutSpec:
     #: what the grid's positions are in the source along the selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
+    zarr_missing_chunks: str = "error"  # config input.missing_chunks: an absent chunk is an error, or fill values
     #: config input.preprocess: read its inputs, apply it to the slab, cut its outputs (``variables``)
     preprocess: Preprocess | None = None
     #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
@@ -136,6 +137,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         allow_float32_overflow=config.output.allow_float32_overflow,
         selection=plan.selection,
         zarr_store=plan.zarr_store,
+        zarr_missing_chunks=config.input.missing_chunks,
         preprocess=plan.preprocess,
         coords=plan.coordinates,
     )

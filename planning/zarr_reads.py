@@ -1,4 +1,5 @@
-"""Reading a unit's box from a Zarr store on a worker: only the chunks the box touches, missing chunks refused.
+"""Reading a unit's box from a Zarr store on a worker: only the chunks the box touches; missing chunks refused
+unless the config says they read as fill values (input.missing_chunks).
 
 Values are decoded by xarray's CF rules from the store's encodings, as the NetCDF route decodes
 the same encodings, so the same data gives the same values either way.
@@ -49,8 +50,8 @@ def _chunk_where(key: str, variable: xr.Variable, concat_dim: str) -> str:
 def _missing_chunk(url: str, name: str, key: str, variable: xr.Variable, concat_dim: str) -> UserError:
     return UserError(
         f"{url}: variable {name!r}: chunk {key!r} is missing{_chunk_where(key, variable, concat_dim)} and would read "
-        "as fill values; restore it (a store written with write_empty_chunks=False leaves out all-fill chunks: "
-        "rewrite it with write_empty_chunks=True)"
+        "as fill values; restore it, or, if the store was written with write_empty_chunks=False (which leaves out "
+        "all-fill chunks), set input.missing_chunks: fill"
     )
 
 
@@ -71,15 +72,23 @@ def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.nd
     return values
 
 
-def read_store_box(url: str, concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
-    """Each variable's values over ``box`` (index ranges on the store), static variables included."""
+def read_store_box(
+    url: str, concat_dim: str, variables: Sequence[VariablePlan], box: Box, missing_chunks: str = "error"
+) -> Slabs:
+    """Each variable's values over ``box`` (index ranges on the store), static variables included.
+
+    ``missing_chunks``: config input.missing_chunks, whether an absent chunk fails the read
+    (``error``) or reads as fill values (``fill``).
+    """
     store, ds = _opened(url)
     slabs = Slabs({})
     for variable in variables:
         slabs.values[variable.name] = _values(url, ds, variable, box)
         # Checked after the read: the store notes each key it found absent (planning.zarr_store).
         missing = store.missing_chunk(variable.name)
-        if missing is not None:
+        if missing is not None and missing_chunks == "error":
             raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
+    if missing_chunks == "fill":
+        store.forget_missing()
     slabs.bytes_read = store.take_bytes()
     return slabs

@@ -120,6 +120,11 @@ class RecordingStore(WrapperStore):
         with self._lock:
             return min((k for k in self.missing if k.startswith(f"{variable}/")), default=None)
 
+    def forget_missing(self) -> None:
+        """Drop the missing keys seen so far (where they read as fill values by choice: they would only pile up)."""
+        with self._lock:
+            self.missing.clear()
+
 
 def open_store(url: str) -> RecordingStore:
     """The store at a local path or fsspec URL, read-only."""

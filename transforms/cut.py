@@ -84,7 +84,9 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     box = spec.positions.grid.source_box(unit)
     concat_dim = spec.positions.concat_dim
     store = spec.zarr_store
-    reader = None if store is None else functools.partial(read_store_box, store, concat_dim)
+    reader = None
+    if store is not None:
+        reader = functools.partial(read_store_box, store, concat_dim, missing_chunks=spec.zarr_missing_chunks)
     if spec.preprocess is not None:
         where = f"unit {unit.index}"
         slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)

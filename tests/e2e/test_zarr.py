@@ -157,7 +157,18 @@ def test_a_variable_the_store_lacks(inputs, tmp_path, capsys):
 def test_a_chunk_missing_in_the_middle(inputs, tmp_path, capsys):
     store = shutil.copytree(inputs["v3"], tmp_path / "holed.zarr")
     (store / "geopotential" / "c" / "5" / "0" / "0" / "0").unlink()
-    assert_fails(tmp_path, capsys, [store], "'geopotential'", "'geopotential/c/5/0/0/0' is missing (time steps 5 to 5)")
+    message = assert_fails(tmp_path, capsys, [store], "'geopotential'", "'geopotential/c/5/0/0/0' is missing")
+    assert "(time steps 5 to 5)" in message and "set input.missing_chunks: fill" in message
+    # A store written with write_empty_chunks=False: the absent chunk reads as fill values, as xarray reads it.
+    config = yaml.safe_load(_config(tmp_path, [store], tmp_path / "filled").read_text())
+    config["input"]["missing_chunks"] = "fill"
+    (tmp_path / "filled.yaml").write_text(yaml.safe_dump(config))
+    assert main(["--config", str(tmp_path / "filled.yaml"), "--quiet"]) == 0
+    assert_records_are_slices(tmp_path / "filled", store)
+    records = read_all_records(tmp_path / "filled", load_schema(str(tmp_path / "filled")))
+    at_step_5 = records["index/time"] == 5
+    assert at_step_5.any() and np.isnan(records["geopotential"][at_step_5]).all()
+    assert not np.isnan(records["geopotential"][~at_step_5]).any()
 
 
 def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
