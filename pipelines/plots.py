@@ -166,11 +166,35 @@ def _colour_limits(values: np.ndarray) -> tuple[str, float | None, float | None]
     return "viridis", None, None
 
 
+def _time_feature(schema: Schema, dim: str) -> Feature | None:
+    return next((f for f in schema.features if f.name == f"coord/{dim}" and is_time(f)), None)
+
+
+def _dated_ticks(axis, own: str) -> None:
+    """Ticks of an axis in seconds since 1970 shown as dates of calendar ``own`` (matplotlib's date axis knows
+    the Gregorian calendar only)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(4))
+    axis.set_major_formatter(FuncFormatter(lambda seconds, _: format_date(seconds, own)))
+
+
+def _image_axis(axis, schema: Schema, sample, dim: str, n: int) -> tuple[np.ndarray, str]:
+    """An image's coordinates along a dim and its label; times as dates of their own calendar."""
+    values, label = _axis_values(schema, sample, dim, n)
+    time_feature = _time_feature(schema, dim)
+    if time_feature is None or label.endswith("(index)"):
+        return values, label
+    own = calendar(time_feature)
+    _dated_ticks(axis, own)
+    return values, f"{dim} ({own} calendar)"
+
+
 def draw_image(ax, subfigure, schema: Schema, feature: Feature, sample) -> None:
     plane = select_plane(schema, feature, np.asarray(sample[feature.name]))
     ny, nx = plane.values.shape
-    y, ylabel = _axis_values(schema, sample, plane.ydim, ny)
-    x, xlabel = _axis_values(schema, sample, plane.xdim, nx)
+    y, ylabel = _image_axis(ax.yaxis, schema, sample, plane.ydim, ny)
+    x, xlabel = _image_axis(ax.xaxis, schema, sample, plane.xdim, nx)
     cmap, vmin, vmax = _colour_limits(plane.values)
     mesh = ax.pcolormesh(x, y, plane.values, shading="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
     colorbar = subfigure.colorbar(mesh, ax=ax, shrink=0.9, pad=0.02)
@@ -186,7 +210,7 @@ def draw_line(ax, schema: Schema, feature: Feature, sample) -> None:
 
     values = np.asarray(sample[feature.name])
     dim = feature.dims[0]
-    time_feature = next((f for f in schema.features if f.name == f"coord/{dim}" and is_time(f)), None)
+    time_feature = _time_feature(schema, dim)
     dated = time_feature is not None and np.size(sample[time_feature.name]) == len(values)
     own = calendar(time_feature) if dated else ""
     if dated and own.lower() in GREGORIAN:
@@ -196,12 +220,8 @@ def draw_line(ax, schema: Schema, feature: Feature, sample) -> None:
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         xlabel = f"{dim} (UTC)"
     elif dated:
-        # matplotlib's date axis knows the Gregorian calendar only: the seconds, labelled as dates of their own.
-        from matplotlib.ticker import FuncFormatter, MaxNLocator
-
         x = np.asarray(sample[time_feature.name]).astype(np.float64)
-        ax.xaxis.set_major_locator(MaxNLocator(4))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda seconds, _: format_date(seconds, own)))
+        _dated_ticks(ax.xaxis, own)
         xlabel = f"{dim} ({own} calendar)"
     else:
         x, xlabel = _axis_values(schema, sample, dim, len(values))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import cftime
@@ -189,6 +190,29 @@ def test_a_time_series_axis_is_labelled_in_the_files_calendar():
     assert labels
     assert set(labels) <= {"2000-02-27", "2000-02-28", "2000-02-29", "2000-02-30", "2000-03-01"}, labels
     assert ax.get_xlabel() == "time (360_day calendar)"
+
+
+def test_an_image_along_time_has_date_ticks_in_the_files_calendar():
+    """A (time, lon) sample drawn as an image: its time axis in dates, not in seconds since 1970."""
+    from matplotlib.figure import Figure
+
+    from pipelines.plots import draw_image
+    from schemas.schema import Feature, Schema
+
+    dates = [cftime.DatetimeNoLeap(1999, 12, 30) + datetime.timedelta(days=d) for d in range(6)]
+    seconds = np.asarray(cftime.date2num(dates, EPOCH, "noleap"), dtype=np.int64)
+    time = {"dim": "time", "units": "seconds since 1970-01-01T00:00:00Z", "calendar": "noleap"}
+    variable = Feature("x", "float32", (6, 4), ("time", "lon"), "variable", {"attrs": {"units": "K"}})
+    lon = Feature("coord/lon", "float32", (4,), ("lon",), "coord", {"dim": "lon", "units": "degrees_east"})
+    features = (variable, Feature("coord/time", "int64", (6,), ("time",), "coord", time), lon)
+    sample = {"x": np.arange(24.0).reshape(6, 4), "coord/time": seconds, "coord/lon": np.arange(4.0) * 90}
+    figure = Figure()
+    ax = figure.subplots()
+    draw_image(ax, figure, Schema(features=features), variable, sample)
+    figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if seconds[0] <= t.get_position()[1] <= seconds[-1]]
+    assert labels and set(labels) <= {f"{d.year:04d}-{d.month:02d}-{d.day:02d}" for d in dates}, labels
+    assert ax.get_ylabel() == "time (noleap calendar)" and ax.get_xlabel() == "lon (°E)"
 
 
 def test_files_in_two_calendars_are_refused(sample_file, tmp_path, capsys):
