@@ -269,7 +269,7 @@ def make_plan(
             "give the store the dim itself, or build from NetCDF files"
         )
     if store is not None:
-        inventory = take_store_inventory(store, config.input.concat_dim)
+        inventory = take_store_inventory(store, config.input.concat_dim, decoding)
     else:
         inventory = take_inventory(
             config.input.paths, config.input.concat_dim, cached_probes, decoding, tolerance, config.input.new_dim

@@ -10,6 +10,7 @@ import xarray as xr
 from planning.coords import format_value
 from planning.inventory import Inventory
 from planning.metadata import dataset_info
+from planning.time_decoding import AS_STATED, TimeDecoding
 from planning.zarr_store import StoreLayout, open_store, open_store_dataset
 from schemas.errors import UserError
 
@@ -30,11 +31,14 @@ def _stored_bytes(ds: xr.Dataset) -> int:
     )
 
 
-def take_store_inventory(url: str, concat_dim: str) -> Inventory:
-    """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates."""
-    ds = open_store_dataset(url, open_store(url))
+def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_STATED) -> Inventory:
+    """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates.
+
+    ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
+    """
+    ds = open_store_dataset(url, open_store(url), decode_times=False)
     try:
-        info = dataset_info(url, _stored_bytes(ds), ds)
+        info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
         chunks = _chunks(ds)
     finally:
         ds.close()

@@ -295,3 +295,29 @@ def test_an_unknown_calendar_is_refused_naming_the_key_and_builds_with_input_cal
     times = source["time"].values
     steps = [i for i, t in enumerate(times) if t < cftime.DatetimeNoLeap(1950, 1, 1)]
     check_split(output, source, "train", steps, "noleap")
+
+
+@pytest.mark.parametrize("case", ["unknown calendar", "months since"])
+@pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
+def test_a_zarr_store_decodes_times_as_files_do(case, sample_file, tmp_path, capsys):
+    """input.calendar and input.decode_times apply to a store: refused alike, then the files' shards."""
+    if case == "unknown calendar":
+        paths = split_along_time(sample_file(TREFHT), tmp_path, 2, calendar="365_days")
+        fix, refusal = {"calendar": "noleap"}, "set input.calendar"
+        sample, splits = SAMPLE, {"train": {"time": ["1890", "1949"]}, "test": {"time": ["1950", None]}}
+    else:
+        paths = write_months(tmp_path)
+        fix, refusal = {"decode_times": False}, "set input.decode_times: false"
+        sample, splits = {"window": {"lat": 3, "lon": 4}}, {"train": {"time": [1200, 1217]}}
+    store = tmp_path / "times.zarr"
+    open_archive(paths, decode_times=False).to_zarr(store, consolidated=False)  # units and calendar as stored
+    config = {"input": {"paths": [str(store)]}, "sample": sample, "splits": splits}
+    config["output"] = {"path": str(tmp_path / "from_store")}
+    assert_fails(config, tmp_path, capsys, str(store), refusal)
+    config["input"].update(fix)
+    from_store = build(config, tmp_path)
+    config["input"]["paths"], config["output"]["path"] = paths, str(tmp_path / "from_files")
+    from_files = build(config, tmp_path)
+    shards = {p.name: p.read_bytes() for p in sorted(from_store.glob("*.tfrecord"))}
+    assert shards and shards == {p.name: p.read_bytes() for p in sorted(from_files.glob("*.tfrecord"))}
+    assert load_schema(str(from_store)).sample["splits"] == load_schema(str(from_files)).sample["splits"]
