@@ -22,17 +22,17 @@ def decoded(name: str, dims, raw: np.ndarray, attrs: dict, decode_times: bool = 
         return xr.conventions.decode_cf_variable(name, variable, decode_times=decode_times).load()
 
 
-def _unchanged_by_decoding(raw: np.ndarray, attrs: dict) -> bool:
+def unchanged_by_decoding(dtype: np.dtype, attrs: dict) -> bool:
     """No decoding attributes, or float values whose only fill values are NaN (which equal no value)."""
     if not attrs:
         return True
-    if raw.dtype.kind != "f" or attrs.keys() - {"_FillValue", "missing_value"}:
+    if dtype.kind != "f" or attrs.keys() - {"_FillValue", "missing_value"}:
         return False
     return all(bool(np.isnan(value).all()) for value in attrs.values())
 
 
 def decode_values(name: str, dims: tuple[str, ...], raw: np.ndarray, attrs: dict) -> np.ndarray:
     """A data variable's decoded values (times are not decoded: workers read data, not coordinates)."""
-    if _unchanged_by_decoding(raw, attrs):
+    if unchanged_by_decoding(raw.dtype, attrs):
         return raw  # building the xarray variable would be most of a small read
     return np.asarray(decoded(name, dims, raw, attrs, decode_times=False).values)

@@ -89,7 +89,7 @@ def read_attribute(dataset: h5py.h5d.DatasetID, name: bytes):
     return value
 
 
-def _decoding_attributes(dataset: h5py.h5d.DatasetID) -> dict:
+def decoding_attributes(dataset: h5py.h5d.DatasetID) -> dict:
     """The attributes of a dataset that its CF decoding reads (one listing: cheaper than asking for each)."""
     names: list[bytes] = []
     h5py.h5a.iterate(dataset, names.append)
@@ -159,7 +159,7 @@ def _read_stored_values(file: h5py.h5f.FileID, variables: Sequence[VariablePlan]
             raw = _read_stored(dataset, dtype, ranges, shape)
         except OSError:  # e.g. a compression filter this h5py lacks
             return None
-        stored[variable.name] = (variable.dims, raw, _decoding_attributes(dataset))
+        stored[variable.name] = (variable.dims, raw, decoding_attributes(dataset))
     return stored
 
 

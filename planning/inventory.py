@@ -115,15 +115,17 @@ def take_inventory(
     decoding: TimeDecoding = AS_STATED,
     tolerance: str | float = "float32",
     new_dim: NewDimConfig | None = None,
+    wanted: frozenset[str] | None = None,
 ) -> Inventory:
     """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache).
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar); ``tolerance``:
     input.coord_tolerance, how far static files' grids may differ from the first file's;
-    ``new_dim``: input.new_dim, the files grouped into members by their names.
+    ``new_dim``: input.new_dim, the files grouped into members by their names; ``wanted``: the
+    variables whose byte layouts probes record (planning.direct_reads; None: every one).
     """
     listed = list_files(patterns)
-    probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim))
+    probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim, wanted))
     infos = inspect_files(listed, concat_dim, probes, decoding)
     along = [i for i in infos if concat_dim in i.sizes]
     static = tuple(i for i in infos if concat_dim not in i.sizes)
@@ -145,15 +147,20 @@ def take_inventory(
     return inventory
 
 
-def probe_files(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
-    """A quick look at each file, or None where only the full look will do (unusual or unreadable files)."""
+def probe_files(
+    files: list[ListedFile], concat_dim: str, wanted: frozenset[str] | None = None
+) -> list[FileProbe | None]:
+    """A quick look at each file, or None where only the full look will do (unusual or unreadable files).
+
+    ``wanted``: the variables whose byte layouts local probes record (None: every one).
+    """
     probes: dict[str, FileProbe | None] = {}
     remote = [f for f in files if is_remote(f.path)]
     for protocol in dict.fromkeys(f.path.split("://", 1)[0] for f in remote):
         group = [f for f in remote if f.path.startswith(f"{protocol}://")]
         probes.update(zip((f.path for f in group), probe_remote(group, concat_dim)))
     local = [(f.path, f.nbytes) for f in files if not is_remote(f.path)]
-    probes.update(zip((path for path, _ in local), probe_local_files(local, concat_dim)))
+    probes.update(zip((path for path, _ in local), probe_local_files(local, concat_dim, wanted)))
     return [probes[f.path] for f in files]
 
 

@@ -21,7 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from planning.hdf5_reads import read_attribute
+from planning.cf_decoding import unchanged_by_decoding
+from planning.hdf5_reads import decoding_attributes, read_attribute
 from planning.netcdf3 import read_header
 from planning.probe import FileProbe, _plain, probe_classic
 from planning.remote_files import RemoteFile
@@ -36,11 +37,16 @@ _NO_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 Scales = dict[tuple[bytes, ...], tuple[bytes, ...]]
 
 
-def probe_local(path: str, nbytes: int, concat_dim: str, scales: Scales | None = None) -> FileProbe:
-    """Probe a local file; raises for anything unusual (groups, other formats): the full look reads those."""
+def probe_local(
+    path: str, nbytes: int, concat_dim: str, scales: Scales | None = None, wanted: frozenset[str] | None = None
+) -> FileProbe:
+    """Probe a local file; raises for anything unusual (groups, other formats): the full look reads those.
+
+    ``wanted``: the variables whose layouts to record (planning.direct_reads); None: every one.
+    """
     if is_hdf5(path):
         with NETCDF_LOCK:
-            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales)
+            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales, wanted)
     with open(path, "rb") as stream:
         header = read_header(stream)
     if header is None:
@@ -61,7 +67,24 @@ def _find_scales(root, names: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return tuple(found)
 
 
-def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales) -> FileProbe:
+def _contiguous_layout(root, name: bytes) -> list | None:
+    """[byte offset, shape, dtype] of a dataset whose stored bytes are its values as xarray decodes them:
+    contiguous, plain numbers in this machine's byte order, nothing for CF decoding to change."""
+    from h5py import h5d
+
+    dataset = h5d.open(root, name)
+    dtype = dataset.dtype
+    if dataset.rank == 0 or dtype.kind not in "fiu" or not dtype.isnative:
+        return None
+    # HDF5 gives an offset for contiguous storage only: not for chunks, compact or external storage,
+    # nor before the values are written (they read as fill values then).
+    offset = dataset.get_offset()
+    if offset is None or not unchanged_by_decoding(dtype, decoding_attributes(dataset)):
+        return None
+    return [int(offset), list(dataset.shape), dtype.str]
+
+
+def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None) -> FileProbe:
     from h5py import h5a, h5d, h5f, h5g, h5s
 
     file = h5f.open(path.encode(), h5f.ACC_RDONLY)
@@ -89,7 +112,13 @@ def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales) -> File
                 concat_raw = values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
                 present = [key for key in _CONCAT_ATTRS if h5a.exists(dataset, key)]
                 concat_attrs = {key.decode(): _plain(read_attribute(dataset, key)) for key in present}
-        return FileProbe(path, nbytes, False, digest.hexdigest(), sizes, concat_raw, concat_attrs)
+        layouts = {}
+        for name in names:
+            if name not in scales[names] and (wanted is None or name.decode() in wanted):
+                layout = _contiguous_layout(root, name)
+                if layout is not None:
+                    layouts[name.decode()] = layout
+        return FileProbe(path, nbytes, False, digest.hexdigest(), sizes, concat_raw, concat_attrs, layouts=layouts)
     finally:
         file.close()
 
@@ -101,19 +130,25 @@ POOL_MIN_FILES = 500
 FILES_PER_TASK = 250
 
 
-def _probe_serially(concat_dim: str, paths_and_sizes: list[tuple[str, int]]) -> list[FileProbe | None]:
+def _probe_serially(
+    concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]]
+) -> list[FileProbe | None]:
     scales: Scales = {}
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
         try:
-            probes.append(probe_local(path, nbytes, concat_dim, scales))
+            probes.append(probe_local(path, nbytes, concat_dim, scales, wanted))
         except Exception:  # the full look reads it through xarray, and names the problem if there is one
             probes.append(None)
     return probes
 
 
-def probe_local_files(paths_and_sizes: list[tuple[str, int]], concat_dim: str) -> list[FileProbe | None]:
+def probe_local_files(
+    paths_and_sizes: list[tuple[str, int]], concat_dim: str, wanted: frozenset[str] | None = None
+) -> list[FileProbe | None]:
     """Probe local files (None where only the full look will do); many files in a pool of processes.
+
+    ``wanted``: the variables whose byte layouts to record (None: every one).
 
     The HDF5 library serialises all work in a process, so processes are the only way to use
     more than one core. They are forked: a fresh interpreter would spend longer importing
@@ -121,8 +156,8 @@ def probe_local_files(paths_and_sizes: list[tuple[str, int]], concat_dim: str) -
     """
     processes = min(os.cpu_count() or 1, 8)
     if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
-        return _probe_serially(concat_dim, paths_and_sizes)
+        return _probe_serially(concat_dim, wanted, paths_and_sizes)
     tasks = [paths_and_sizes[i : i + FILES_PER_TASK] for i in range(0, len(paths_and_sizes), FILES_PER_TASK)]
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as pool:
-        results = pool.map(functools.partial(_probe_serially, concat_dim), tasks)
+        results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
         return [probe for chunk in results for probe in chunk]

@@ -42,6 +42,9 @@ class FileProbe:
     concat_raw: np.ndarray | None  # the concat coordinate's stored values (None: the file has none)
     concat_attrs: dict[str, Any]
     bytes_read: int | None = None  # what probing a remote file fetched
+    #: local NetCDF-4 files: variables workers may read straight from the file's bytes (planning.direct_reads),
+    #: by name: [byte offset, shape, dtype]
+    layouts: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
 def decode_concat_values(

@@ -20,8 +20,10 @@ from planning.sources import ListedFile
 
 logger = logging.getLogger(__name__)
 
-#: Version 2: local NetCDF-4 probes fingerprint names and dimension scales (planning.local_probe).
-FORMAT = "xarray-tfrecords-inventory/2"
+#: Version 2: local NetCDF-4 probes fingerprint names and dimension scales (planning.local_probe);
+#: 3: and record where plainly stored variables lie (planning.direct_reads). Another version's
+#: cache is ignored (probed again), so older and newer versions never misread each other's.
+FORMAT = "xarray-tfrecords-inventory/3"
 _FIELDS = dataclasses.fields(FileProbe)
 
 

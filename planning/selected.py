@@ -19,6 +19,8 @@ import xarray as xr
 
 from planning.config import BuildConfig, CoordValue, SelectRange
 from planning.coords import format_value, json_values
+from planning.direct_reads import plan_direct_reads
+from planning.features import VariablePlan
 from planning.inventory import Inventory
 from planning.metadata import VariableInfo
 from planning.selection import Selection, runs_of
@@ -75,10 +77,15 @@ class SelectedDataset:
         """The files that hold selected steps, with their ranges along the concat dim of the source."""
         return [f for f, on_grid in self._files() if on_grid.stop > on_grid.start]
 
-    def source_index(self) -> SourceIndex:
-        """The files workers read, as the columns they load (planning.source_index)."""
+    def source_index(self, read: Sequence[VariablePlan] = ()) -> SourceIndex:
+        """The files workers read, as the columns they load (planning.source_index); with where in each file
+        the variables ``read`` may be read by offset (planning.direct_reads)."""
         members = self.inventory.members
-        return SourceIndex.of(self.source_files(), None if members is None else members.dim)
+        member_dim = None if members is None else members.dim
+        files = self.source_files()
+        probes = {probe.path: probe for _, probe in self.inventory.probes}
+        direct = plan_direct_reads(files, probes, read, self.inventory.sizes, self.concat_dim, member_dim)
+        return SourceIndex.of(files, member_dim, direct)
 
     def files_on_grid(self) -> list[SourceFile]:
         """The same files with their ranges on the selected concat dim (where splits, gaps and units count)."""

@@ -1,7 +1,8 @@
 """Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset.
 
 Only the box is read. Classic NetCDF files are read by the byte ranges their header locates
-(planning.classic_reads); NetCDF-4 files through h5py, in place when local, the box's bytes
+(planning.classic_reads); NetCDF-4 files by the offsets their probe found where the values are
+plainly stored (planning.direct_reads), else through h5py, in place when local, the box's bytes
 prefetched when remote (planning.hdf5_reads); what those leave (unusual files) through xarray.
 Every value is decoded by xarray's CF rules, so each route gives the values
 ``xr.open_dataset`` gives.
@@ -17,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from planning.classic_reads import read_box
+from planning.direct_reads import read_direct
 from planning.features import VariablePlan
 from planning.hdf5_reads import open_with_xarray, prefetched
 from planning.hdf5_reads import read_box as read_hdf5_box
@@ -160,8 +162,10 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     with contextlib.nullcontext() if any(is_remote(f.path) for f in files) else NETCDF_LOCK:
         for source in files:
             local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
-            _check_unchanged(source)
-            values = _read_file(slabs, source.path, along, local, source.nbytes)
+            _check_unchanged(source)  # also what makes an offset planned for it still right
+            values = read_direct(source, along, local, concat_dim)
+            if values is None:
+                values = _read_file(slabs, source.path, along, local, source.nbytes)
             for variable in along:
                 parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
     for variable in along:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 
 import numpy as np
 
+from planning.direct_reads import DirectReads
 from planning.sources import SourceFile
 
 
@@ -31,9 +33,12 @@ class SourceIndex:
     versions: tuple[str, ...] = ()  # as listed (modification time or generation); workers check them
     members: np.ndarray | None = None  # int64, ascending; None: no new dim
     member_dim: str | None = None  # input.new_dim's name
+    direct: DirectReads | None = None  # variables workers may read by offset, and where in each file
 
     @classmethod
-    def of(cls, files: list[SourceFile], member_dim: str | None = None) -> SourceIndex:
+    def of(
+        cls, files: list[SourceFile], member_dim: str | None = None, direct: DirectReads | None = None
+    ) -> SourceIndex:
         return cls(
             tuple(f.path for f in files),
             np.array([f.start for f in files], dtype=np.int64),
@@ -42,6 +47,7 @@ class SourceIndex:
             tuple(f.version for f in files),
             None if member_dim is None else np.array([f.member for f in files], dtype=np.int64),
             member_dim,
+            direct,
         )
 
     def __len__(self) -> int:
@@ -50,9 +56,16 @@ class SourceIndex:
     def __getitem__(self, index: int) -> SourceFile:
         version = self.versions[index] if self.versions else ""
         member = 0 if self.members is None else int(self.members[index])
-        return SourceFile(
-            self.paths[index], int(self.starts[index]), int(self.stops[index]), int(self.nbytes[index]), version, member
-        )
+        start, stop = int(self.starts[index]), int(self.stops[index])
+        layouts = None
+        if self.direct is not None:
+            offsets = self.direct.offsets[index].tolist()
+            layouts = {
+                name: (offset, (stop - start, *shape[1:]))
+                for name, shape, offset in zip(self.direct.names, self.direct.shapes, offsets)
+                if offset >= 0
+            }
+        return SourceFile(self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts)
 
     def __iter__(self) -> Iterator[SourceFile]:
         return (self[i] for i in range(len(self)))
@@ -85,6 +98,13 @@ class SourceIndex:
         columns = {"starts": self.starts, "stops": self.stops, "nbytes": self.nbytes}
         if self.members is not None:
             columns.update(members=self.members, member_dim=np.array(self.member_dim, dtype=np.str_))
+        if self.direct is not None:
+            shapes = json.dumps([list(shape) for shape in self.direct.shapes])
+            columns.update(
+                direct_names=np.array(self.direct.names, dtype=np.str_),
+                direct_shapes=np.array(shapes, dtype=np.str_),
+                direct_offsets=self.direct.offsets,
+            )
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -93,7 +113,12 @@ class SourceIndex:
         with np.load(io.BytesIO(data), allow_pickle=False) as columns:
             paths = tuple(str(p) for p in columns["paths"])
             versions = tuple(str(v) for v in columns["versions"])
-            members, member_dim = None, None
+            members, member_dim, direct = None, None, None
             if "members" in columns:
                 members, member_dim = columns["members"], str(columns["member_dim"])
-            return cls(paths, columns["starts"], columns["stops"], columns["nbytes"], versions, members, member_dim)
+            if "direct_names" in columns:
+                names = tuple(str(n) for n in columns["direct_names"])
+                shapes = tuple(tuple(s) for s in json.loads(str(columns["direct_shapes"])))
+                direct = DirectReads(names, shapes, columns["direct_offsets"])
+            starts, stops, nbytes = columns["starts"], columns["stops"], columns["nbytes"]
+            return cls(paths, starts, stops, nbytes, versions, members, member_dim, direct)

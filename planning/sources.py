@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
 import xarray as xr
@@ -190,3 +190,5 @@ class SourceFile:
     nbytes: int
     version: str = ""  # modification time or generation when listed ("" when the filesystem has none)
     member: int = 0  # its index along input.new_dim (its member's range along the concat dim is its own)
+    #: variables a worker may read by offset (planning.direct_reads): name -> (byte offset, stored shape)
+    layouts: Mapping[str, tuple[int, tuple[int, ...]]] | None = None
