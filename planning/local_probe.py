@@ -8,7 +8,9 @@ the grid coordinates, hashed into the fingerprint) and so its dim sizes: 0.3 ms.
 archive list the same names, so the dimension scales found in one file are looked up directly
 in the next. What the probe leaves out (each data variable's dims, dtype and decoding
 attributes) the workers check as they read (planning.slabs): a variable of another rank, shape
-or decoded dtype than the reference file's is refused there, in one line.
+or decoded dtype than the reference file's is refused there, in one line. For the variables
+the config names, the probe also records where each lies in the file when its bytes are its
+values (0.08 ms a variable), so workers can read it without HDF5 (planning.direct_reads).
 """
 
 from __future__ import annotations
