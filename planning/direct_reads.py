@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from planning.features import VariablePlan
+from planning.probe import FileProbe
 from planning.sources import SourceFile
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -36,7 +37,7 @@ class DirectReads:
 
 def plan_direct_reads(
     files: Sequence[SourceFile],
-    probes: Mapping[str, object],
+    probes: Mapping[str, FileProbe],
     variables: Sequence[VariablePlan],
     sizes: Mapping[str, int],
     concat_dim: str,
@@ -54,7 +55,7 @@ def plan_direct_reads(
     offsets = np.full((len(files), len(chosen)), -1, dtype=np.int64)
     for row, source in enumerate(files):
         probe = probes.get(source.path)
-        layouts = getattr(probe, "layouts", None)
+        layouts = None if probe is None else probe.layouts
         if not layouts or is_remote(source.path):
             continue
         for column, (name, shape, dtype) in enumerate(chosen):
