@@ -188,11 +188,10 @@ def read_members(sources: SourceIndex, concat_dim: str, variables: Sequence[Vari
     files, and stacked along the new dim (the first dim of every variable along the concat dim)."""
     dim = sources.member_dim
     per_member = [v for v in variables if v.dims[:1] == (dim,)]
+    shared = [v for v in variables if v.dims[:1] != (dim,)]
     # Static variables, and coordinates along the concat dim alone, are the same for every
     # member: read from the first member's files.
-    slabs = read_slabs(
-        sources.overlapping(*box[concat_dim]), concat_dim, [v for v in variables if v not in per_member], box
-    )
+    slabs = read_slabs(sources.overlapping(*box[concat_dim]), concat_dim, shared, box)
     inner = [dataclasses.replace(v, dims=v.dims[1:]) for v in per_member]
     parts: dict[str, list[np.ndarray]] = {v.name: [] for v in inner}
     for member in range(*box[dim]) if inner else ():
