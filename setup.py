@@ -43,6 +43,7 @@ setup(
         "test": [
             TENSORFLOW,
             "pytest>=8",
+            "setuptools>=68",  # tests build the sdist and wheel offline (--no-isolation): pyproject's backend
             "hypothesis>=6.100",
             "scipy>=1.13",
             "gcp-storage-emulator==2026.7.19",

@@ -21,10 +21,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from schemas.reader import Reader, rebatch, shuffled
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError:  # the module still imports (the readers and tools that list modules need no torch)
+    torch = None
+    IterableDataset = object
+
+_NO_TORCH = (
+    "SplitDataset needs PyTorch, which is not installed: install it (a CPU build on Linux: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu), or read with schemas.Reader"
+)
 
 
 class SplitDataset(IterableDataset):
@@ -45,6 +55,8 @@ class SplitDataset(IterableDataset):
         world_size: int = 1,
         normalize: bool = False,
     ):
+        if torch is None:
+            raise ImportError(_NO_TORCH)
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")

@@ -155,6 +155,7 @@ def test_nan_policy(archive, tmp_path, capsys, policy):
         np.testing.assert_array_equal(record["t2m"], expected)
 
 
+@pytest.mark.torch  # also reads through the PyTorch dataset (skipped there without torch)
 def test_per_level_statistics_and_normalisation(archive, tmp_path):
     output = build(tmp_path, base(archive, tmp_path / "out", stats={"per": ["level"]}, splits=SPLITS))
     stats = load_stats(str(output))

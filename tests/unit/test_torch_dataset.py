@@ -8,11 +8,13 @@ from synthetic_output import FEATURES, make_columns, write_output
 
 from schemas.reader import read_split
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
+pytest.importorskip("torch")
+import torch
+from torch.utils.data import DataLoader
 
-from schemas.torch_dataset import SplitDataset  # noqa: E402
+from schemas.torch_dataset import SplitDataset
 
+pytestmark = pytest.mark.torch
 SAMPLES = 61
 
 
