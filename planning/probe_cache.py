@@ -67,18 +67,18 @@ class _Entry(TypedDict):
     version: _Text
 
 
-def _dtype(text: str) -> np.dtype:
+def _dtype(text: str, where: str) -> np.dtype:
     try:
         return np.dtype(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{text!r} is not a dtype") from None
+        raise ValueError(f"{where}: {text!r} is not a dtype") from None
 
 
 def _probe(entry: _Entry, concat_dim: str) -> FileProbe:
     """The probe an entry holds, after checking what its types do not say: dtypes, lengths, offsets in the file."""
     raw = entry["concat_raw"]
     if raw is not None:
-        if _dtype(raw["dtype"]).kind not in _RAW_KINDS:
+        if _dtype(raw["dtype"], "concat_raw").kind not in _RAW_KINDS:
             raise ValueError(f"concat_raw: dtype {raw['dtype']!r} is not a number's")
         try:
             raw = np.array(raw["values"], dtype=raw["dtype"])
@@ -87,7 +87,7 @@ def _probe(entry: _Entry, concat_dim: str) -> FileProbe:
         if len(raw) != entry["sizes"].get(concat_dim):
             raise ValueError(f"concat_raw: {len(raw)} values, but {concat_dim} has {entry['sizes'].get(concat_dim)}")
     for name, (offset, shape, dtype, _) in entry["layouts"].items():
-        end = offset + math.prod(shape) * _dtype(dtype).itemsize
+        end = offset + math.prod(shape) * _dtype(dtype, f"layouts.{name}").itemsize
         if end > entry["nbytes"]:
             raise ValueError(f"layouts.{name}: its values end at byte {end}, past the file's {entry['nbytes']}")
     return FileProbe(
@@ -109,7 +109,9 @@ def _digest(text: str) -> str:
 def _reason(error: ValidationError, files: str) -> str:
     """A validation error in one line: which file's entry, where in it, and what is wrong there."""
     first = error.errors()[0]
-    index, *where = first["loc"] or ("",)
+    if not first["loc"]:
+        return f"files: {first['msg']}"
+    index, *where = first["loc"]
     name = None
     if isinstance(index, int):
         with contextlib.suppress(Exception):  # the entry's path, if the JSON parses that far
