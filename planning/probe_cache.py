@@ -144,7 +144,9 @@ def _probes(text: str, concat_dim: str) -> dict[tuple[str, int, str], FileProbe]
     text = text.rstrip()
     start = _head(concat_dim)
     if not text.startswith(start):
-        return "" if _other(text, concat_dim) else "not an inventory cache as this version writes it"
+        return (
+            "" if _other(text, concat_dim) else "not laid out as this version writes it (edited since it was written?)"
+        )
     digest = text[len(start) :].partition('"')[0]
     head = _head(concat_dim, digest)
     # The digest is of the files' text as written: any edit, even one that keeps the JSON valid, shows.

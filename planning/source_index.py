@@ -30,7 +30,7 @@ class SourceIndex:
     starts: np.ndarray  # int64
     stops: np.ndarray
     nbytes: np.ndarray
-    versions: tuple[str, ...] = ()  # as listed (modification time or generation); workers check them
+    versions: tuple[str, ...] = ()  # as listed (planning.sources: times and inode, or generation); workers check them
     members: np.ndarray | None = None  # int64, ascending; None: no new dim
     member_dim: str | None = None  # input.new_dim's name
     direct: DirectReads | None = None  # variables workers may read by offset, and where in each file
