@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import xarray as xr
 
 from planning import probe_cache, sources
 from planning.config import parse_config
+from planning.direct_reads import read_direct
 from planning.inventory import probe_files
 from planning.plan import make_plan
 from planning.probe_cache import load_probes, reuse_or_probe, save_probes
@@ -216,3 +218,15 @@ def test_another_versions_cache_or_another_dim_is_ignored_quietly(archive, tmp_p
         cache.write_text(json.dumps({"format": "xarray-tfrecords-inventory/3", "concat_dim": "time", "files": []}))
         assert load_probes(str(cache), "time") == {}
     assert not caplog.records
+
+
+def test_a_read_of_part_of_a_file_checks_the_bytes_it_did_not_read(archive, tmp_path):
+    plan, _ = _build(archive, tmp_path / "out")
+    source = plan.sources[0]
+    box = {"time": (0, 1), "lat": (0, 3), "lon": (0, 4)}  # the checked bytes are in the second step
+    with xr.open_dataset(source.path) as ds:
+        np.testing.assert_array_equal(read_direct(source, plan.variables, box, "time")["t"], ds["t"].values[:1])
+    (t, t_shape, t_check), (u, u_shape, u_check) = source.layouts["t"], source.layouts["u"]
+    swapped = dataclasses.replace(source, layouts={"t": (u, t_shape, t_check), "u": (t, u_shape, u_check)})
+    with pytest.raises(UserError, match="the bytes at the offset planned for 't' are not those probed"):
+        read_direct(swapped, plan.variables, box, "time")
