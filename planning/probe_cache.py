@@ -37,6 +37,7 @@ FORMAT = "xarray-tfrecords-inventory/4"
 _FIELDS = dataclasses.fields(FileProbe)
 
 _Count = Annotated[int, Strict(), Field(ge=0)]
+_Check = Annotated[int, Strict(), Field(ge=-(2**63), lt=2**63)]  # an int64 (planning.local_probe.layout_check)
 _Text = Annotated[str, Strict()]
 #: Kinds of numbers a concat coordinate is stored as (bool, int, unsigned, float).
 _RAW_KINDS = "biuf"
@@ -45,7 +46,7 @@ _RAW_KINDS = "biuf"
 @with_config(ConfigDict(extra="forbid"))
 class _Raw(TypedDict):
     dtype: _Text
-    values: list[Annotated[int, Strict()] | Annotated[float, Strict()]]
+    values: list[Annotated[bool, Strict()] | Annotated[int, Strict()] | Annotated[float, Strict()]]
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -63,7 +64,7 @@ class _Entry(TypedDict):
     concat_raw: _Raw | None
     concat_attrs: dict[str, Any]
     bytes_read: _Count | None
-    layouts: dict[str, tuple[_Count, list[_Count], _Text, Annotated[int, Strict()]]]
+    layouts: dict[str, tuple[_Count, list[_Count], _Text, _Check]]
     version: _Text
 
 

@@ -170,6 +170,7 @@ MALFORMED = {
     "offset past the end": lambda cache: _edit(cache, _set_layout(0, 10**9), keep_digest=False),
     "shape past the end": lambda cache: _edit(cache, _set_layout(1, [2, 3, 10**6]), keep_digest=False),
     "bad dtype": lambda cache: _edit(cache, _set_layout(2, "<nonsense"), keep_digest=False),
+    "check past int64": lambda cache: _edit(cache, _set_layout(3, 2**64), keep_digest=False),
     "layout too short": lambda cache: _edit(cache, lambda f: f[0]["layouts"]["t"].pop(), keep_digest=False),
     "raw of text": lambda cache: _edit(
         cache, _set("concat_raw", {"dtype": "<U3", "values": [1, 2]}), keep_digest=False
