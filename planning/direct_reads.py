@@ -7,18 +7,23 @@ values as xarray decodes them: contiguous, plain numbers in this machine's byte 
 attribute that decoding would apply (NaN fill values aside). Planning keeps an offset only where
 the file's shape and dtype for the variable are the plan's; a worker reads by offset only a box
 that spans every dim but the concat dim (the first dim) whole, after checking that the file's
-size and modification time are those planned. Everything else goes through HDF5 as before.
+size and version are those planned, and that a few of the variable's bytes hash with its name
+and offset to the check its probe recorded (planning.local_probe.layout_check): neither a file
+replaced under the same size and times nor an edited probe cache makes it read another
+variable's bytes. Everything else goes through HDF5 as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from planning.features import VariablePlan
+from planning.local_probe import check_window, layout_check
 from planning.probe import FileProbe
 from planning.sources import SourceFile
 from schemas.errors import UserError
@@ -28,11 +33,13 @@ from schemas.urls import is_remote
 @dataclasses.dataclass(frozen=True)
 class DirectReads:
     """Per variable read by offset: its stored shape with the concat dim first (its length there is 0:
-    each file's own), and per file the variable's byte offset (-1: read it through HDF5)."""
+    each file's own), and per file the variable's byte offset (-1: read it through HDF5) and its
+    layout's check (planning.local_probe.layout_check)."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     offsets: np.ndarray  # int64, files x names
+    checks: np.ndarray  # int64, files x names
 
 
 def plan_direct_reads(
@@ -53,6 +60,7 @@ def plan_direct_reads(
     if not chosen:
         return None
     offsets = np.full((len(files), len(chosen)), -1, dtype=np.int64)
+    checks = np.zeros_like(offsets)
     for row, source in enumerate(files):
         probe = probes.get(source.path)
         layouts = None if probe is None else probe.layouts
@@ -62,12 +70,12 @@ def plan_direct_reads(
             layout = layouts.get(name)
             if layout is None:
                 continue
-            offset, stored_shape, stored_dtype = layout
+            offset, stored_shape, stored_dtype, check = layout
             if tuple(stored_shape) == (source.stop - source.start, *shape[1:]) and stored_dtype == dtype:
-                offsets[row, column] = offset
+                offsets[row, column], checks[row, column] = offset, check
     if (offsets < 0).all():
         return None
-    return DirectReads(tuple(n for n, _, _ in chosen), tuple(s for _, s, _ in chosen), offsets)
+    return DirectReads(tuple(n for n, _, _ in chosen), tuple(s for _, s, _ in chosen), offsets, checks)
 
 
 def read_direct(
@@ -83,17 +91,18 @@ def read_direct(
         layout = layouts.get(variable.name)
         if layout is None or variable.dims[:1] != (concat_dim,):
             return None
-        offset, shape = layout
+        offset, shape, check = layout
         if any(box[d] != (0, n) for d, n in zip(variable.dims[1:], shape[1:])):
             return None
-        wanted.append((variable, offset, shape))
+        wanted.append((variable, offset, shape, check))
     begin, end = box[concat_dim]
     out = {}
     with open(source.path, "rb", buffering=0) as stream:
-        for variable, offset, shape in wanted:
+        for variable, offset, shape, check in wanted:
             values = np.empty((end - begin, *shape[1:]), np.dtype(variable.dtype))
             row = math.prod(shape[1:]) * values.itemsize
-            stream.seek(offset + begin * row)
+            start = offset + begin * row
+            stream.seek(start)
             # Into the array itself: one copy from the page cache, and the values stay writable. A
             # read returns at most about 2 GB on Linux: read on until the array is full.
             view, filled = memoryview(values.reshape(-1)).cast("B"), 0
@@ -104,5 +113,16 @@ def read_direct(
                         f"{source.path}: reading {variable.name!r} met the end of the file; the file may be truncated"
                     )
                 filled += read
+            window, length = check_window(offset, shape[0] * row)
+            if start <= window and window + length <= start + len(view):  # read already: most units read whole files
+                seen = bytes(view[window - start : window - start + length])
+            else:
+                seen = os.pread(stream.fileno(), length, window)
+            if layout_check(variable.name, offset, seen) != check:
+                raise UserError(
+                    f"{source.path}: the bytes at the offset planned for {variable.name!r} are not those probed (the "
+                    "file was replaced keeping its size and times, or the output's _inventory.json was edited); "
+                    "delete _inventory.json from the output directory and run the build again"
+                )
             out[variable.name] = values
     return out

@@ -36,7 +36,7 @@ class Inventory:
     concat_values: np.ndarray  # the virtual dataset's concat coordinate
     #: every probed file's probe, as listed: what planning.probe_cache keeps for the next run
     probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
-    #: each file's version as listed (modification time or generation): workers check it is unchanged
+    #: each file's version as listed (planning.sources: times and inode, or generation): workers check it is unchanged
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: a Zarr store's chunking, when the input is one store (planning.zarr_inventory) rather than files
     zarr: StoreLayout | None = None

@@ -15,8 +15,10 @@ values (0.08 ms a variable), so workers can read it without HDF5 (planning.direc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import math
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -37,6 +39,23 @@ _NO_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 
 #: Dimension scale names by the tuple of a file's names: files of one archive share one entry.
 Scales = dict[tuple[bytes, ...], tuple[bytes, ...]]
+
+#: Bytes of a plainly stored variable's values, from their middle (less often a fill value than their
+#: start), that its layout's check hashes with its name and offset (layout_check).
+CHECK_BYTES = 32
+
+
+def check_window(offset: int, nbytes: int) -> tuple[int, int]:
+    """Where the bytes a layout's check covers start, and how many, for values of ``nbytes`` at ``offset``."""
+    length = min(CHECK_BYTES, nbytes)
+    return offset + (nbytes - length) // 2, length
+
+
+def layout_check(name: str, offset: int, window: bytes) -> int:
+    """A variable's layout check, an int64: a worker that reads it by offset recomputes it first, so values
+    are never read at an offset that is not this variable's in this file as probed (planning.direct_reads)."""
+    digest = hashlib.blake2b(f"{name}\0{offset}\0".encode() + window, digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def probe_local(
@@ -69,9 +88,10 @@ def _find_scales(root, names: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return tuple(found)
 
 
-def _contiguous_layout(root, name: bytes) -> list | None:
-    """[byte offset, shape, dtype] of a dataset whose stored bytes are its values as xarray decodes them:
-    contiguous, plain numbers in this machine's byte order, nothing for CF decoding to change."""
+def _contiguous_layout(root, name: bytes, read_at) -> list | None:
+    """[byte offset, shape, dtype, check] of a dataset whose stored bytes are its values as xarray decodes them:
+    contiguous, plain numbers in this machine's byte order, nothing for CF decoding to change.
+    ``read_at(length, offset)``: the file's bytes, for the check (layout_check)."""
     from h5py import h5d
 
     dataset = h5d.open(root, name)
@@ -83,7 +103,9 @@ def _contiguous_layout(root, name: bytes) -> list | None:
     offset = dataset.get_offset()
     if offset is None or not unchanged_by_decoding(dtype, decoding_attributes(dataset)):
         return None
-    return [int(offset), list(dataset.shape), dtype.str]
+    offset = int(offset)
+    window = check_window(offset, math.prod(dataset.shape) * dtype.itemsize)
+    return [offset, list(dataset.shape), dtype.str, layout_check(name.decode(), offset, read_at(*window[::-1]))]
 
 
 def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None) -> FileProbe:
@@ -115,9 +137,10 @@ def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales, wanted:
                 present = [key for key in _CONCAT_ATTRS if h5a.exists(dataset, key)]
                 concat_attrs = {key.decode(): _plain(read_attribute(dataset, key)) for key in present}
         layouts = {}
-        for name in names:
-            if name not in scales[names] and (wanted is None or name.decode() in wanted):
-                layout = _contiguous_layout(root, name)
+        candidates = [n for n in names if n not in scales[names] and (wanted is None or n.decode() in wanted)]
+        with open(path, "rb", buffering=0) if candidates else contextlib.nullcontext() as stream:
+            for name in candidates:
+                layout = _contiguous_layout(root, name, functools.partial(os.pread, stream.fileno()))
                 if layout is not None:
                     layouts[name.decode()] = layout
         return FileProbe(path, nbytes, False, digest.hexdigest(), sizes, concat_raw, concat_attrs, layouts=layouts)

@@ -133,11 +133,26 @@ def _check_unchanged(source: SourceFile) -> None:
     except FileNotFoundError:
         raise UserError(f"{source.path}: file not found (was it moved or deleted during the build?)") from None
     if size != source.nbytes or (source.version and version != source.version):
-        change = f"size ({size} bytes, {source.nbytes} then)" if size != source.nbytes else "modification time"
+        change = (
+            f"size ({size} bytes, {source.nbytes} then)" if size != source.nbytes else _changed(source.version, version)
+        )
         raise UserError(
             f"{source.path}: changed since the build was planned (its {change}); "
             "do not modify input files during a build: run it again"
         )
+
+
+#: The parts of a version (planning.sources._version) by what a user knows them as.
+_VERSION_PARTS = {"mtime_ns": "modification time", "ctime_ns": "change time", "ino": "inode"}
+
+
+def _changed(then: str, now: str) -> str:
+    """Which parts of a file's version differ, named for a user."""
+    if "=" not in then or "=" not in now:  # a store's modification time alone
+        return "modification time"
+    before, after = (dict(part.partition("=")[::2] for part in v.split(";")) for v in (then, now))
+    changed = [key for key in {**before, **after} if before.get(key) != after.get(key)]
+    return " and ".join(dict.fromkeys(_VERSION_PARTS.get(key, key) for key in changed)) or "version"
 
 
 def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:

@@ -30,7 +30,7 @@ class SourceIndex:
     starts: np.ndarray  # int64
     stops: np.ndarray
     nbytes: np.ndarray
-    versions: tuple[str, ...] = ()  # as listed (modification time or generation); workers check them
+    versions: tuple[str, ...] = ()  # as listed (planning.sources: times and inode, or generation); workers check them
     members: np.ndarray | None = None  # int64, ascending; None: no new dim
     member_dim: str | None = None  # input.new_dim's name
     direct: DirectReads | None = None  # variables workers may read by offset, and where in each file
@@ -59,10 +59,10 @@ class SourceIndex:
         start, stop = int(self.starts[index]), int(self.stops[index])
         layouts = None
         if self.direct is not None:
-            offsets = self.direct.offsets[index].tolist()
+            offsets, checks = self.direct.offsets[index].tolist(), self.direct.checks[index].tolist()
             layouts = {
-                name: (offset, (stop - start, *shape[1:]))
-                for name, shape, offset in zip(self.direct.names, self.direct.shapes, offsets)
+                name: (offset, (stop - start, *shape[1:]), check)
+                for name, shape, offset, check in zip(self.direct.names, self.direct.shapes, offsets, checks)
                 if offset >= 0
             }
         return SourceFile(self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts)
@@ -104,6 +104,7 @@ class SourceIndex:
                 direct_names=np.array(self.direct.names, dtype=np.str_),
                 direct_shapes=np.array(shapes, dtype=np.str_),
                 direct_offsets=self.direct.offsets,
+                direct_checks=self.direct.checks,
             )
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
@@ -119,6 +120,6 @@ class SourceIndex:
             if "direct_names" in columns:
                 names = tuple(str(n) for n in columns["direct_names"])
                 shapes = tuple(tuple(s) for s in json.loads(str(columns["direct_shapes"])))
-                direct = DirectReads(names, shapes, columns["direct_offsets"])
+                direct = DirectReads(names, shapes, columns["direct_offsets"], columns["direct_checks"])
             starts, stops, nbytes = columns["starts"], columns["stops"], columns["nbytes"]
             return cls(paths, starts, stops, nbytes, versions, members, member_dim, direct)

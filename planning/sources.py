@@ -24,29 +24,45 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class ListedFile:
-    """A file as its listing shows it; ``version`` changes whenever its content may have (mtime, GCS generation)."""
+    """A file as its listing shows it; ``version`` changes whenever its content may have (see _version)."""
 
     path: str
     nbytes: int
     version: str
 
 
+#: What tells a remote object's content apart besides its size: GCS's generation (new on every write) and
+#: checksums (crc32c; md5Hash, absent for composite objects), S3's ETag.
+_CONTENT_KEYS = ("generation", "crc32c", "md5Hash", "ETag", "etag")
+#: Otherwise, the first of these times a store lists.
+_TIME_KEYS = ("mtime", "updated", "LastModified", "created")
+
+
 def _version(info: dict) -> str:
-    for key in ("generation", "mtime", "updated", "LastModified", "created"):
-        if info.get(key) is not None:
-            return str(info[key])
-    return ""
+    if "local_version" in info:
+        return info["local_version"]
+    found = [f"{key}={info[key]}" for key in _CONTENT_KEYS if info.get(key)]
+    if found:
+        return ";".join(found)
+    return next((str(info[key]) for key in _TIME_KEYS if info.get(key) is not None), "")
+
+
+def _local_version(status: os.stat_result) -> str:
+    """A local file's identity besides its size: the modification time can be copied (touch -r, cp -p,
+    rsync -t) or too coarse to tell two writes apart; the inode and the change time are the file's own
+    (a copy, or a file written under a temporary name and renamed over it, gets another)."""
+    return f"mtime_ns={status.st_mtime_ns};ino={status.st_ino};ctime_ns={status.st_ctime_ns}"
 
 
 def _local_listing(pattern: str) -> dict[str, dict]:
-    """What fsspec's local listing gives (absolute path: size, type, mtime), at a tenth of its cost."""
+    """What fsspec's local listing gives (absolute path: size, type; and the file's version), at a tenth of its cost."""
     infos = {}
     pattern = pattern.removeprefix("file://")  # a file:// URL names a local path
     for path in glob.glob(os.path.abspath(pattern), recursive=True):
         with contextlib.suppress(FileNotFoundError):
             status = os.stat(path)
             kind = "directory" if stat.S_ISDIR(status.st_mode) else "file"
-            infos[path] = {"size": status.st_size, "type": kind, "mtime": status.st_mtime}
+            infos[path] = {"size": status.st_size, "type": kind, "local_version": _local_version(status)}
     return infos
 
 
@@ -91,7 +107,7 @@ def size_and_version(path: str) -> tuple[int, str]:
     """A file's size and version now, as list_files reports them."""
     if not is_remote(path):
         status = os.stat(path)
-        return status.st_size, str(status.st_mtime)
+        return status.st_size, _local_version(status)
     fs, _, (resolved,) = fsspec.get_fs_token_paths(path)
     info = fs.info(resolved)
     return int(info["size"]), _version(info)
@@ -188,7 +204,7 @@ class SourceFile:
     start: int
     stop: int
     nbytes: int
-    version: str = ""  # modification time or generation when listed ("" when the filesystem has none)
+    version: str = ""  # its version when listed (planning.sources._version; "" when the filesystem gives none)
     member: int = 0  # its index along input.new_dim (its member's range along the concat dim is its own)
-    #: variables a worker may read by offset (planning.direct_reads): name -> (byte offset, stored shape)
-    layouts: Mapping[str, tuple[int, tuple[int, ...]]] | None = None
+    #: variables a worker may read by offset (planning.direct_reads): name -> (byte offset, stored shape, check)
+    layouts: Mapping[str, tuple[int, tuple[int, ...], int]] | None = None

@@ -144,7 +144,7 @@ def test_a_file_rewritten_at_the_same_size_after_planning_fails_on_the_worker(ar
         tmp_path,
         capsys,
         "b.nc",
-        "changed since the build was planned (its modification time)",
+        "changed since the build was planned (its modification time",
     )
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import fsspec
 import numpy as np
 import pytest
+import xarray as xr
 
 from planning.inventory import inspect_files, probe_files
 from planning.metadata import inspect_file
 from planning.probe import END_BYTES
+from planning.probe_cache import load_probes, reuse_or_probe, save_probes
 from planning.sources import list_files
 
 from conftest import BUCKET
@@ -49,3 +52,26 @@ def test_a_remote_classic_file_is_read_from_its_header_as_xarray_reads_it_locall
     local = inspect_file(str(path))
     _same(remote, local)
     assert json.dumps(remote.coord_attrs, sort_keys=True) == json.dumps(local.coord_attrs, sort_keys=True)
+
+
+def test_a_remote_object_rewritten_at_the_same_size_is_probed_again(gcs, tmp_path):
+    written = []
+    for seed in (1, 2):  # one size and structure, other values; whole numbers: no trailing CR or LF byte
+        values = np.random.default_rng(seed).integers(0, 99, (3, 4)).astype("f4")
+        ds = xr.Dataset({"t": (("time", "x"), values)}, coords={"time": np.arange(3.0) + 3 * seed})
+        ds.to_netcdf(tmp_path / f"{seed}.nc", format="NETCDF3_64BIT")
+        written.append(str(tmp_path / f"{seed}.nc"))
+    url = f"gs://{BUCKET}/rewritten/a.nc"
+    gcs.put_file(written[0], url)
+    listed = list_files([url])
+    cache = str(tmp_path / "out" / "_inventory.json")
+    save_probes(cache, "time", zip(listed, probe_files(listed, "time")))
+    assert reuse_or_probe(listed, load_probes(cache, "time"), lambda missing: missing)[0] is not None
+    gcs.put_file(written[1], url)
+    fsspec.filesystem("gs").invalidate_cache()  # another run lists afresh
+    again = list_files([url])
+    assert again[0].nbytes == listed[0].nbytes
+    assert "generation=" in again[0].version and "crc32c=" in again[0].version
+    probed = []
+    reuse_or_probe(again, load_probes(cache, "time"), lambda missing: probed.extend(missing) or [None])
+    assert probed == again

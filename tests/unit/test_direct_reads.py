@@ -43,7 +43,7 @@ def test_the_probe_records_plainly_stored_variables_only(archive):
     path = str(archive / "part0.nc")
     layouts = probe_local(path, 0, "time").layouts
     assert set(layouts) == {"plain"}  # not the compressed or the packed one
-    offset, shape, dtype = layouts["plain"]
+    offset, shape, dtype, _ = layouts["plain"]
     assert (shape, dtype) == ([3, 4, 6], "<f4")
     with open(path, "rb") as stream:
         stream.seek(offset)
