@@ -18,8 +18,8 @@ from planning.direct_reads import read_direct
 from planning.inventory import probe_files
 from planning.plan import make_plan
 from planning.probe_cache import load_probes, reuse_or_probe, save_probes
-from planning.slabs import read_selected
-from planning.sources import list_files
+from planning.slabs import _check_unchanged, read_selected
+from planning.sources import SourceFile, list_files, size_and_version
 from schemas.errors import UserError
 
 
@@ -231,3 +231,14 @@ def test_a_read_of_part_of_a_file_checks_the_bytes_it_did_not_read(archive, tmp_
     swapped = dataclasses.replace(source, layouts={"t": (u, t_shape, t_check), "u": (t, u_shape, u_check)})
     with pytest.raises(UserError, match="the bytes at the offset planned for 't' are not those probed"):
         read_direct(swapped, plan.variables, box, "time")
+
+
+def test_a_worker_that_numbers_inodes_its_own_way_still_reads(tmp_path):
+    """A worker's mount may give the planner's file another inode (gcsfuse per node): not a changed file."""
+    path = tmp_path / "a.nc"
+    path.write_bytes(b"0123456789")
+    nbytes, version = size_and_version(str(path))
+    elsewhere = ";".join("ino=1" if part.startswith("ino=") else part for part in version.split(";"))
+    _check_unchanged(SourceFile(str(path), 0, 1, nbytes, elsewhere))
+    with pytest.raises(UserError, match="changed since the build was planned"):
+        _check_unchanged(SourceFile(str(path), 0, 1, nbytes, elsewhere.replace("mtime_ns=", "mtime_ns=1")))
