@@ -73,3 +73,16 @@ def fails_late(ds: xr.Dataset) -> xr.Dataset:
     if (ds.time > np.datetime64("2020-01-02T12")).any():
         raise ValueError("no climatology after 2020-01-02T12")
     return ds
+
+
+def exits(ds: xr.Dataset) -> xr.Dataset:
+    raise SystemExit("stop here")
+
+
+def exits_late(ds: xr.Dataset) -> xr.Dataset:
+    """Fine on the first steps (all planning runs it on), exits on a worker's later ones."""
+    import sys
+
+    if (ds.time > np.datetime64("2020-01-02T12")).any():
+        sys.exit(3)
+    return ds

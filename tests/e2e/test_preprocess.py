@@ -202,6 +202,7 @@ def fails(tmp_path: Path, capsys, config: dict) -> str:
         ("missing", {}, "module 'preprocess_examples' has no 'missing'"),
         ("NOT_A_FUNCTION", {}, "preprocess_examples:NOT_A_FUNCTION is a int, not a function"),
         ("raises", {}, "preprocess_examples:raises raised KeyError: \"No variable named 'w'"),
+        ("exits", {}, "preprocess_examples:exits raised SystemExit: stop here on a slab at the start"),
         ("returns_dataarray", {}, "returned DataArray (a DataArray: return da.to_dataset(name=...))"),
         ("lat_gradient", {}, "'dtdlat' values that depend on where a slab ends along 'lat'"),
         ("minus_time_mean", {}, "'t' values that depend on where a slab ends along 'time'"),
@@ -228,9 +229,14 @@ def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     assert "wind_speed (time, level, lat, lon)" in err
 
 
-def test_a_function_failing_on_a_worker_fails_the_build_in_one_line(small_archive, tmp_path, capsys, units):
-    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", "fails_late"))
-    assert "error: input.preprocess: preprocess_examples:fails_late raised ValueError: no climatology after" in err
+@pytest.mark.parametrize(
+    ("function", "raised"), [("fails_late", "ValueError: no climatology after"), ("exits_late", "SystemExit: 3")]
+)
+def test_a_function_failing_on_a_worker_fails_the_build_in_one_line(
+    small_archive, tmp_path, capsys, units, function, raised
+):
+    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", function))
+    assert f"error: input.preprocess: preprocess_examples:{function} raised {raised}" in err
     assert " on unit " in err
 
 
