@@ -86,3 +86,18 @@ def exits_late(ds: xr.Dataset) -> xr.Dataset:
     if (ds.time > np.datetime64("2020-01-02T12")).any():
         sys.exit(3)
     return ds
+
+
+def running_mean(ds: xr.Dataset) -> xr.Dataset:
+    """A centred 3-step running mean along time: NaN at each end of a slab, so at every unit's edge."""
+    return xr.Dataset({"t": ds.t.rolling(time=3, center=True).mean()})
+
+
+def trailing_mean(ds: xr.Dataset) -> xr.Dataset:
+    """Running means that keep values at the slab's ends (min_periods=1): they change there instead."""
+    return xr.Dataset({"t": ds.t.rolling(time=5, min_periods=1).mean()})
+
+
+def masked_warm(ds: xr.Dataset) -> xr.Dataset:
+    """NaN from the data, pointwise (where t is 250 K or warmer): the same positions are NaN in any slab."""
+    return xr.Dataset({"t": ds.t.where(ds.t < 250), "u": ds.u})

@@ -13,6 +13,7 @@ import xarray as xr
 import yaml
 
 import pipelines.graph as graph
+import planning.derived as derived
 from pipelines.build import main
 from planning.config import parse_config
 from planning.plan import make_plan
@@ -206,8 +207,10 @@ def fails(tmp_path: Path, capsys, config: dict) -> str:
         ("returns_dataarray", {}, "returned DataArray (a DataArray: return da.to_dataset(name=...))"),
         ("lat_gradient", {}, "'dtdlat' values that depend on where a slab ends along 'lat'"),
         ("minus_time_mean", {}, "'t' values that depend on where a slab ends along 'time'"),
+        ("running_mean", {}, "'t' values that depend on where a slab ends along 'time' (they changed or turned NaN"),
+        ("trailing_mean", {}, "the function must be pointwise along time: no running window"),
         ("time_mean", {"variables": ["t", "u"]}, "returned 't' without the dim 'time' its inputs have"),
-        ("drops_a_row", {}, "returned 't' with 4 lat where its input had 5"),
+        ("drops_a_row", {}, "returned 't' with 15 lat where its input had 16"),
         ("wind_speed", {"preprocess_inputs": ["u", "speed"]}, "input.preprocess_inputs: 'speed' is not a data"),
         ("wind_speed", {"preprocess_inputs": ["u"]}, "raised AttributeError: 'Dataset' object has no attribute 'v'"),
     ],
@@ -222,6 +225,13 @@ def test_a_bad_function_fails_at_planning_in_one_line(small_archive, tmp_path, c
     assert "input.preprocess" in err
 
 
+def test_nan_from_the_data_is_no_edge_effect(small_archive, tmp_path):
+    """A mask makes NaN where the data say, at the same positions in any slab: planning accepts it."""
+    config = parse_config(config_for(small_archive, tmp_path / "out", "masked_warm", variables=["t", "u"]))
+    plan = make_plan(config)
+    assert [o.name for o in plan.preprocess.outputs] == ["t", "u"]
+
+
 def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     config = config_for(small_archive, tmp_path / "out", "wind_speed", variables=["wind_speed", "t"])
     err = fails(tmp_path, capsys, config)
@@ -233,8 +243,9 @@ def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     ("function", "raised"), [("fails_late", "ValueError: no climatology after"), ("exits_late", "SystemExit: 3")]
 )
 def test_a_function_failing_on_a_worker_fails_the_build_in_one_line(
-    small_archive, tmp_path, capsys, units, function, raised
+    small_archive, tmp_path, capsys, units, monkeypatch, function, raised
 ):
+    monkeypatch.setattr(derived, "PROBE_STEPS", 4)  # planning runs it on the first 4 steps, before it fails
     err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", function))
     assert f"error: input.preprocess: preprocess_examples:{function} raised {raised}" in err
     assert " on unit " in err
