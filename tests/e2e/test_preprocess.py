@@ -232,6 +232,28 @@ def test_nan_from_the_data_is_no_edge_effect(small_archive, tmp_path):
     assert [o.name for o in plan.preprocess.outputs] == ["t", "u"]
 
 
+def test_the_nan_and_inf_a_function_returns_are_reported(small_archive, tmp_path, capsys, units):
+    config = config_for(small_archive, tmp_path / "out", "overflows_late", variables=["t_scaled", "u"])
+    assert build(tmp_path, config) == 0
+    out = capsys.readouterr().out
+    records = read_all_records(tmp_path / "out", load_schema(tmp_path / "out"))
+    t, u = records["t_scaled"], records["u"]
+    plan = units[-1]
+    boxes = [(unit.index, plan.positions.grid.source_box(unit)) for unit in plan.units]
+    late = min(i for i, box in boxes if box["time"][1] > 8)  # step 8 is 2020-01-03
+    south = min(i for i, box in boxes if box["lat"][1] > 16)  # row 16 is 61.6S
+    assert f"'t_scaled' {np.isinf(t).sum():,} inf and 0 NaN of {t.size:,} values cut, first in unit {late}\n" in out
+    assert f"'u' 0 inf and {np.isnan(u).sum():,} NaN of {u.size:,} values cut, first in unit {south}\n" in out
+    assert "  preprocess_examples:overflows_late returned non-finite values: 't_scaled'" in out
+    assert 0 < np.isinf(t).sum() < t.size and 0 < np.isnan(u).sum() < u.size
+
+
+def test_a_variable_without_a_finite_value_is_refused(small_archive, tmp_path, capsys):
+    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", "overflows"))
+    assert "error: input.preprocess: preprocess_examples:overflows returned 't_big' with no finite value in the" in err
+    assert "inf, 0 NaN, from unit 0 on); fix the function" in err
+
+
 def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     config = config_for(small_archive, tmp_path / "out", "wind_speed", variables=["wind_speed", "t"])
     err = fails(tmp_path, capsys, config)
