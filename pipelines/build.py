@@ -58,7 +58,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def nonfinite_lines(output: str) -> list[str]:
-    """'  <function> returned NaN or inf: ...' for each derived variable that holds some (from stats.json)."""
+    """'  <function> returned non-finite values: ...' per derived variable holding NaN or inf (from stats.json)."""
     from schemas.dataset import load_stats
 
     derived = load_stats(output).get("preprocess") or {}
