@@ -57,6 +57,21 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def nonfinite_lines(output: str) -> list[str]:
+    """'  <function> returned non-finite values: ...' per derived variable holding NaN or inf (from stats.json)."""
+    from schemas.dataset import load_stats
+
+    derived = load_stats(output).get("preprocess") or {}
+    lines = []
+    for name, n in (derived.get("variables") or {}).items():
+        if n.get("nan") or n.get("inf"):
+            lines.append(
+                f"  {derived.get('function')} returned non-finite values: {name!r} {n.get('inf', 0):,} inf and "
+                f"{n.get('nan', 0):,} NaN of {n.get('values', 0):,} values cut, first in unit {n.get('first_unit')}"
+            )
+    return lines
+
+
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     shards = [shard for split in schema.splits.values() for shard in split]
     size = sum(s.bytes for s in shards)
@@ -75,6 +90,9 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
         print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
     elif with_nan and plan.config.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
+    if plan.preprocess is not None:
+        for line in nonfinite_lines(plan.output):
+            print(line)
     split = default_split(list(schema.splits))
     # find_spec looks TensorFlow up without importing it (that would take seconds).
     missing = "" if importlib.util.find_spec("tensorflow") else ' (not installed here: pip install -e ".[tf]")'

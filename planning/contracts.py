@@ -41,12 +41,30 @@ def coord_feature(dim: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """A derived variable's (input.preprocess output's) values in the samples cut, before nan_policy."""
+
+    values: int = 0
+    nan: int = 0
+    inf: int = 0  # +inf and -inf
+    first_unit: int | None = None  # the lowest unit with a NaN or inf
+
+    def merge(self, other: NonFinite) -> NonFinite:
+        units = [u for u in (self.first_unit, other.first_unit) if u is not None]
+        return NonFinite(
+            self.values + other.values, self.nan + other.nan, self.inf + other.inf, min(units) if units else None
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class UnitCounts:
     """What one unit did to one split's samples."""
 
     cut: int = 0  # samples of the split in the unit (before nan_policy: drop)
     dropped_nan: int = 0
     with_nan: int = 0  # samples that held NaN (kept, filled or dropped)
+    #: per derived variable (input.preprocess), its NaN and inf values
+    nonfinite: dict[str, NonFinite] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,16 @@
 """Planning derived variables: what ``input.preprocess`` reads, and what it returns, learnt on a tiny slab.
 
 The function runs at planning on a slab at the start of the selected grid (sample.keep dims
-whole, one sample's span plus one step along the others), so the schema knows its outputs'
-dims and dtypes before any worker starts. It runs again on that slab cut short at either end
-along each sample dim: a unit's slab ends where the unit does, so an output whose values
-there change (a gradient, a running mean) would depend on the unit budget, and is refused.
+whole, ``PROBE_STEPS`` steps along the others), so the schema knows its outputs' dims and
+dtypes before any worker starts. It runs again on that slab's two halves along each sample
+dim: a unit's slab ends where the unit does, so an output whose values near the cut change
+or turn NaN (a gradient, a running mean) would depend on the unit budget, and is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import xarray as xr
@@ -20,7 +21,7 @@ from planning.inventory import Inventory
 from planning.metadata import VariableInfo
 from planning.metadata import _attrs as json_attrs
 from planning.preprocess import Box, Output, Preprocess, check_output, load_function
-from planning.sampling import SampleGrid
+from planning.sampling import Axis, SampleGrid
 from planning.selected import SelectedDataset
 from planning.slabs import read_selected
 from schemas.errors import UserError
@@ -29,6 +30,14 @@ from schemas.schema import Feature
 #: How far an output's values at a slab's edge may move when the slab is cut there, relative to
 #: its largest value: vectorised maths may round a value's last bit differently by array length.
 EDGE_TOLERANCE = 1e-6
+
+#: Steps along each non-kept sample dim of the slab planning runs the function on (twice a
+#: sample's span if that is more; fewer where the dim or PROBE_BYTES has fewer). It is cut in the
+#: middle, so a running window or gradient up to about half as long changes values next to the cut.
+PROBE_STEPS = 16
+#: At most what the function's inputs over that slab may take (sample.keep dims are whole in it):
+#: beyond, the slab widens less, down to one sample's span plus one step.
+PROBE_BYTES = 64e6
 
 _PLANNING = "a slab at the start of the input at planning"
 
@@ -141,7 +150,8 @@ def _differs(whole: np.ndarray, part: np.ndarray) -> bool:
     whole, part = whole.astype(np.float64), part.astype(np.float64)
     if whole.shape != part.shape or not np.array_equal(np.isnan(whole), np.isnan(part)):
         return True
-    scale = float(np.nanmax(np.abs(whole), initial=0.0)) if whole.size else 0.0
+    # The largest finite value: an inf would make any two values close.
+    scale = float(np.abs(whole[np.isfinite(whole)]).max(initial=0.0))
     return not np.allclose(whole, part, rtol=EDGE_TOLERANCE, atol=EDGE_TOLERANCE * scale, equal_nan=True)
 
 
@@ -149,25 +159,52 @@ def _along(dims: tuple[str, ...], dim: str, start: int, stop: int) -> tuple[slic
     return tuple(slice(start, stop) if d == dim else slice(None) for d in dims)
 
 
+def _probe_box(grid: SampleGrid, inputs: tuple[VariablePlan, ...], concat_dim: str) -> Box:
+    """The slab planning runs the function on: at the start of the grid, sample.keep dims whole (see PROBE_STEPS)."""
+    lengths = {a.dim: a.length if a.role == "keep" else min(a.length, a.span + 1) for a in grid.axes}
+
+    def nbytes() -> int:
+        return sum(np.dtype(v.dtype).itemsize * math.prod(lengths[d] for d in v.dims) for v in inputs)
+
+    # The concat dim first: units end along it most.
+    for axis in sorted(grid.grid_axes, key=lambda a: a.dim != concat_dim):
+        least = lengths[axis.dim]
+        lengths[axis.dim] = max(least, min(axis.length, max(PROBE_STEPS, 2 * axis.span)))
+        while lengths[axis.dim] > least and nbytes() > PROBE_BYTES:
+            lengths[axis.dim] -= 1
+    return {d: (0, n) for d, n in lengths.items()}
+
+
+def _parts(axis: Axis, length: int) -> tuple[tuple[int, int], ...]:
+    """Where along ``axis`` to cut a planning slab ``length`` long, as [start, stop) parts that each hold a sample."""
+    if length >= 2 * axis.span:
+        return (0, length // 2), (length // 2, length)  # halves: the cut lies inside the whole slab
+    if length > axis.span:
+        return (0, axis.span), (length - axis.span, length)  # the slab less its last steps, less its first
+    return ()  # every unit holds this dim whole
+
+
 def _check_edges(preprocess: Preprocess, grid: SampleGrid, values: dict[str, np.ndarray], box: Box) -> None:
-    """Refuse outputs whose values at a slab's edge change when the slab is cut there (see the module)."""
+    """Refuse outputs whose values change (NaN included) where the slab is cut in parts (see the module)."""
     whole = preprocess.apply({k: v.copy() for k, v in values.items()}, box, _PLANNING)
     for axis in grid.axes:
         low, high = box[axis.dim]
-        if axis.role == "keep" or high - low <= axis.span:
-            continue  # every unit holds this dim whole
-        for start in (0, high - low - axis.span):  # the slab less its last step, less its first
-            stop = start + axis.span
+        if axis.role == "keep":
+            continue
+        parts = _parts(axis, high - low)
+        split = " and ".join(f"{b - a}" for a, b in parts)
+        for start, stop in parts:
             part = {v.name: values[v.name][_along(v.dims, axis.dim, start, stop)].copy() for v in preprocess.inputs}
-            where = f"{_PLANNING}, cut to {axis.span} {axis.dim}"
+            where = f"{_PLANNING}, cut to {stop - start} {axis.dim}"
             cut = preprocess.apply(part, {**box, axis.dim: (low + start, low + stop)}, where)
             for output in preprocess.outputs:
                 if _differs(whole[output.name][_along(output.dims, axis.dim, start, stop)], cut[output.name]):
                     raise UserError(
                         f"input.preprocess: {preprocess.path} gives {output.name!r} values that depend on where a "
-                        f"slab ends along {axis.dim!r} (they changed when the slab was cut to {axis.span} {axis.dim}); "
-                        f"units end anywhere along it, so derive pointwise along {axis.dim} (only sample.keep dims "
-                        "are whole in every slab)"
+                        f"slab ends along {axis.dim!r} (they changed or turned NaN when a slab of {high - low} "
+                        f"{axis.dim} was cut into {split}); units end anywhere along it, so the function must be "
+                        f"pointwise along {axis.dim}: no running window, gradient or mean along it (only sample.keep "
+                        "dims are whole in every slab)"
                     )
 
 
@@ -182,7 +219,7 @@ def plan_preprocess(
     sizes = {a.dim: a.length for a in grid.axes}
     coords = {d: found for d in sizes if (found := dataset.coordinate(d)) is not None}
     preprocess = Preprocess.of(path, plans, sizes, coords)
-    box = {a.dim: (0, a.length if a.role == "keep" else min(a.length, a.span + 1)) for a in grid.axes}
+    box = _probe_box(grid, plans, inventory.concat_dim)
     sources = dataset.source_index()
     values = read_selected(sources, inventory.concat_dim, plans, box, dataset.selection).values
     returned = preprocess.run({k: v.copy() for k, v in values.items()}, box, _PLANNING)

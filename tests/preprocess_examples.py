@@ -73,3 +73,43 @@ def fails_late(ds: xr.Dataset) -> xr.Dataset:
     if (ds.time > np.datetime64("2020-01-02T12")).any():
         raise ValueError("no climatology after 2020-01-02T12")
     return ds
+
+
+def exits(ds: xr.Dataset) -> xr.Dataset:
+    raise SystemExit("stop here")
+
+
+def exits_late(ds: xr.Dataset) -> xr.Dataset:
+    """Fine on the first steps (all planning runs it on), exits on a worker's later ones."""
+    import sys
+
+    if (ds.time > np.datetime64("2020-01-02T12")).any():
+        sys.exit(3)
+    return ds
+
+
+def running_mean(ds: xr.Dataset) -> xr.Dataset:
+    """A centred 3-step running mean along time: NaN at each end of a slab, so at every unit's edge."""
+    return xr.Dataset({"t": ds.t.rolling(time=3, center=True).mean()})
+
+
+def trailing_mean(ds: xr.Dataset) -> xr.Dataset:
+    """Running means that keep values at the slab's ends (min_periods=1): they change there instead."""
+    return xr.Dataset({"t": ds.t.rolling(time=5, min_periods=1).mean()})
+
+
+def masked_warm(ds: xr.Dataset) -> xr.Dataset:
+    """NaN from the data, pointwise (where t is 250 K or warmer): the same positions are NaN in any slab."""
+    return xr.Dataset({"t": ds.t.where(ds.t < 250), "u": ds.u})
+
+
+def overflows_late(ds: xr.Dataset) -> xr.Dataset:
+    """From 2020-01-03 on, t x 1e37 in float32 (beyond its largest value: inf); u masked south of 60S (NaN)."""
+    late = ds.time >= np.datetime64("2020-01-03")
+    scaled = xr.where(late, ds.t * np.float32(1e37), ds.t).astype("float64")
+    return xr.Dataset({"t_scaled": scaled, "u": ds.u.where(ds.lat > -60)})
+
+
+def overflows(ds: xr.Dataset) -> xr.Dataset:
+    """t x 1e300 computed in float32, then cast: inf everywhere, though float64 could hold it."""
+    return xr.Dataset({"t_big": (ds.t * 1e300).astype("float64"), "u": ds.u})

@@ -26,6 +26,7 @@ from planning.contracts import (
     SPLIT,
     UNITS_DONE,
     Block,
+    NonFinite,
     UnitCounts,
 )
 from planning.features import VariablePlan
@@ -76,6 +77,27 @@ def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.nd
     return keep, has_nan
 
 
+def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int, unit: int) -> list[dict]:
+    """Per split index, each float variable's NaN and inf values in the samples (``labels``: their splits)."""
+    out: list[dict[str, NonFinite]] = [{} for _ in range(splits)]
+    samples = np.bincount(labels, minlength=splits)
+    for name, values in data.items():
+        if values.dtype.kind != "f":
+            continue
+        flat = values.reshape(len(values), int(np.prod(values.shape[1:])))
+        nan = inf = np.zeros(splits, dtype=np.int64)
+        finite = np.isfinite(flat)
+        if not finite.all():
+            nans = np.isnan(flat).sum(axis=1)
+            nan = np.bincount(labels, weights=nans, minlength=splits).astype(np.int64)
+            inf = np.bincount(labels, weights=(~finite).sum(axis=1) - nans, minlength=splits).astype(np.int64)
+        for i in range(splits):
+            if samples[i]:
+                seen = unit if nan[i] or inf[i] else None
+                out[i][name] = NonFinite(int(samples[i]) * flat.shape[1], int(nan[i]), int(inf[i]), seen)
+    return out
+
+
 def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """Every variable's values over the unit's box of the selected grid (its samples' elements, halos included).
 
@@ -110,13 +132,17 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
         if not in_split.all():
             samples = samples[in_split]
         data[variable.name] = to_record_dtype(samples, variable, unit, spec.allow_float32_overflow)
-    keep, has_nan = _apply_nan_policy(spec, data)
     labels = labels[in_split]
+    splits = len(spec.split_names)
+    # What the function returned, as stored, before NaN are dropped or filled: the build reports it.
+    nonfinite = count_nonfinite(data, labels, splits, unit.index) if spec.preprocess is not None else [{}] * splits
+    keep, has_nan = _apply_nan_policy(spec, data)
     counts = {
         name: UnitCounts(
             cut=int((labels == i).sum()),
             dropped_nan=int(((labels == i) & ~keep).sum()),
             with_nan=int(((labels == i) & has_nan).sum()),
+            nonfinite=nonfinite[i],
         )
         for i, name in enumerate(spec.split_names)
     }

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 import numpy as np
 
-from planning.contracts import ShardResult
+from planning.contracts import NonFinite, ShardResult
 from planning.names import TMP_DIR, join, shard_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
@@ -94,11 +94,43 @@ def normalization(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
     return out
 
 
-def stats_document(spec: FinalizeSpec, summaries: dict[str, SplitSummary]) -> dict:
-    """The content of stats.json."""
+def derived_nonfinite(spec: FinalizeSpec, summaries: dict[str, SplitSummary]) -> dict[str, NonFinite]:
+    """Each derived variable's NaN and inf values over every split; refuses one without a finite value."""
+    totals: dict[str, NonFinite] = {}
+    for summary in summaries.values():
+        for name, counts in summary.nonfinite.items():
+            totals[name] = totals[name].merge(counts) if name in totals else counts
+    for variable in spec.variables:
+        n = totals.get(variable.name)
+        if n is not None and n.values and n.nan + n.inf == n.values:
+            raise UserError(
+                f"input.preprocess: {variable.feature.source.get('preprocess')} returned {variable.name!r} with no "
+                f"finite value in the {n.values:,} values cut ({n.inf:,} inf, {n.nan:,} NaN, from unit "
+                f"{n.first_unit} on); fix the function (an overflow inside it? compute in float64), or name its "
+                "other outputs under `variables:`"
+            )
+    return {v.name: totals[v.name] for v in spec.variables if v.name in totals}
+
+
+def _nonfinite_json(spec: FinalizeSpec, totals: dict[str, NonFinite]) -> dict:
+    function = next(v.feature.source.get("preprocess") for v in spec.variables if v.name in totals)
+    return {
+        "description": (
+            "the NaN and inf values of each variable input.preprocess returned, in the samples cut, before "
+            "nan_policy; first_unit: the lowest work unit with one"
+        ),
+        "function": function,
+        "variables": {name: dataclasses.asdict(n) for name, n in totals.items()},
+    }
+
+
+def stats_document(
+    spec: FinalizeSpec, summaries: dict[str, SplitSummary], nonfinite: dict[str, NonFinite] | None = None
+) -> dict:
+    """The content of stats.json; ``nonfinite``: derived variables' NaN and inf counts (derived_nonfinite)."""
     reference = spec.reference_split
     moments = summaries[reference].moments if reference in summaries else {}
-    return {
+    document = {
         "description": (
             "population statistics (ddof=0) of the finite stored values of every written sample, "
             "accumulated in float64; a value in overlapping samples counts once per sample; NaN and inf "
@@ -112,6 +144,9 @@ def stats_document(spec: FinalizeSpec, summaries: dict[str, SplitSummary]) -> di
         },
         "normalization": normalization(spec, moments),
     }
+    if nonfinite:
+        document["preprocess"] = _nonfinite_json(spec, nonfinite)
+    return document
 
 
 def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summaries: dict[str, SplitSummary]) -> dict:
@@ -144,10 +179,11 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
 
 def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: dict[str, SplitSummary]) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed."""
+    nonfinite = derived_nonfinite(spec, summaries)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
     counts = _check_counts(spec, shards, summaries)
     schema = dataclasses.replace(spec.schema, splits=shards, counts=counts)
-    stats = stats_document(spec, summaries)
+    stats = stats_document(spec, summaries, nonfinite)
     write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
     parser = render_parser(schema, spec.output, stats["normalization"])
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])

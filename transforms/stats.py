@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import apache_beam as beam
 import numpy as np
 
-from planning.contracts import SPLIT, Block
+from planning.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 
 
@@ -127,16 +127,22 @@ class SplitSummary:
     cut: int = 0
     dropped_nan: int = 0
     with_nan: int = 0
+    #: per derived variable (input.preprocess), its NaN and inf values before nan_policy
+    nonfinite: dict[str, NonFinite] = dataclasses.field(default_factory=dict)
 
     def merge(self, other: SplitSummary) -> SplitSummary:
         moments = dict(self.moments)
         for name, m in other.moments.items():
             moments[name] = moments[name].merge(m) if name in moments else m
+        nonfinite = dict(self.nonfinite)
+        for name, n in other.nonfinite.items():
+            nonfinite[name] = nonfinite[name].merge(n) if name in nonfinite else n
         return SplitSummary(
             moments,
             self.cut + other.cut,
             self.dropped_nan + other.dropped_nan,
             self.with_nan + other.with_nan,
+            nonfinite,
         )
 
 
@@ -161,7 +167,7 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
             values = samples[variable].values
             axes, _ = per_axes(samples[variable].dims[1:], per)
             moments[variable] = Moments.of(values if mine.all() else values[mine], axes)
-        out[name] = SplitSummary(moments, counts.cut, counts.dropped_nan, counts.with_nan)
+        out[name] = SplitSummary(moments, counts.cut, counts.dropped_nan, counts.with_nan, dict(counts.nonfinite))
     return out
 
 

@@ -13,6 +13,7 @@ import xarray as xr
 import yaml
 
 import pipelines.graph as graph
+import planning.derived as derived
 from pipelines.build import main
 from planning.config import parse_config
 from planning.plan import make_plan
@@ -202,11 +203,14 @@ def fails(tmp_path: Path, capsys, config: dict) -> str:
         ("missing", {}, "module 'preprocess_examples' has no 'missing'"),
         ("NOT_A_FUNCTION", {}, "preprocess_examples:NOT_A_FUNCTION is a int, not a function"),
         ("raises", {}, "preprocess_examples:raises raised KeyError: \"No variable named 'w'"),
+        ("exits", {}, "preprocess_examples:exits raised SystemExit: stop here on a slab at the start"),
         ("returns_dataarray", {}, "returned DataArray (a DataArray: return da.to_dataset(name=...))"),
         ("lat_gradient", {}, "'dtdlat' values that depend on where a slab ends along 'lat'"),
         ("minus_time_mean", {}, "'t' values that depend on where a slab ends along 'time'"),
+        ("running_mean", {}, "'t' values that depend on where a slab ends along 'time' (they changed or turned NaN"),
+        ("trailing_mean", {}, "the function must be pointwise along time: no running window"),
         ("time_mean", {"variables": ["t", "u"]}, "returned 't' without the dim 'time' its inputs have"),
-        ("drops_a_row", {}, "returned 't' with 4 lat where its input had 5"),
+        ("drops_a_row", {}, "returned 't' with 15 lat where its input had 16"),
         ("wind_speed", {"preprocess_inputs": ["u", "speed"]}, "input.preprocess_inputs: 'speed' is not a data"),
         ("wind_speed", {"preprocess_inputs": ["u"]}, "raised AttributeError: 'Dataset' object has no attribute 'v'"),
     ],
@@ -221,6 +225,35 @@ def test_a_bad_function_fails_at_planning_in_one_line(small_archive, tmp_path, c
     assert "input.preprocess" in err
 
 
+def test_nan_from_the_data_is_no_edge_effect(small_archive, tmp_path):
+    """A mask makes NaN where the data say, at the same positions in any slab: planning accepts it."""
+    config = parse_config(config_for(small_archive, tmp_path / "out", "masked_warm", variables=["t", "u"]))
+    plan = make_plan(config)
+    assert [o.name for o in plan.preprocess.outputs] == ["t", "u"]
+
+
+def test_the_nan_and_inf_a_function_returns_are_reported(small_archive, tmp_path, capsys, units):
+    config = config_for(small_archive, tmp_path / "out", "overflows_late", variables=["t_scaled", "u"])
+    assert build(tmp_path, config) == 0
+    out = capsys.readouterr().out
+    records = read_all_records(tmp_path / "out", load_schema(tmp_path / "out"))
+    t, u = records["t_scaled"], records["u"]
+    plan = units[-1]
+    boxes = [(unit.index, plan.positions.grid.source_box(unit)) for unit in plan.units]
+    late = min(i for i, box in boxes if box["time"][1] > 8)  # step 8 is 2020-01-03
+    south = min(i for i, box in boxes if box["lat"][1] > 16)  # row 16 is 61.6S
+    assert f"'t_scaled' {np.isinf(t).sum():,} inf and 0 NaN of {t.size:,} values cut, first in unit {late}\n" in out
+    assert f"'u' 0 inf and {np.isnan(u).sum():,} NaN of {u.size:,} values cut, first in unit {south}\n" in out
+    assert "  preprocess_examples:overflows_late returned non-finite values: 't_scaled'" in out
+    assert 0 < np.isinf(t).sum() < t.size and 0 < np.isnan(u).sum() < u.size
+
+
+def test_a_variable_without_a_finite_value_is_refused(small_archive, tmp_path, capsys):
+    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", "overflows"))
+    assert "error: input.preprocess: preprocess_examples:overflows returned 't_big' with no finite value in the" in err
+    assert "inf, 0 NaN, from unit 0 on); fix the function" in err
+
+
 def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     config = config_for(small_archive, tmp_path / "out", "wind_speed", variables=["wind_speed", "t"])
     err = fails(tmp_path, capsys, config)
@@ -228,9 +261,15 @@ def test_variables_name_the_functions_outputs(small_archive, tmp_path, capsys):
     assert "wind_speed (time, level, lat, lon)" in err
 
 
-def test_a_function_failing_on_a_worker_fails_the_build_in_one_line(small_archive, tmp_path, capsys, units):
-    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", "fails_late"))
-    assert "error: input.preprocess: preprocess_examples:fails_late raised ValueError: no climatology after" in err
+@pytest.mark.parametrize(
+    ("function", "raised"), [("fails_late", "ValueError: no climatology after"), ("exits_late", "SystemExit: 3")]
+)
+def test_a_function_failing_on_a_worker_fails_the_build_in_one_line(
+    small_archive, tmp_path, capsys, units, monkeypatch, function, raised
+):
+    monkeypatch.setattr(derived, "PROBE_STEPS", 4)  # planning runs it on the first 4 steps, before it fails
+    err = fails(tmp_path, capsys, config_for(small_archive, tmp_path / "out", function))
+    assert f"error: input.preprocess: preprocess_examples:{function} raised {raised}" in err
     assert " on unit " in err
 
 

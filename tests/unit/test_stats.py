@@ -67,3 +67,21 @@ def test_moments_of_an_all_nan_block():
     m = Moments.of(np.full(4, np.nan, np.float32))
     assert (int(m.count), int(m.nan_count)) == (0, 4)
     assert m.to_json()["mean"] is None
+
+
+def test_non_finite_values_are_counted_per_split_and_merge_to_the_first_unit():
+    from planning.contracts import NonFinite
+    from transforms.cut import count_nonfinite
+    from transforms.stats import SplitSummary
+
+    values = np.ones((4, 2, 3), dtype=np.float32)
+    values[0, 0, 0] = np.nan
+    values[2, 1] = [np.inf, -np.inf, np.nan]
+    data = {"t": values, "n": np.zeros((4, 2), dtype=np.int64), "empty": np.zeros((4, 0), dtype=np.float32)}
+    train, test = count_nonfinite(data, np.array([0, 1, 0, 1]), 2, unit=7)
+    assert train == {"t": NonFinite(12, 2, 2, 7), "empty": NonFinite(0, 0, 0, None)}
+    assert test == {"t": NonFinite(12, 0, 0, None), "empty": NonFinite(0, 0, 0, None)}
+    assert count_nonfinite({"t": values[:0]}, np.array([], dtype=int), 1, unit=0) == [{}]
+    later = SplitSummary({}, nonfinite={"t": NonFinite(6, 1, 0, 9)})
+    merged = later.merge(SplitSummary({}, nonfinite=train)).merge(SplitSummary({}, nonfinite=test))
+    assert merged.nonfinite["t"] == NonFinite(30, 3, 2, 7)
