@@ -85,6 +85,16 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
 
 
+def _print_dry_run(plan: BuildPlan) -> None:
+    from pipelines.graph import OUTLINE
+
+    print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
+    splits = ", ".join(f"{s.name}: {s.num_samples:,} samples in {s.num_shards} shard(s)" for s in plan.splits)
+    inputs = f"{len(plan.sources):,} file(s), {plan.sources.total_bytes / 1e6:,.1f} MB"
+    print(f"  plan: {splits}; {len(plan.units):,} work unit(s) from {inputs}; output {plan.output}")
+    print(f"  graph: {OUTLINE}")
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so the build cleans up as after Ctrl-C."""
 
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     if schema is None:
-        print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
+        _print_dry_run(plan)
         return 0
     _print_summary(plan, schema, time.monotonic() - started)
     return 0
