@@ -28,6 +28,7 @@ setup(
         "pandas>=2.2",
         "pydantic>=2.10,<3",
         "PyYAML>=6.0",
+        "scipy>=1.13",  # python -m pipelines.demo --eraint-standin: netCDF-C refuses the real file's quirks
         "google-crc32c>=1.6",
         "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
         "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
@@ -44,7 +45,6 @@ setup(
             TENSORFLOW,
             "pytest>=8",
             "hypothesis>=6.100",
-            "scipy>=1.13",
             "gcp-storage-emulator==2026.7.19",
             "psutil>=5.9",  # the benchmark measures the memory of process trees
             "xbatcher==0.4.0",  # the benchmark's naive peer

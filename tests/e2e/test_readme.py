@@ -36,10 +36,47 @@ def test_walkthrough_runs_as_written(tmp_path, sample_file):
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
+    # Then the README's two ways to read an output with TensorFlow, on this one (its first split).
+    reading = _block("reading:tensorflow").replace("out/patches", output).replace('"data"', '"train"')
     script = tmp_path / "walkthrough.py"
-    script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + "\nprint('trained')\n")
+    script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + reading + "\nprint('trained')\n")
     result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("trained"), result.stderr[-3000:]
+    assert "AutoGraph could not transform" not in result.stderr, result.stderr[-3000:]
+
+
+def _fake_python(tmp_path):
+    """A `bin/` whose `python` is this interpreter, venv and all: what `python` in a block means."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    python = tmp_path / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_walkthrough_standin_is_written_where_the_config_reads_it(tmp_path):
+    """Offline: the command the walkthrough gives instead of the download writes the tests' stand-in."""
+    from pipelines.demo import write_eraint_standin
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    env = {**os.environ, "PATH": _fake_python(tmp_path), "PYTHONPATH": str(REPO)}
+    for line in _block("walkthrough:standin").strip().splitlines():
+        result = subprocess.run(["bash", "-c", line], cwd=checkout, env=env, capture_output=True, text=True)
+        assert result.returncode == 0 and not result.stderr, f"{line}\n{result.stdout}\n{result.stderr}"
+    written = (checkout / "data" / "eraint_uvz.nc").read_bytes()
+    assert written == write_eraint_standin(tmp_path / "expected.nc").read_bytes()
+    assert 'paths: "data/eraint_uvz.nc"' in (REPO / "configs" / "erainterim_patches.yaml").read_text()
+    assert not list((checkout / "data").glob("*.tmp"))
+
+
+def test_the_standin_command_refuses_an_unwritable_path_in_one_line(tmp_path, capsys):
+    from pipelines.demo import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["--eraint-standin", str(tmp_path / "file" / "eraint_uvz.nc")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'file' / 'eraint_uvz.nc'}: cannot write it") and err.count("\n") == 1
 
 
 # Stands in for pooch (what xarray.tutorial downloads with): "downloads" the sample file into the cache.
@@ -70,15 +107,11 @@ def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, 
     source = sample_file("eraint_uvz.nc")
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "pooch.py").write_text(FAKE_POOCH)
-    (tmp_path / "bin").mkdir()
-    python = tmp_path / "bin" / "python"  # `python` in the block is this interpreter, venv and all
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     env = {
         **os.environ,
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PATH": _fake_python(tmp_path),
         "PYTHONPATH": str(tmp_path / "fake"),
         "FAKE_POOCH_CACHE": str(tmp_path / "cache"),
         "FAKE_POOCH_SOURCE": str(source),
