@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
+import yaml
+
+from pipelines.build import main
 from pipelines.config_reference import END, START, config_reference
+from schemas import load_schema
 
 from conftest import REPO
 
@@ -125,3 +130,51 @@ def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, 
     assert 'paths: "data/eraint_uvz.nc"' in config
     assert (checkout / "data" / "eraint_uvz.nc").read_bytes() == source.read_bytes()
     assert 'input: {paths: "data/eraint_uvz.nc"' in README  # the config as the README shows it
+
+
+TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"  # CCSM annual means 1890-1999, 64 x 128: counts in noleap, says none
+
+
+def _example_config(marker: str, tmp_path) -> dict:
+    """The README's config block, its relative paths under tmp_path, with an output there."""
+    config = yaml.safe_load(_block(marker))
+    config["input"]["paths"] = str(tmp_path / config["input"]["paths"])
+    return config | {"output": {"path": str(tmp_path / "out")}}
+
+
+def _run(config: dict, tmp_path, capsys, *flags: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet", *flags]) == 0
+    captured = capsys.readouterr()
+    assert not captured.err, captured.err
+    return captured.out
+
+
+def test_calendar_example_is_true_on_the_file_it_names(tmp_path, sample_file, capsys):
+    cesm = tmp_path / "data" / "cesm"
+    cesm.mkdir(parents=True)
+    shutil.copy(sample_file(TREFHT), cesm)
+    config = _example_config("calendars:config", tmp_path)
+    out = _run(config, tmp_path, capsys)
+    assert "times read in calendar" not in out
+    schema = load_schema(config["output"]["path"])
+    assert schema.sample["calendar"] == "noleap"
+    # Steps on July 16 of each year: 80 years, 1970-1983 (1984-07-16 is after June), 1984-1999; 4 patches each.
+    assert {name: schema.num_examples(name) for name in schema.splits} == {"train": 320, "valid": 56, "test": 64}
+    # Without the key the file is read as standard (CF's default), and the summary says so (a dry run: planning).
+    del config["input"]["calendar"]
+    out = _run(config, tmp_path, capsys, "--dry_run=True")
+    assert f"  times read in calendar 'standard' (CF's default), as {cesm / TREFHT} states none; " in out
+
+
+def test_ensemble_example_is_true_on_the_files_it_names(tmp_path, sample_file, capsys):
+    cesm = tmp_path / "data" / "cesm"
+    cesm.mkdir(parents=True)
+    for member in (57, 59, 60, 63):  # the members the README names
+        shutil.copy(sample_file(TREFHT), cesm / TREFHT.replace(".57.", f".{member}."))
+    out = _run(_example_config("ensembles:config", tmp_path), tmp_path, capsys, "--dry_run=True")
+    plan = out.splitlines()[1]
+    # 110 steps x 4 patches per member: 57, 59 and 60 train, 63 tests.
+    assert plan.startswith("  plan: train: 1,320 samples in ") and ", test: 440 samples in " in plan, out
+    assert f"as {cesm / TREFHT} and 3 other file(s) state none" in out
