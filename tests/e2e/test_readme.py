@@ -41,6 +41,8 @@ def test_walkthrough_runs_as_written(tmp_path, sample_file):
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
+    schema = load_schema(output)  # "1,378 patches each: 26 x 53 per month"
+    assert {name: schema.num_examples(name) for name in schema.splits} == {"train": 1378, "valid": 1378}
     # Then the README's two ways to read an output with TensorFlow, on this one (its first split).
     reading = _block("reading:tensorflow").replace("out/patches", output).replace('"data"', '"train"')
     script = tmp_path / "walkthrough.py"
