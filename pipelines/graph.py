@@ -19,12 +19,14 @@ from pipelines.output_lock import output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
 from pipelines.runners import (
+    DATAFLOW_RUNNER,
     close_run,
     is_dry_run,
     is_local_runner,
     load_runner_options,
     make_runner,
     runner_context,
+    runner_name,
     with_runner_defaults,
 )
 from planning.cancellation import allow_writes, cancel_writes
@@ -77,7 +79,7 @@ def run_build(
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
     A dry run (``--dry_run=True``) builds and validates the job graph, changes nothing and
-    returns no schema; on the local runner too, which has no dry run of its own. ``progress``: a
+    returns no schema, on any runner (Beam's runners other than Dataflow's have no dry run). ``progress``: a
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
     shared parallel filesystem); local runs always do.
@@ -107,7 +109,8 @@ def run_build(
         sources = sources_path(plan.output, plan.run_id)
         if dry_run:
             specs = compile_specs(plan, strategy, work, None, sources)
-            if local:  # the local runner ignores --dry_run: running the graph would build (and lacks a layout)
+            # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
+            if runner_name(options) != DATAFLOW_RUNNER:
                 build_pipeline(pipeline, list(plan.units), specs)
                 pipeline.to_runner_api()  # pickles every stage, as Dataflow's dry run does
                 return plan, None
