@@ -81,6 +81,8 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     )
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
+    if plan.unstated_calendar:
+        print(_calendar_line(plan.unstated_calendar))
     counts = schema.counts
     dropped = dropped_line(counts)
     if dropped:
@@ -101,6 +103,27 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     # (importing each output's parser.py as the module "parser" would return the first one twice).
     print("    from schemas import load_dataset")
     print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
+
+
+def _calendar_line(paths: tuple[str, ...]) -> str:
+    """The calendar times were read in where the files state none: a model's noleap read as standard shifts dates."""
+    files = f"{paths[0]} and {len(paths) - 1:,} other file(s) state" if len(paths) > 1 else f"{paths[0]} states"
+    return (
+        f"  times read in calendar 'standard' (CF's default), as {files} none; "
+        "if they count in another (a model's noleap or 360_day), set input.calendar"
+    )
+
+
+def _print_dry_run(plan: BuildPlan) -> None:
+    from pipelines.graph import OUTLINE
+
+    print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
+    splits = ", ".join(f"{s.name}: {s.num_samples:,} samples in {s.num_shards} shard(s)" for s in plan.splits)
+    inputs = f"{len(plan.sources):,} file(s), {plan.sources.total_bytes / 1e6:,.1f} MB"
+    print(f"  plan: {splits}; {len(plan.units):,} work unit(s) from {inputs}; output {plan.output}")
+    print(f"  graph: {OUTLINE}")
+    if plan.unstated_calendar:
+        print(_calendar_line(plan.unstated_calendar))
 
 
 class Terminated(KeyboardInterrupt):
@@ -178,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     if schema is None:
-        print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
+        _print_dry_run(plan)
         return 0
     _print_summary(plan, schema, time.monotonic() - started)
     return 0

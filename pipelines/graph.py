@@ -19,12 +19,14 @@ from pipelines.output_lock import output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
 from pipelines.runners import (
+    DATAFLOW_RUNNER,
     close_run,
     is_dry_run,
     is_local_runner,
     load_runner_options,
     make_runner,
     runner_context,
+    runner_name,
     with_runner_defaults,
 )
 from planning.cancellation import allow_writes, cancel_writes
@@ -50,6 +52,10 @@ from transforms.write import WriteShards
 logger = logging.getLogger(__name__)
 
 
+#: build_pipeline's stages, as a dry run reports them.
+OUTLINE = "EnumerateUnits -> SpreadUnits -> CutSamples -> (WriteShards, ComputeStats) -> Finalize"
+
+
 def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs) -> beam.PCollection:
     """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema."""
     blocks = (
@@ -72,10 +78,11 @@ def run_build(
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
-    A dry run (``--dry_run=True``, DataflowRunner) builds and validates the job graph, changes
-    nothing and returns no schema. ``progress``: a stream to draw the live line on (runs whose
-    workers share the output's filesystem). ``shared_filesystem``: a remote runner's workers see
-    this machine's files (a cluster on a shared parallel filesystem); local runs always do.
+    A dry run (``--dry_run=True``) builds and validates the job graph, changes nothing and
+    returns no schema, on any runner (Beam's runners other than Dataflow's have no dry run). ``progress``: a
+    stream to draw the live line on (runs whose workers share the output's filesystem).
+    ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
+    shared parallel filesystem); local runs always do.
     """
     allow_writes()  # a build before this one in the process may have been interrupted
     beam_args = with_runner_defaults(beam_args)
@@ -101,8 +108,14 @@ def run_build(
         work = work_dir(plan.output, plan.run_id) if shared else None
         sources = sources_path(plan.output, plan.run_id)
         if dry_run:
+            specs = compile_specs(plan, strategy, work, None, sources)
+            # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
+            if runner_name(options) != DATAFLOW_RUNNER:
+                build_pipeline(pipeline, list(plan.units), specs)
+                pipeline.to_runner_api()  # pickles every stage, as Dataflow's dry run does
+                return plan, None
             with pipeline:
-                build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
+                build_pipeline(pipeline, list(plan.units), specs)
             return plan, None
         manifest = plan.manifest()
         prepare_output(plan.output, overwrite, manifest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 from pathlib import Path
@@ -142,9 +143,14 @@ class InputConfig(_Strict):
     @field_validator("coord_tolerance", mode="before")
     @classmethod
     def _tolerance(cls, value: Any) -> Any:
-        negative = isinstance(value, int | float) and not isinstance(value, bool) and value < 0
-        if negative or isinstance(value, bool) or (isinstance(value, str) and value != "float32"):
-            raise ValueError("give float32 (the default), or a number >= 0 (0: the values must be equal)")
+        # YAML's .inf and .nan are floats too: an infinite tolerance would join any grids, NaN none.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if (
+            (number and not (math.isfinite(value) and value >= 0))
+            or isinstance(value, bool)
+            or (isinstance(value, str) and value != "float32")
+        ):
+            raise ValueError("give float32 (the default), or a finite number >= 0 (0: the values must be equal)")
         return value
 
     @field_validator("paths")
@@ -579,6 +585,77 @@ def parse_config(data: Any, source: str = "config") -> BuildConfig:
 #: A config is a few hundred bytes; anything near these bounds is a mistake or an attack.
 MAX_CONFIG_BYTES = 1_000_000
 MAX_CONFIG_VALUES = 100_000
+#: A config nests about 5 deep; PyYAML composes nested nodes recursively, so a deeper one is refused
+#: before Python's recursion limit turns it into a RecursionError.
+MAX_CONFIG_DEPTH = 100
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses duplicate keys (YAML would keep the last silently) and deep nesting.
+
+    Depth counts through aliases (``*name`` repeats its anchor's whole depth), and an alias
+    inside its own anchor (a value that contains itself) is refused.
+    """
+
+    def __init__(self, stream: str, source: str):
+        super().__init__(stream)
+        self._source = source
+        self._depth = 0
+        self._heights: dict[int, int] = {}  # id(node) -> how deep it nests (1: a scalar)
+
+    def _where(self, mark: yaml.Mark | None) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = super().compose_node(parent, index)
+            if id(node) not in self._heights:  # its anchor is still being composed: the alias is inside it
+                raise UserError(
+                    f"{self._source}: YAML alias *{event.anchor} at {self._where(event.start_mark)} is inside the "
+                    "value it names, so it would never end; write the value out"
+                )
+            height, mark = self._heights[id(node)], event.start_mark
+        else:
+            self._depth += 1
+            try:
+                if self._depth > MAX_CONFIG_DEPTH:
+                    raise self._too_deep(self.peek_event().start_mark)
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            children = node.value if isinstance(node.value, list) else []
+            parts = [part for child in children for part in (child if isinstance(child, tuple) else (child,))]
+            height = 1 + max((self._heights.get(id(part), 1) for part in parts), default=0)
+            self._heights[id(node)], mark = height, node.start_mark
+        if self._depth + height > MAX_CONFIG_DEPTH:
+            raise self._too_deep(mark)
+        return node
+
+    def _too_deep(self, mark: yaml.Mark | None) -> UserError:
+        return UserError(
+            f"{self._source}: nested more than {MAX_CONFIG_DEPTH} levels deep at {self._where(mark)} "
+            "(aliases included); a config nests a few levels: flatten it"
+        )
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:  # `<<: *base` keys may be overridden: that is what they are for
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base class refuses it
+                    continue
+                if first is not key_node.start_mark:
+                    raise UserError(
+                        f"{self._source}: duplicate key {key!r} at {self._where(key_node.start_mark)} "
+                        f"(first at line {first.line + 1}); YAML would keep only the last: remove one"
+                    )
+        return super().construct_mapping(node, deep)
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
@@ -592,7 +669,10 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Load a YAML file with the safe loader; errors name the file and line. Size and alias expansion are bounded."""
+    """Load a YAML file with the safe loader; errors name the file and line.
+
+    Size, alias expansion and nesting depth are bounded; duplicate keys are refused.
+    """
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -607,7 +687,7 @@ def read_yaml(path: str | Path) -> Any:
         raise UserError(
             f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8"
         ) from None
-    loader = yaml.SafeLoader(text)
+    loader = _ConfigLoader(text, str(path))
     try:
         node = loader.get_single_node()
         if node is None:

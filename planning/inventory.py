@@ -276,6 +276,17 @@ def _as_cftime(info: FileInfo, concat_dim: str, calendar: str) -> FileInfo:
     return dataclasses.replace(info, coords={**info.coords, concat_dim: as_cftime(values, calendar)})
 
 
+def unstated_calendar(inventory: Inventory, decoding: TimeDecoding) -> tuple[str, ...]:
+    """The files whose times along the concat dim state no calendar, so are read in CF's default, standard.
+
+    None when input.calendar names one for every file, or times are not decoded.
+    """
+    if not decoding.enabled or decoding.calendar is not None:
+        return ()
+    attrs = [(info.path, info.coord_attrs.get(inventory.concat_dim, {})) for info in inventory.all_files]
+    return tuple(path for path, a in attrs if is_time(a) and "calendar" not in a)
+
+
 def _one_unit(infos: list[FileInfo], concat_dim: str) -> list[FileInfo]:
     """Refuse files whose undecoded times count in different units: their numbers do not compare."""
     units = {}

@@ -29,7 +29,7 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
-from planning.inventory import Inventory, check_variables_agree, take_inventory
+from planning.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.manifest import Manifest, build_manifest
 from planning.positions import Positions
 from planning.preprocess import Preprocess
@@ -78,6 +78,8 @@ class BuildPlan:
     preprocess: Preprocess | None = None  # config input.preprocess: what workers apply to each slab
     #: the config's ``coords``, read and cut like variables into coord/<name> features (planning.aux_coords)
     coordinates: tuple[VariablePlan, ...] = ()
+    #: input files whose times state no calendar: read as standard (CF's default), which the summary says
+    unstated_calendar: tuple[str, ...] = ()
 
     @property
     def grid(self) -> SampleGrid:
@@ -334,6 +336,7 @@ def make_plan(
         zarr_store=store,
         preprocess=preprocess,
         coordinates=tuple(coordinates),
+        unstated_calendar=unstated_calendar(inventory, decoding),
     )
 
 

@@ -21,6 +21,10 @@ NORMALIZATION = None
 _DTYPES = {"float32": tf.float32, "int64": tf.int64}
 _COMPRESSION = {None: "", "gzip": "GZIP"}
 _RECORD_COUNT = "record/count"
+# The functions given to tf.data hold no Python control flow on tensors, so AutoGraph has nothing
+# to convert; converting needs this module in sys.modules, which a parser.py loaded by its path
+# may not be in (TensorFlow then warns "AutoGraph could not transform ...").
+_AS_IS = tf.autograph.experimental.do_not_convert
 
 
 def feature_spec(schema):
@@ -68,7 +72,7 @@ def _normalizer(normalization):
             for name, value in batch.items()
         }
 
-    return normalize
+    return _AS_IS(normalize)
 
 
 def build_dataset(
@@ -99,7 +103,7 @@ def build_dataset(
     # which starves the parser when records are small.
     cycle = len(files) if num_parallel_reads == tf.data.AUTOTUNE else num_parallel_reads
     dataset = files_ds.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
+        _AS_IS(lambda path: tf.data.TFRecordDataset(path, compression_type=compression)),
         cycle_length=max(1, min(cycle, 64)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=not shuffle_buffer,
@@ -113,11 +117,12 @@ def build_dataset(
     # Batch before parsing: parse_example on a batch is far cheaper than per-record parsing.
     if per_record == 1:
         dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-        dataset = dataset.map(lambda records: tf.io.parse_example(records, spec), num_parallel_calls=tf.data.AUTOTUNE)
+        parse = _AS_IS(lambda records: tf.io.parse_example(records, spec))
+        dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     else:
         dataset = dataset.batch(max(1, batch_size // per_record))
         dataset = dataset.map(
-            lambda records: _unpack(tf.io.parse_example(records, spec), per_record),
+            _AS_IS(lambda records: _unpack(tf.io.parse_example(records, spec), per_record)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)

@@ -93,6 +93,51 @@ def _check_stats(path: str, schema: Schema) -> None:
         )
 
 
+#: The dim of a stacked feature's channels (planning.layout), the one dim not among the sample's axes.
+CHANNEL_DIM = "channel"
+
+
+def _axis_extent(axis: dict) -> int | None:
+    """How long a feature is along this sample axis (schema.json's sample.axes); None: no feature holds it."""
+    role = axis.get("role")
+    if role == "window":
+        return axis.get("size")
+    if role == "offsets":
+        return len(axis.get("offsets", ()))
+    if role == "keep":
+        return axis.get("length")
+    return None  # iterate: one sample per index
+
+
+def _check_shapes(path: str, schema: Schema) -> None:
+    """Every feature's shape is what its dims are in one sample: a window's size, a kept dim's length, ..."""
+    axes = {axis.get("dim"): axis for axis in schema.sample.get("axes", ()) if isinstance(axis, dict)}
+    if not axes:  # not recorded (an output written by hand, or by an early version): nothing to compare
+        return
+    where = posixpath.join(path, SCHEMA_FILE)
+    for feature in schema.features:
+        for dim, size in zip(feature.dims, feature.shape):
+            if dim == CHANNEL_DIM and "channels" in feature.source:
+                expected, what = len(feature.source["channels"]), "its channels"
+            elif dim in axes:
+                expected, what = _axis_extent(axes[dim]), f"sample.axes ({axes[dim].get('role')})"
+            else:
+                raise VerifyError(
+                    f"{where}: feature {feature.name!r} has dim {dim!r}, which is not among the sample's axes "
+                    f"({', '.join(map(str, axes))}); build the output again"
+                )
+            if expected is None:
+                raise VerifyError(
+                    f"{where}: feature {feature.name!r} has dim {dim!r}, which sample.axes iterates (one sample per "
+                    "index), so no feature holds it; build the output again"
+                )
+            if size != expected:
+                raise VerifyError(
+                    f"{where}: feature {feature.name!r} is {size} long along {dim!r} (shape {list(feature.shape)}), "
+                    f"but {what} says {expected}; build the output again"
+                )
+
+
 def verify_output(path: str, split: str | None = None) -> VerifyReport:
     """Read every shard of the output (or of one split) and check it against schema.json.
 
@@ -100,9 +145,16 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
     """
     started = time.monotonic()
     path = str(path).rstrip("/") or "/"
-    schema = load_schema(path)
+    try:
+        schema = load_schema(path)
+    except (ValueError, KeyError, TypeError) as error:  # a schema.json edited or damaged (JSON errors included)
+        problem = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
+        raise VerifyError(
+            f"{posixpath.join(path, SCHEMA_FILE)}: not a valid schema ({problem}); build the output again"
+        ) from None
     files = list_files(path)
     _check_listing(path, schema, files)
+    _check_shapes(path, schema)
     _check_stats(path, schema)
     names = [split] if split else list(schema.splits)
     samples, shards, records, size = {}, 0, 0, 0

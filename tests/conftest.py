@@ -33,7 +33,7 @@ def sample_file(tmp_path_factory):
 
     The NCAR files come from tests/data (vendored), else SHARED_DATA; `eraint_uvz.nc` comes from
     SHARED_DATA when present, else from a stand-in with the same layout and quirks, generated once
-    per session (tests/standin.py).
+    per session (pipelines.demo.write_eraint_standin).
     """
     standin: list[Path] = []
 
@@ -42,7 +42,7 @@ def sample_file(tmp_path_factory):
             if real := real_eraint():
                 return real
             if not standin:
-                from standin import write_eraint_standin
+                from pipelines.demo import write_eraint_standin
 
                 standin.append(write_eraint_standin(tmp_path_factory.mktemp("standin") / ERAINT))
             return standin[0]

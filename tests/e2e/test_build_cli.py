@@ -309,6 +309,32 @@ def test_existing_output_is_refused_without_overwrite(patches, small_archive, tm
     assert load_schema(str(patches)).num_records() == 12 * 2 * 2
 
 
+def test_a_local_dry_run_plans_and_checks_the_graph_but_runs_and_writes_nothing(small_archive, tmp_path, capsys):
+    output = tmp_path / "dry"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(patch_config([small_archive / "*.nc"], output)))
+    assert main(["--config", str(path), "--dry_run=True"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == "Dry run: the job graph for 48 samples was built and validated; nothing was run.", lines
+    assert lines[1].startswith("  plan: data: 48 samples in 3 shard(s); ") and "from 3 file(s)" in lines[1], lines
+    assert lines[2].startswith("  graph: EnumerateUnits -> ") and not captured.err
+    assert not output.exists()
+
+
+def test_duplicate_config_keys_are_refused_in_one_line(small_archive, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    lines = yaml.safe_dump(patch_config([small_archive / "*.nc"], tmp_path / "out")).splitlines()
+    path.write_text("\n".join([*lines, "output: {path: elsewhere}", ""]))
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {path}: duplicate key 'output' at line {len(lines) + 1}, column 1 "
+        f"(first at line {lines.index('output:') + 1}); "
+        "YAML would keep only the last: remove one"
+    )
+
+
 def test_two_outputs_load_side_by_side_in_one_process(patches, small_archive, tmp_path):
     """The summary's and the README's ways of loading cannot hand one output's data for another's."""
     import importlib.util

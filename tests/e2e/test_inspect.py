@@ -134,7 +134,45 @@ def _flip_a_byte(output: Path) -> str:
     return f"{shard}: record "
 
 
-@pytest.mark.parametrize("damage", [_truncate, _delete, _extra_file, _extra_record, _count_in_schema, _flip_a_byte])
+def _edit_feature(output: Path, **change) -> dict:
+    path = output / "schema.json"
+    schema = json.loads(path.read_text())
+    feature = next(f for f in schema["features"] if f["name"] == "t")
+    feature.update(change)
+    path.write_text(json.dumps(schema))
+    return feature
+
+
+def _shape_in_schema(output: Path) -> str:
+    """The same number of values (3 x 9 x 9), so records still decode: only the sample's axes tell."""
+    _edit_feature(output, shape=[3, 27, 3])
+    return f"{output / 'schema.json'}: feature 't' is 27 long along 'lat' (shape [3, 27, 3]), but sample.axes (window)"
+
+
+def _iterated_dim_in_schema(output: Path) -> str:
+    _edit_feature(output, dims=["time", "lat", "lon"])
+    return f"{output / 'schema.json'}: feature 't' has dim 'time', which sample.axes iterates"
+
+
+def _shape_without_dims(output: Path) -> str:
+    _edit_feature(output, shape=[3, 81])
+    return f"{output / 'schema.json'}: not a valid schema (feature 't': shape (3, 81) does not match dims"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _truncate,
+        _delete,
+        _extra_file,
+        _extra_record,
+        _count_in_schema,
+        _flip_a_byte,
+        _shape_in_schema,
+        _iterated_dim_in_schema,
+        _shape_without_dims,
+    ],
+)
 def test_verify_fails_with_one_line_naming_the_shard(damaged, capsys, damage):
     expected = damage(damaged)
     code, out, err = run(capsys, str(damaged), "--verify")

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
+import yaml
+
+from pipelines.build import main
 from pipelines.config_reference import END, START, config_reference
+from schemas import load_schema
 
 from conftest import REPO
 
@@ -36,10 +41,49 @@ def test_walkthrough_runs_as_written(tmp_path, sample_file):
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
+    schema = load_schema(output)  # "1,378 patches each: 26 x 53 per month"
+    assert {name: schema.num_examples(name) for name in schema.splits} == {"train": 1378, "valid": 1378}
+    # Then the README's two ways to read an output with TensorFlow, on this one (its first split).
+    reading = _block("reading:tensorflow").replace("out/patches", output).replace('"data"', '"train"')
     script = tmp_path / "walkthrough.py"
-    script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + "\nprint('trained')\n")
+    script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + reading + "\nprint('trained')\n")
     result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("trained"), result.stderr[-3000:]
+    assert "AutoGraph could not transform" not in result.stderr, result.stderr[-3000:]
+
+
+def _fake_python(tmp_path):
+    """A `bin/` whose `python` is this interpreter, venv and all: what `python` in a block means."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    python = tmp_path / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_walkthrough_standin_is_written_where_the_config_reads_it(tmp_path):
+    """Offline: the command the walkthrough gives instead of the download writes the tests' stand-in."""
+    from pipelines.demo import write_eraint_standin
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    env = {**os.environ, "PATH": _fake_python(tmp_path), "PYTHONPATH": str(REPO)}
+    for line in _block("walkthrough:standin").strip().splitlines():
+        result = subprocess.run(["bash", "-c", line], cwd=checkout, env=env, capture_output=True, text=True)
+        assert result.returncode == 0 and not result.stderr, f"{line}\n{result.stdout}\n{result.stderr}"
+    written = (checkout / "data" / "eraint_uvz.nc").read_bytes()
+    assert written == write_eraint_standin(tmp_path / "expected.nc").read_bytes()
+    assert 'paths: "data/eraint_uvz.nc"' in (REPO / "configs" / "erainterim_patches.yaml").read_text()
+    assert not list((checkout / "data").glob("*.tmp"))
+
+
+def test_the_standin_command_refuses_an_unwritable_path_in_one_line(tmp_path, capsys):
+    from pipelines.demo import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["--eraint-standin", str(tmp_path / "file" / "eraint_uvz.nc")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'file' / 'eraint_uvz.nc'}: cannot write it") and err.count("\n") == 1
 
 
 # Stands in for pooch (what xarray.tutorial downloads with): "downloads" the sample file into the cache.
@@ -70,15 +114,11 @@ def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, 
     source = sample_file("eraint_uvz.nc")
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "pooch.py").write_text(FAKE_POOCH)
-    (tmp_path / "bin").mkdir()
-    python = tmp_path / "bin" / "python"  # `python` in the block is this interpreter, venv and all
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     env = {
         **os.environ,
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PATH": _fake_python(tmp_path),
         "PYTHONPATH": str(tmp_path / "fake"),
         "FAKE_POOCH_CACHE": str(tmp_path / "cache"),
         "FAKE_POOCH_SOURCE": str(source),
@@ -92,3 +132,51 @@ def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, 
     assert 'paths: "data/eraint_uvz.nc"' in config
     assert (checkout / "data" / "eraint_uvz.nc").read_bytes() == source.read_bytes()
     assert 'input: {paths: "data/eraint_uvz.nc"' in README  # the config as the README shows it
+
+
+TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"  # CCSM annual means 1890-1999, 64 x 128: counts in noleap, says none
+
+
+def _example_config(marker: str, tmp_path) -> dict:
+    """The README's config block, its relative paths under tmp_path, with an output there."""
+    config = yaml.safe_load(_block(marker))
+    config["input"]["paths"] = str(tmp_path / config["input"]["paths"])
+    return config | {"output": {"path": str(tmp_path / "out")}}
+
+
+def _run(config: dict, tmp_path, capsys, *flags: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet", *flags]) == 0
+    captured = capsys.readouterr()
+    assert not captured.err, captured.err
+    return captured.out
+
+
+def test_calendar_example_is_true_on_the_file_it_names(tmp_path, sample_file, capsys):
+    cesm = tmp_path / "data" / "cesm"
+    cesm.mkdir(parents=True)
+    shutil.copy(sample_file(TREFHT), cesm)
+    config = _example_config("calendars:config", tmp_path)
+    out = _run(config, tmp_path, capsys)
+    assert "times read in calendar" not in out
+    schema = load_schema(config["output"]["path"])
+    assert schema.sample["calendar"] == "noleap"
+    # Steps on July 16 of each year: 80 years, 1970-1983 (1984-07-16 is after June), 1984-1999; 4 patches each.
+    assert {name: schema.num_examples(name) for name in schema.splits} == {"train": 320, "valid": 56, "test": 64}
+    # Without the key the file is read as standard (CF's default), and the summary says so (a dry run: planning).
+    del config["input"]["calendar"]
+    out = _run(config, tmp_path, capsys, "--dry_run=True")
+    assert f"  times read in calendar 'standard' (CF's default), as {cesm / TREFHT} states none; " in out
+
+
+def test_ensemble_example_is_true_on_the_files_it_names(tmp_path, sample_file, capsys):
+    cesm = tmp_path / "data" / "cesm"
+    cesm.mkdir(parents=True)
+    for member in (57, 59, 60, 63):  # the members the README names
+        shutil.copy(sample_file(TREFHT), cesm / TREFHT.replace(".57.", f".{member}."))
+    out = _run(_example_config("ensembles:config", tmp_path), tmp_path, capsys, "--dry_run=True")
+    plan = out.splitlines()[1]
+    # 110 steps x 4 patches per member: 57, 59 and 60 train, 63 tests.
+    assert plan.startswith("  plan: train: 1,320 samples in ") and ", test: 440 samples in " in plan, out
+    assert f"as {cesm / TREFHT} and 3 other file(s) state none" in out

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from pipelines.demo import DEMO_CONFIG
-from planning.config import load_config, parse_config, with_absolute_paths
+from planning.config import load_config, parse_config, read_yaml, with_absolute_paths
 from schemas.errors import UserError
 
 from conftest import REPO
@@ -64,6 +64,11 @@ def _error(data) -> str:
         ({"select": {"level": [500, 500]}}, "select: level: a value is listed twice"),
         ({"input": {"paths": "x", "coord_tolerance": -1}}, "input.coord_tolerance: give float32 (the default), or a"),
         ({"input": {"paths": "x", "coord_tolerance": "float64"}}, "input.coord_tolerance: give float32"),
+        ({"input": {"paths": "x", "coord_tolerance": float("inf")}}, "input.coord_tolerance: give float32 (the de"),
+        (
+            {"input": {"paths": "x", "coord_tolerance": float("nan")}},
+            "coord_tolerance: give float32 (the default), or a",
+        ),
     ],
 )
 def test_mistakes_name_the_key(change, expected):
@@ -117,6 +122,57 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
     assert str(info.value) == (
         f"{path}: expands to more than 100,000 values through YAML aliases (*name); write the values out"
     )
+
+
+def test_coord_tolerance_from_yaml_must_be_finite(tmp_path):
+    path = tmp_path / "c.yaml"
+    for text in (".inf", ".nan", "-.inf"):
+        path.write_text(f"input: {{paths: x.nc, coord_tolerance: {text}}}\noutput: {{path: o}}\n")
+        with pytest.raises(
+            UserError, match=r"c.yaml: input.coord_tolerance: give float32 \(the default\), or a finite"
+        ):
+            load_config(path)
+    path.write_text("input: {paths: x.nc, coord_tolerance: 1.0e-3}\noutput: {path: o}\n")
+    assert load_config(path).input.coord_tolerance == 1e-3
+
+
+def test_duplicate_yaml_keys_are_refused_naming_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("input: {paths: a.nc}\noutput: {path: o}\ninput:\n  paths: b.nc\n")
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: duplicate key 'input' at line 3, column 1 (first at line 1); "
+        "YAML would keep only the last: remove one"
+    )
+    path.write_text("input: {paths: a.nc}\noutput:\n  path: o\n  path: p\n")
+    with pytest.raises(UserError, match=r"duplicate key 'path' at line 4, column 3 \(first at line 3\)"):
+        load_config(path)
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &b {paths: a.nc, concat_dim: month}\ninput: {<<: *b, paths: b.nc}\n")
+    assert read_yaml(path)["input"] == {"paths": "b.nc", "concat_dim": "month"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("x: " + "[" * 3000 + "]" * 3000, "nested more than 100 levels deep at line 1, column 103"),
+        ("x: " + "{a: " * 3000 + "1" + "}" * 3000, "nested more than 100 levels deep at line 1, column 397"),
+        # Aliases repeat their anchor's depth: two of 60 levels nest 120 deep.
+        ("a: &a " + "[" * 60 + "1" + "]" * 60 + "\nb: " + "[" * 60 + "*a" + "]" * 60, "at line 2, column 64"),
+        ("a: &a [1, *a]", "YAML alias *a at line 1, column 11 is inside the value it names"),
+    ],
+)
+def test_deep_or_endless_yaml_is_refused_in_one_line(tmp_path, text, expected):
+    path = tmp_path / "deep.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    assert expected in str(info.value) and str(info.value).startswith(f"{path}: ")
+    assert "\n" not in str(info.value)
 
 
 def test_a_config_that_is_not_utf8_or_too_large_is_refused_in_one_line(tmp_path):

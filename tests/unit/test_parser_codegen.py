@@ -44,3 +44,27 @@ def test_hostile_names_survive_as_data(tmp_path):
     assert list(parser.FEATURES) == [HOSTILE, "index/time"]
     assert parser.SCHEMA["features"][0]["source"]["attrs"]["units"] == "'''\n__import__('os')"
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_parser_loaded_by_its_path_alone_needs_no_autograph(tmp_path, caplog):
+    """Loaded without registering it in sys.modules, TensorFlow would warn it cannot transform its functions."""
+    import importlib.util
+    import logging
+
+    from synthetic_output import FEATURES, make_columns, write_output
+
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.addHandler(caplog.handler)
+    try:
+        for per_record in (1, 4):
+            output = tmp_path / f"out{per_record}"
+            schema = write_output(output, make_columns(FEATURES, 10), [6, 4], examples_per_record=per_record)
+            (output / "parser.py").write_text(render_parser(schema, str(output), {"t": {"mean": 1.0, "std": 2.0}}))
+            spec = importlib.util.spec_from_file_location(f"by_path_{per_record}", output / "parser.py")
+            module = importlib.util.module_from_spec(spec)  # not in sys.modules
+            spec.loader.exec_module(module)
+            batches = list(module.make_dataset("data", batch_size=4, normalize=True).as_numpy_iterator())
+            assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
+    finally:
+        tf_logger.removeHandler(caplog.handler)
+    assert not [r.getMessage() for r in caplog.records if "AutoGraph" in r.getMessage()]

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from pipelines.demo import write_eraint_standin
+
 from conftest import real_eraint
-from standin import write_eraint_standin
 
 
 def _layout(path) -> dict:
