@@ -11,6 +11,7 @@ real file is not at hand (``python -m pipelines.demo --eraint-standin data/erain
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {path}: cannot write it ({error.strerror or error}); choose a writable path", file=sys.stderr)
         return 2
     finally:
-        temporary.unlink(missing_ok=True)  # left only by a failed write: nothing half-written stays
+        with contextlib.suppress(OSError):  # there only after a failed write: nothing half-written stays
+            temporary.unlink()
     print(f"Wrote {path}: a synthetic stand-in for ERA-Interim's eraint_uvz.nc (same layout; not real data).")
     return 0
 

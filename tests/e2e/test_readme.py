@@ -86,6 +86,16 @@ def test_the_standin_command_refuses_an_unwritable_path_in_one_line(tmp_path, ca
     assert err.startswith(f"error: {tmp_path / 'file' / 'eraint_uvz.nc'}: cannot write it") and err.count("\n") == 1
 
 
+def test_the_standin_command_without_scipy_says_what_to_install(tmp_path, capsys, monkeypatch):
+    from pipelines.demo import main
+
+    monkeypatch.setitem(sys.modules, "scipy", None)  # as if scipy were not installed
+    assert main(["--eraint-standin", str(tmp_path / "eraint_uvz.nc")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install scipy" in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
 # Stands in for pooch (what xarray.tutorial downloads with): "downloads" the sample file into the cache.
 FAKE_POOCH = """
 import logging, os, shutil
