@@ -361,8 +361,9 @@ def _coast_config(coast: Path, output: Path, **extra) -> dict:
     }
 
 
-def test_filled_points_stay_out_of_statistics_and_normalise_to_zero(coast, tmp_path):
+def test_filled_points_stay_out_of_statistics_and_normalise_to_zero(coast, tmp_path, capsys):
     output = build(tmp_path, _coast_config(coast, tmp_path / "masked", nan_mask=["ice"]))
+    assert "cannot tell" not in capsys.readouterr().out
     src = xr.open_dataset(coast / "coast.nc").load()
     schema = load_schema(str(output))
     stats = load_stats(str(output))
@@ -404,9 +405,10 @@ def test_filled_points_stay_out_of_statistics_and_normalise_to_zero(coast, tmp_p
         np.testing.assert_array_equal(_in_sample_order(ours)[name], _in_sample_order(normalized)[name])
 
 
-def test_without_a_mask_a_fill_among_the_real_values_is_not_guessed(coast, tmp_path):
+def test_without_a_mask_a_fill_among_the_real_values_is_not_guessed(coast, tmp_path, capsys):
     """ice's real values include the fill value 0: without nan_mask, which zeros were filled is unknowable."""
     output = build(tmp_path, _coast_config(coast, tmp_path / "plain"))
+    assert "cannot tell the filled points of ice from data" in capsys.readouterr().out
     schema = load_schema(str(output))
     assert not [f for f in schema.features if f.role == "mask"]
     normalization = load_stats(str(output))["normalization"]
