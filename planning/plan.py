@@ -112,7 +112,7 @@ class BuildPlan:
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:
-    """A typical sample's record size (int64 values counted as 5 bytes, masks' 0/1 as 1): what a unit holds per sample."""
+    """A typical sample's record size (int64 values at 5 bytes, masks at 1): what a unit holds per sample."""
     payload = sum(4 * f.size if f.dtype == "float32" else (1 if f.role == "mask" else 5) * f.size for f in features)
     headers = sum(len(f.name) + 12 for f in features)
     return payload + headers + 16

@@ -61,7 +61,9 @@ def _broadcast(feature: Feature, values: np.ndarray, per: list[str]) -> np.ndarr
     return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
 
 
-def normalization(spec: FinalizeSpec, moments: dict[str, Moments], everywhere: dict[str, Moments] | None = None) -> dict:
+def normalization(
+    spec: FinalizeSpec, moments: dict[str, Moments], everywhere: dict[str, Moments] | None = None
+) -> dict:
     """(x - mean) / std per float feature, as arrays that broadcast against one sample.
 
     A constant field (std 0) or one without values keeps std 1, so it is only centred. With

@@ -345,7 +345,11 @@ def coast(tmp_path_factory) -> Path:
     sst[5, 8, 8] = np.nan  # a gap in the ocean too
     xr.Dataset(
         {"sst": (("time", "lat", "lon"), sst.astype("f4")), "ice": (("time", "lat", "lon"), ice.astype("f4"))},
-        coords={"time": pd.date_range("2021-01-01", periods=8, freq="6h"), "lat": np.arange(12.0), "lon": np.arange(10.0)},
+        coords={
+            "time": pd.date_range("2021-01-01", periods=8, freq="6h"),
+            "lat": np.arange(12.0),
+            "lon": np.arange(10.0),
+        },
     ).to_netcdf(directory / "coast.nc", encoding={"sst": {"_FillValue": -9999.0}})
     return directory
 
@@ -372,13 +376,22 @@ def test_filled_points_stay_out_of_statistics_and_normalise_to_zero(coast, tmp_p
         s = stats["variables"][name]
         assert s["mean"] == pytest.approx(np.nanmean(real), rel=1e-9)  # the ocean's, not dragged to 0 by land
         assert s["std"] == pytest.approx(np.nanstd(real), rel=1e-9)
-        assert (s["count"], s["filled_count"], s["nan_count"]) == (int((~np.isnan(real)).sum()), int(np.isnan(real).sum()), 0)
+        assert (s["count"], s["filled_count"], s["nan_count"]) == (
+            int((~np.isnan(real)).sum()),
+            int(np.isnan(real).sum()),
+            0,
+        )
     mask = schema.feature("mask/ice")
     assert (mask.dtype, mask.shape, mask.role, mask.source["of"]) == ("int64", (4, 5), "mask", "ice")
     assert [f.name for f in schema.features if f.role == "mask"] == ["mask/ice"]
     records = parse_with_generated_parser(output)  # TensorFlow's own parser
     expected = {
-        name: np.stack([expected_feature(src, schema, name, {k: v[i] for k, v in records.items()}) for i in range(len(records["sst"]))])
+        name: np.stack(
+            [
+                expected_feature(src, schema, name, {k: v[i] for k, v in records.items()})
+                for i in range(len(records["sst"]))
+            ]
+        )
         for name in ("sst", "ice")
     }
     np.testing.assert_array_equal(records["mask/ice"], np.isnan(expected["ice"]).astype(np.int64))
