@@ -128,7 +128,7 @@ class Reader:
         for name, normalizer in self._normalization.items():
             if normalizer.mask is not None and normalizer.mask not in names:
                 raise UserError(
-                    f"{self.path}: stats.json finds {name!r}'s filled points by the feature {normalizer.mask!r}, "
+                    f"{self.path}: stats.json finds the filled points of {name!r} by the feature {normalizer.mask!r}, "
                     "which schema.json lacks; rebuild the output, or read without normalize"
                 )
         self._normalized_fill = np.float32(normalized_fill)

@@ -188,7 +188,7 @@ def test_normalising_with_a_mask_that_schema_json_lacks_is_one_line(tmp_path):
     write_output(tmp_path, make_columns(FEATURES, 4), [4])
     stats = {"normalization": {"w": {"mean": 0.0, "std": 2.0, "filled": {"mask": "mask/w"}}}}
     (tmp_path / "stats.json").write_text(json.dumps(stats))
-    with pytest.raises(UserError, match="finds 'w'.s filled points by the feature 'mask/w', which schema.json lacks"):
+    with pytest.raises(UserError, match=r"filled points of 'w' by the feature 'mask/w', which schema\.json lacks"):
         Reader(str(tmp_path), normalize=True)
     stats["normalization"]["w"]["filled"] = {"equal_to": 0.0, "where": True}  # found by value: no mask needed
     (tmp_path / "stats.json").write_text(json.dumps(stats))
