@@ -72,6 +72,32 @@ def nonfinite_lines(output: str) -> list[str]:
     return lines
 
 
+def unmarked_fills(schema: Schema, stats: dict) -> list[str]:
+    """Features with filled points that normalize=True cannot find: no mask, and the fill value among their values."""
+    names = []
+    for name, entry in stats.get("normalization", {}).items():
+        members = schema.feature(name).source.get("channels", [name])
+        counts = [
+            split.get("variables", {}).get(member, {}).get("filled_count", 0)
+            for split in stats.get("splits", {}).values()
+            for member in members
+        ]
+        if not any(_total(c) for c in counts):
+            continue
+        found = entry.get("filled") or {}
+        if "mask" not in found and not (found.get("where") is not None and _all(found["where"])):
+            names.append(name)
+    return names
+
+
+def _total(value) -> float:
+    return sum(_total(v) for v in value) if isinstance(value, list) else (value or 0)
+
+
+def _all(value) -> bool:
+    return all(_all(v) for v in value) if isinstance(value, list) else bool(value)
+
+
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     shards = [shard for split in schema.splits.values() for shard in split]
     size = sum(s.bytes for s in shards)
@@ -90,6 +116,15 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     with_nan = counts.get("samples_with_nan", 0)
     if with_nan and plan.config.nan_policy == "fill":
         print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+        from schemas.dataset import load_stats
+
+        unmarked = unmarked_fills(schema, load_stats(plan.output))
+        if unmarked:
+            print(
+                f"  normalize=True cannot tell the filled points of {', '.join(unmarked)} from data (fill_value "
+                f"{plan.config.fill_value} lies among their values): they normalise as data; "
+                f"nan_mask: [{', '.join(unmarked)}] marks them"
+            )
     elif with_nan and plan.config.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
     if plan.preprocess is not None:

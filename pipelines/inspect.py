@@ -77,6 +77,8 @@ def _describe_feature(feature: Feature) -> tuple[str, str]:
     if feature.role == "coord":
         calendar = f" ({source['calendar']} calendar)" if "calendar" in source else ""
         return str(source.get("units", "")), f"{source.get('dim', '?')} values the sample covers{calendar}"
+    if feature.role == "mask":
+        return "", f"1 where {source.get('of', '?')} was NaN and filled with {source.get('fill_value', '?')}"
     if feature.role == "aux_coord":
         attrs = source.get("attrs", {})
         static = ", from the first file" if source.get("static") else ""
@@ -183,14 +185,16 @@ def scalar_lines(schema: Schema) -> list[str]:
     return lines
 
 
-def _stat_rows(name: str, units: str, s: dict[str, Any], coords: dict[str, list]) -> list[list[str]]:
+def _stat_rows(
+    name: str, units: str, s: dict[str, Any], coords: dict[str, list], filled: bool = False
+) -> list[list[str]]:
     """One row per variable, or per index of its per-dim statistics (e.g. one per level)."""
     import numpy as np
 
     def cell(value, form=".6g") -> str:
         return "-" if value is None else f"{value:{form}}"
 
-    keys = ("count", "mean", "std", "min", "max", "nan_count")
+    keys = ("count", "mean", "std", "min", "max", "nan_count", *(("filled_count",) if filled else ()))
     if not s.get("dims"):
         return [[name, units, *(cell(s[k], "," if k.endswith("count") else ".6g") for k in keys)]]
     columns = [np.asarray(s[k], dtype=object).reshape(-1) for k in keys]
@@ -206,6 +210,8 @@ def _stat_rows(name: str, units: str, s: dict[str, Any], coords: dict[str, list]
 
 
 def stats_lines(stats: dict[str, Any] | None, schema: Schema) -> list[str]:
+    import numpy as np
+
     if stats is None:
         return ["Statistics: no stats.json"]
     units = {}
@@ -213,16 +219,19 @@ def stats_lines(stats: dict[str, Any] | None, schema: Schema) -> list[str]:
         members = feature.source.get("variables", {feature.name: feature.source})  # a stack lists its members
         for name, source in members.items():
             units[name] = str(source.get("attrs", {}).get("units", ""))
-    rows = [["variable", "units", "count", "mean", "std", "min", "max", "NaN"]]
-    for name, s in stats.get("variables", {}).items():
+    variables = stats.get("variables", {})
+    # Filled values are in no statistic: show how many there were, where nan_policy: fill filled any.
+    filled = any(np.sum(s.get("filled_count", 0)) for s in variables.values() if s)
+    rows = [["variable", "units", "count", "mean", "std", "min", "max", "NaN", *(["filled"] if filled else [])]]
+    for name, s in variables.items():
         if not s:
-            rows.append([name, "", "(missing)", "", "", "", "", ""])
+            rows.append([name, "", "(missing)", *[""] * (len(rows[0]) - 3)])
             continue
-        rows.extend(_stat_rows(name, units.get(name, ""), s, schema.coords))
+        rows.extend(_stat_rows(name, units.get(name, ""), s, schema.coords, filled))
     reference = stats.get("reference_split")
     title = f"Statistics (stats.json, split {reference}; used by normalize=True)" if reference else "Statistics"
     description = textwrap.wrap(stats.get("description", ""), 100, initial_indent="  ", subsequent_indent="  ")
-    return [title, *description, *_table(rows, align="<<>>>>>>")]
+    return [title, *description, *_table(rows, align="<<" + ">" * (len(rows[0]) - 2))]
 
 
 def config_lines(schema: Schema) -> list[str]:

@@ -459,6 +459,14 @@ class BuildConfig(_Strict):
         "keep", description="samples with NaN (masked or _FillValue) values: keep them, drop them, or fill them"
     )
     fill_value: float | None = Field(None, description="the value NaN becomes with nan_policy: fill")
+    nan_mask: bool | list[str] = Field(
+        False,
+        description=(
+            "with nan_policy: fill, write beside every float variable or stack (true), or beside those "
+            "listed, a feature mask/<name> (int64, 1 where the value was NaN and filled, else 0, one byte a "
+            "value on disk); normalize=True then sets exactly the filled points after normalising"
+        ),
+    )
     stats: StatsConfig = Field(default_factory=StatsConfig)
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
     shuffle: ShuffleConfig = Field(default_factory=ShuffleConfig)
@@ -470,6 +478,11 @@ class BuildConfig(_Strict):
             raise ValueError("nan_policy: fill needs a fill_value, e.g. fill_value: 0.0")
         if self.nan_policy != "fill" and self.fill_value is not None:
             raise ValueError(f"fill_value is set but nan_policy is {self.nan_policy}: set nan_policy: fill, or drop it")
+        if self.nan_mask and self.nan_policy != "fill":
+            raise ValueError(
+                f"nan_mask marks the values nan_policy: fill filled, but nan_policy is {self.nan_policy}: "
+                "set nan_policy: fill with a fill_value, or drop nan_mask"
+            )
         along = self.input.split_dims
         for name, ranges in (self.splits or {}).items():
             if not name.isidentifier():

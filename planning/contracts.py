@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import xarray as xr
 
 #: The block's leading dim: one entry per sample.
@@ -76,11 +77,15 @@ class Block:
     ``index/<dim>`` and ``coord/<dim>`` that place each sample on the source grid (and
     ``coord/<name>`` for each of the config's ``coords``); samples are in sample-id order.
     ``counts``: per split name, what the unit cut, dropped and filled.
+    ``filled``: with nan_policy: fill, per variable that had NaN in the unit, where its values
+    were NaN before the fill (bool, the variable's shape): statistics leave those out, and
+    they become the ``mask/<feature>`` features.
     """
 
     unit: int
     samples: xr.Dataset
     counts: dict[str, UnitCounts]
+    filled: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:

@@ -178,16 +178,61 @@ def stack_plans(config: BuildConfig, variables: list[VariablePlan]) -> list[Stac
     return stacks
 
 
+def mask_name(feature: str) -> str:
+    """The feature saying where ``feature`` was NaN and filled (config nan_mask)."""
+    return f"mask/{feature}"
+
+
+def mask_features(config: BuildConfig, features: Sequence[Feature], stacks: Sequence[StackPlan]) -> list[Feature]:
+    """Config ``nan_mask``: a 0/1 int64 feature per float variable or stack, of its shape and dims.
+
+    int64 because a record holds nothing smaller: a varint of 0 or 1 is one byte on disk, a
+    quarter of the float32 it marks, and every record keeps the same size.
+    """
+    wanted = config.nan_mask
+    if not wanted:
+        return []
+    floats = {f.name: f for f in features if f.role == "variable" and f.dtype == "float32"}
+    if wanted is True:
+        names = list(floats)
+    else:
+        names = list(dict.fromkeys(wanted))
+        stacked = {name: stack.feature.name for stack in stacks for name in stack.variables}
+        for name in names:
+            if name in floats:
+                continue
+            if name in stacked:
+                fix = f"it is stacked in {stacked[name]!r}: list {stacked[name]!r} instead"
+            elif any(f.name == name and f.role == "variable" for f in features):
+                fix = "it holds integers, which are never NaN: remove it"
+            else:
+                fix = f"the float variables and stacks are: {', '.join(floats) or 'none'}"
+            raise UserError(f"nan_mask: {name!r} is not a float variable or stack of the records; {fix}")
+    return [
+        Feature(
+            mask_name(name),
+            "int64",
+            floats[name].shape,
+            floats[name].dims,
+            "mask",
+            {"of": name, "fill_value": config.fill_value, "values": "1 where the value was NaN and filled, else 0"},
+        )
+        for name in names
+    ]
+
+
 def record_features(
     grid: SampleGrid,
     variables: list[VariablePlan],
     stacks: list[StackPlan],
     coords: dict[str, tuple[np.ndarray, dict]],
     coordinates: Sequence[Feature] = (),
+    config: BuildConfig | None = None,
 ) -> list[Feature]:
     """Every feature of a record: variables (stacks in place of their first member), index/*, coord/*.
 
-    ``coordinates``: the features of the config's ``coords`` (planning.aux_coords), last.
+    ``coordinates``: the features of the config's ``coords`` (planning.aux_coords), after
+    those; then the masks of ``config.nan_mask``, last.
     """
     stack_of = {name: stack for stack in stacks for name in stack.variables}
     features: list[Feature] = []
@@ -207,6 +252,8 @@ def record_features(
         shape, dims = ((), ()) if axis.role == "iterate" else ((len(axis.steps),), (axis.dim,))
         features.append(Feature(f"coord/{axis.dim}", dtype, shape, dims, "coord", {"dim": axis.dim, **info}))
     features.extend(coordinates)
+    if config is not None:
+        features.extend(mask_features(config, features, stacks))
     names = [f.name for f in features]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:

@@ -114,8 +114,8 @@ class BuildPlan:
 
 
 def _record_bytes(features: tuple[Feature, ...]) -> int:
-    """A typical sample's record size (int64 values counted as 5 bytes): what a unit holds per sample."""
-    payload = sum(4 * f.size if f.dtype == "float32" else 5 * f.size for f in features)
+    """A typical sample's record size (int64 values at 5 bytes, masks at 1): what a unit holds per sample."""
+    payload = sum(4 * f.size if f.dtype == "float32" else (1 if f.role == "mask" else 5) * f.size for f in features)
     headers = sum(len(f.name) + 12 for f in features)
     return payload + headers + 16
 
@@ -307,7 +307,7 @@ def make_plan(
         variables = derived_plans(grid, chosen, preprocess)
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
-    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates])
+    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates], config)
     files = dataset.files_on_grid()
     record_bytes = _record_bytes(tuple(features))
     record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)

@@ -121,6 +121,7 @@ class FinalizeSpec:
     compression: str | None
     run_dir: str  # the run's directory beside the output (under _tmp): removed once the output is complete
     work_dir: str | None = None  # removed once the output is complete too
+    fill_value: float | None = None  # nan_policy: fill's value: normalisation must know the filled points
 
 
 def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
@@ -185,6 +186,7 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         compression=plan.config.output.compression,
         run_dir=run_dir(plan.output, plan.run_id),
         work_dir=work_dir,
+        fill_value=plan.config.fill_value,
     )
 
 

@@ -37,7 +37,8 @@ def load_stats(path: str) -> dict[str, Any]:
 def load_dataset(path: str, split: str = "data", batch_size: int = 32, normalize: bool = False, **options):
     """The same tf.data pipeline as the output's generated ``parser.make_dataset``.
 
-    Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed.
+    Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed, and
+    normalized_fill: with ``normalize``, what the points nan_policy: fill filled become (default 0).
     """
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 

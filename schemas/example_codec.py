@@ -60,6 +60,8 @@ def varint_lengths(values: np.ndarray) -> np.ndarray:
 
 def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     """Varint-encode a (rows, k) int64 array: all rows' bytes back to back, and each row's length."""
+    if values.dtype == np.bool_:  # masks: a varint of 0 or 1 is that one byte
+        return values.astype(np.uint8).tobytes(), np.full(len(values), values.shape[1], dtype=np.int64)
     unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     nbytes = varint_lengths(unsigned.view(np.int64))
     groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)
@@ -93,12 +95,16 @@ class ExampleEncoder:
         """The serialized length of each sample's Example, from its int64 values alone.
 
         Float features have fixed lengths, so only the varints vary: the shards' layout can be
-        known before any float is read.
+        known before any float is read. Masks (role ``mask``) hold 0 or 1, a byte each, whatever
+        the data: they need no column.
         """
         length = np.full(n, self._fixed_len, dtype=np.int64)
         for feature in self._ints:
-            values = np.asarray(int_columns[feature.name]).reshape(n, feature.size)
-            payload = varint_lengths(values).sum(axis=1)
+            if feature.role == "mask":
+                payload = np.full(n, feature.size, dtype=np.int64)
+            else:
+                values = np.asarray(int_columns[feature.name]).reshape(n, feature.size)
+                payload = varint_lengths(values).sum(axis=1)
             distinct, which = np.unique(payload, return_inverse=True)
             name = feature.name.encode()
             header = np.array([len(entry_header(name, INT64_LIST, int(p))) for p in distinct], dtype=np.int64)

@@ -60,17 +60,38 @@ def _unpack(parsed, per_record):
     return {name: tf.boolean_mask(values, real) for name, values in parsed.items()}
 
 
-def _normalizer(normalization):
-    constants = {
-        name: (tf.constant(values["mean"], tf.float32), tf.constant(values["std"], tf.float32))
-        for name, values in normalization.items()
-    }
+def _normalizer(normalization, normalized_fill):
+    """(x - mean) / std per feature; then the points nan_policy: fill filled become ``normalized_fill``.
+
+    stats.json says how to find them (``filled``): the feature's mask, or values equal to the
+    fill value where no real value can equal it.
+    """
+    fill = tf.constant(normalized_fill, tf.float32)
+    constants = {}
+    for name, values in normalization.items():
+        filled = values.get("filled") or {}
+        where = tf.constant(filled["where"], tf.bool) if "where" in filled else None
+        constants[name] = (
+            tf.constant(values["mean"], tf.float32),
+            tf.constant(values["std"], tf.float32),
+            filled.get("mask"),
+            filled.get("equal_to"),
+            where,
+        )
 
     def normalize(batch):
-        return {
-            name: (value - constants[name][0]) / constants[name][1] if name in constants else value
-            for name, value in batch.items()
-        }
+        out = dict(batch)
+        for name, (mean, std, mask, equal_to, where) in constants.items():
+            if name not in batch:
+                continue
+            value = batch[name]
+            normalized = (value - mean) / std
+            if mask is not None:
+                normalized = tf.where(tf.not_equal(batch[mask], 0), fill, normalized)
+            elif where is not None:
+                normalized = tf.where(tf.logical_and(tf.equal(value, equal_to), where), fill, normalized)
+            out[name] = normalized
+        return out
 
     return _AS_IS(normalize)
 
@@ -87,12 +108,14 @@ def build_dataset(
     seed=None,
     normalize=False,
     normalization=None,
+    normalized_fill=0.0,
 ):
     """A tf.data.Dataset of batches: dicts of tensors shaped (batch, *feature shape).
 
     The records are already fully shuffled on disk; ``shuffle_buffer`` > 0 adds a fresh
     shuffle of shard order and records for each epoch. ``normalize`` applies (x - mean) / std
-    with the statistics of the reference split (stats.json), per variable or per level.
+    with the statistics of the reference split (stats.json), per variable or per level, and
+    sets the points nan_policy: fill filled to ``normalized_fill`` (0: the mean) afterwards.
     """
     files = shard_paths(schema, data_dir, split)
     files_ds = tf.data.Dataset.from_tensor_slices(files)
@@ -129,7 +152,7 @@ def build_dataset(
     if normalize:
         if not normalization:
             raise ValueError("normalize=True needs the normalisation constants of stats.json")
-        dataset = dataset.map(_normalizer(normalization), num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(_normalizer(normalization, normalized_fill), num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -155,10 +178,12 @@ if SCHEMA is not None:
         seed=None,
         normalize=False,
         data_dir=None,
+        normalized_fill=0.0,
     ):
         """Batches of one split of this dataset: dicts of tensors shaped (batch, *feature shape).
 
-        ``normalize`` applies (x - mean) / std from this output's statistics. ``data_dir``
+        ``normalize`` applies (x - mean) / std from this output's statistics, then sets the
+        points nan_policy: fill filled to ``normalized_fill``. ``data_dir``
         defaults to this file's directory if the shards are beside it, else to the output URL
         the dataset was written to (e.g. gs://...).
         """
@@ -174,4 +199,5 @@ if SCHEMA is not None:
             seed=seed,
             normalize=normalize,
             normalization=NORMALIZATION,
+            normalized_fill=normalized_fill,
         )

@@ -11,6 +11,7 @@ Shards are read in written order (the records are fully shuffled on disk already
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import posixpath
@@ -107,9 +108,11 @@ class Reader:
         schema: Schema | None = None,
         verify: bool = True,
         normalize: bool = False,
+        normalized_fill: float = 0.0,
     ):
         """``normalize``: float features as (x - mean) / std with the output's stats.json constants, in
-        float32 as the TensorFlow parser computes them."""
+        float32 as the TensorFlow parser computes them, then the points nan_policy: fill filled set
+        to ``normalized_fill``, found as that parser finds them."""
         self.path = str(path).rstrip("/") or "/"
         self.schema = schema if schema is not None else load_schema(self.path)
         if split not in self.schema.splits:
@@ -121,6 +124,14 @@ class Reader:
         self.verify = verify
         self._decoder = ExampleDecoder(self.schema.record_features())
         self._normalization = _normalization(self.path) if normalize else {}
+        names = {f.name for f in self.features}
+        for name, normalizer in self._normalization.items():
+            if normalizer.mask is not None and normalizer.mask not in names:
+                raise UserError(
+                    f"{self.path}: stats.json finds the filled points of {name!r} by the feature {normalizer.mask!r}, "
+                    "which schema.json lacks; rebuild the output, or read without normalize"
+                )
+        self._normalized_fill = np.float32(normalized_fill)
 
     @property
     def num_records(self) -> int:
@@ -143,8 +154,8 @@ class Reader:
                     block = self._decoder.decode_batch(records, first_index=first)
                     if self.schema.examples_per_record > 1:
                         block = unpack(block, self.schema.examples_per_record)
-                    for name, (mean, std) in self._normalization.items():
-                        block[name] = (block[name] - mean) / std
+                    for name, normalizer in self._normalization.items():
+                        block[name] = normalizer.apply(block, name, self._normalized_fill)
                 except ValueError as error:
                     raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
                 first += len(records)
@@ -176,15 +187,42 @@ class Reader:
         return {f.name: np.concatenate([b[f.name] for b in blocks]) for f in self.features}
 
 
-def _normalization(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each float feature's mean and std as float32 arrays that broadcast against a batch."""
+@dataclasses.dataclass(frozen=True)
+class _Normalizer:
+    """One feature's stats.json normalisation: mean and std, and how its filled points are found."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    mask: str | None = None  # the feature's nan_mask
+    equal_to: np.float32 | None = None  # else: values equal to the fill value ...
+    where: np.ndarray | None = None  # ... where no real value equals it
+
+    def apply(self, block: Batch, name: str, fill: np.float32) -> np.ndarray:
+        values = block[name]
+        normalized = (values - self.mean) / self.std
+        if self.mask is not None:
+            return np.where(block[self.mask] != 0, fill, normalized)
+        if self.where is not None:
+            return np.where((values == self.equal_to) & self.where, fill, normalized)
+        return normalized
+
+
+def _normalization(path: str) -> dict[str, _Normalizer]:
+    """Each float feature's normaliser, its constants float32 arrays that broadcast against a batch."""
     normalization = load_stats(path).get("normalization")
     if not normalization:
         raise UserError(f"{path}: stats.json has no normalisation constants; read without normalize")
-    return {
-        name: (np.asarray(values["mean"], np.float32), np.asarray(values["std"], np.float32))
-        for name, values in normalization.items()
-    }
+    out = {}
+    for name, values in normalization.items():
+        filled = values.get("filled") or {}
+        out[name] = _Normalizer(
+            np.asarray(values["mean"], np.float32),
+            np.asarray(values["std"], np.float32),
+            filled.get("mask"),
+            None if "equal_to" not in filled else np.float32(filled["equal_to"]),
+            None if "where" not in filled else np.asarray(filled["where"], dtype=bool),
+        )
+    return out
 
 
 def rebatch(blocks: Iterable[Batch], batch_size: int, drop_remainder: bool = False) -> Iterator[Batch]:

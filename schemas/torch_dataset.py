@@ -54,6 +54,7 @@ class SplitDataset(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         normalize: bool = False,
+        normalized_fill: float = 0.0,
     ):
         if torch is None:
             raise ImportError(_NO_TORCH)
@@ -61,7 +62,7 @@ class SplitDataset(IterableDataset):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         # Reads schema.json (and stats.json to normalise) now: a bad path fails here, not in a worker.
-        self.reader = Reader(path, split, normalize=normalize)
+        self.reader = Reader(path, split, normalize=normalize, normalized_fill=normalized_fill)
         known = [f.name for f in self.reader.features]
         unknown = [name for name in features or () if name not in known]
         if unknown:

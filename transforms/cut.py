@@ -61,20 +61,29 @@ def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allo
     return cast
 
 
-def _apply_nan_policy(spec: CutSpec, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Samples to keep, and which samples had NaN (filled in place with nan_policy: fill)."""
+def _apply_nan_policy(
+    spec: CutSpec, data: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Samples to keep, which samples had NaN, and with nan_policy: fill where each variable was filled.
+
+    Filling is in place; the masks (only of variables that had NaN) let statistics leave the
+    filled values out and become the nan_mask features.
+    """
     n = len(next(iter(data.values())))
     has_nan = np.zeros(n, dtype=bool)
-    for values in data.values():
-        if values.dtype.kind == "f":
-            has_nan |= np.isnan(values.reshape(n, -1)).any(axis=1)
+    filled = {}
     policy = spec.nan_policy
-    if policy == "fill" and has_nan.any():
-        for values in data.values():
-            if values.dtype.kind == "f":
-                np.nan_to_num(values, copy=False, nan=spec.fill_value, posinf=np.inf, neginf=-np.inf)
+    for name, values in data.items():
+        if values.dtype.kind != "f":
+            continue
+        nan = np.isnan(values)
+        if nan.any():
+            has_nan |= nan.reshape(n, -1).any(axis=1)
+            if policy == "fill":
+                np.putmask(values, nan, spec.fill_value)
+                filled[name] = nan
     keep = ~has_nan if policy == "drop" else np.ones(n, dtype=bool)
-    return keep, has_nan
+    return keep, has_nan, filled
 
 
 def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int, unit: int) -> list[dict]:
@@ -136,7 +145,7 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
     splits = len(spec.split_names)
     # What the function returned, as stored, before NaN are dropped or filled: the build reports it.
     nonfinite = count_nonfinite(data, labels, splits, unit.index) if spec.preprocess is not None else [{}] * splits
-    keep, has_nan = _apply_nan_policy(spec, data)
+    keep, has_nan, filled = _apply_nan_policy(spec, data)
     counts = {
         name: UnitCounts(
             cut=int((labels == i).sum()),
@@ -158,7 +167,7 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
         coords[name] = ((SAMPLE_DIM, *dims), values)
     coords.update(cut_coordinates(grid, spec.coords, unit, slabs.values, chosen))
     data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
-    return Block(unit.index, xr.Dataset(data_vars, coords), counts)
+    return Block(unit.index, xr.Dataset(data_vars, coords), counts, filled)
 
 
 def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
@@ -180,7 +189,7 @@ class BlockCoder(beam.coders.Coder):
         return pickle.loads(data)
 
     def estimate_size(self, block: Block) -> int:
-        return int(block.samples.nbytes)
+        return int(block.samples.nbytes) + sum(mask.nbytes for mask in block.filled.values())
 
     def is_deterministic(self) -> bool:
         return False

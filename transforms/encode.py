@@ -25,16 +25,30 @@ from schemas.tfrecord import frame_parts
 from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 
 
+def _filled(block: Block, name: str) -> np.ndarray:
+    """Where variable ``name`` was NaN and filled in the block (all False where it had no NaN)."""
+    mask = block.filled.get(name)
+    return mask if mask is not None else np.zeros(block.samples[name].shape, dtype=bool)
+
+
 def record_columns(spec: WriteSpec, block: Block) -> dict[str, np.ndarray]:
     """Every record feature's values for the block's samples (stacked variables joined on their channel axis)."""
     samples = block.samples
     columns = {name: samples[name].values for name in samples.data_vars}
+    stacks = {stack.feature.name: stack for stack in spec.stacks}
     for stack in spec.stacks:
         axis = 1 if stack.axis == 0 else -1  # after the leading sample axis
         columns[stack.feature.name] = np.stack([columns.pop(name) for name in stack.variables], axis=axis)
     for feature in spec.features:
         if feature.role in ("index", "coord", "aux_coord"):
             columns[feature.name] = samples[feature.name].values
+        elif feature.role == "mask":
+            of = feature.source["of"]
+            if of in stacks:
+                axis = 1 if stacks[of].axis == 0 else -1
+                columns[feature.name] = np.stack([_filled(block, name) for name in stacks[of].variables], axis=axis)
+            else:
+                columns[feature.name] = _filled(block, of)
     return columns
 
 

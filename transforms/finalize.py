@@ -61,12 +61,22 @@ def _broadcast(feature: Feature, values: np.ndarray, per: list[str]) -> np.ndarr
     return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
 
 
-def normalization(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
+def normalization(
+    spec: FinalizeSpec, moments: dict[str, Moments], everywhere: dict[str, Moments] | None = None
+) -> dict:
     """(x - mean) / std per float feature, as arrays that broadcast against one sample.
 
-    A constant field (std 0) or one without values keeps std 1, so it is only centred.
+    A constant field (std 0) or one without values keeps std 1, so it is only centred. With
+    nan_policy: fill, ``filled`` says how a reader finds the filled points, which it sets after
+    normalising rather than let the fill become (fill - mean) / std: by the feature's nan_mask
+    when it has one, else as the values equal to the fill value, only where the fill value lies
+    outside the range of the real values of every split (``everywhere``: their moments), which
+    makes the test exact; elsewhere a filled point normalises like a real value (and, inside
+    that range, stays within it).
     """
     per = spec.stats.per
+    everywhere = everywhere or moments
+    masks = {f.source["of"]: f.name for f in spec.schema.features if f.role == "mask"}
 
     def arrays(name: str, feature: Feature) -> tuple[np.ndarray, np.ndarray]:
         m = moments[name]
@@ -75,13 +85,38 @@ def normalization(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
         std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
         return _broadcast(feature, mean, per), _broadcast(feature, std, per)
 
+    def by_value(name: str, feature: Feature) -> tuple[np.ndarray, int]:
+        """Where a value equal to the fill can only be a filled one, and how many were filled."""
+        m = everywhere.get(name)
+        if m is None:
+            return _broadcast(feature, np.zeros(np.shape(moments[name].count), dtype=bool), per), 0
+        fill = np.float32(spec.fill_value)  # as stored
+        outside = (fill < m.minimum) | (fill > m.maximum)
+        return _broadcast(feature, outside, per), int(np.sum(m.filled_count))
+
+    def filled(feature: Feature, names: list[str], axis: int | None = None) -> dict | None:
+        if spec.fill_value is None:
+            return None
+        if feature.name in masks:
+            return {"mask": masks[feature.name]}
+        pairs = [by_value(n, by_name[n].feature) for n in names]
+        if not sum(count for _, count in pairs):
+            return None
+        where = pairs[0][0] if axis is None else np.stack([w for w, _ in pairs], axis=axis)
+        if not where.any():
+            return None
+        return {"equal_to": float(np.float32(spec.fill_value)), "where": where.tolist()}
+
     out = {}
+    by_name = {v.name: v for v in spec.variables}
     stacked = {name for stack in spec.stacks for name in stack.variables}
     for variable in spec.variables:
         if variable.feature.dtype == "float32" and variable.name not in stacked and variable.name in moments:
             mean, std = arrays(variable.name, variable.feature)
             out[variable.name] = {"mean": mean.tolist(), "std": std.tolist()}
-    by_name = {v.name: v for v in spec.variables}
+            how = filled(variable.feature, [variable.name])
+            if how:
+                out[variable.name]["filled"] = how
     for stack in spec.stacks:
         if stack.feature.dtype != "float32" or not all(n in moments for n in stack.variables):
             continue
@@ -91,6 +126,9 @@ def normalization(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
             "mean": np.stack([m for m, _ in pairs], axis=axis).tolist(),
             "std": np.stack([s for _, s in pairs], axis=axis).tolist(),
         }
+        how = filled(stack.feature, list(stack.variables), axis)
+        if how:
+            out[stack.feature.name]["filled"] = how
     return out
 
 
@@ -124,6 +162,14 @@ def _nonfinite_json(spec: FinalizeSpec, totals: dict[str, NonFinite]) -> dict:
     }
 
 
+def _merged_over_splits(summaries: dict[str, SplitSummary]) -> dict[str, Moments]:
+    merged: dict[str, Moments] = {}
+    for summary in summaries.values():
+        for name, m in summary.moments.items():
+            merged[name] = merged[name].merge(m) if name in merged else m
+    return merged
+
+
 def stats_document(
     spec: FinalizeSpec, summaries: dict[str, SplitSummary], nonfinite: dict[str, NonFinite] | None = None
 ) -> dict:
@@ -134,7 +180,8 @@ def stats_document(
         "description": (
             "population statistics (ddof=0) of the finite stored values of every written sample, "
             "accumulated in float64; a value in overlapping samples counts once per sample; NaN and inf "
-            "are counted apart. `variables` and `normalization` come from the reference split"
+            "are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
+            "statistic includes. `variables` and `normalization` come from the reference split"
         ),
         "reference_split": reference,
         "variables": _variables_json(spec, moments),
@@ -142,7 +189,7 @@ def stats_document(
             name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(spec, s.moments)}
             for name, s in summaries.items()
         },
-        "normalization": normalization(spec, moments),
+        "normalization": normalization(spec, moments, _merged_over_splits(summaries)),
     }
     if nonfinite:
         document["preprocess"] = _nonfinite_json(spec, nonfinite)

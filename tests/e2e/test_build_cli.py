@@ -128,7 +128,8 @@ def test_training_ready_config_on_the_demo_archive(tmp_path, monkeypatch):
         records = read_all_records(output, schema, split)
         assert len(records["t"]) == steps * patches
         assert all(shard.file.endswith(".tfrecord.gz") for shard in schema.splits[split])
-        assert schema.feature("wind").shape == (source.sizes["level"], 8, 8, 2)
+        assert schema.feature("wind").shape == schema.feature("mask/wind").shape == (source.sizes["level"], 8, 8, 2)
+        assert not records["mask/wind"].any() and not records["mask/t"].any()  # the demo has no NaN to fill
         for i in range(0, len(records["t"]), 17):
             record = {name: values[i] for name, values in records.items()}
             for name in ("t", "orography", "lsm"):

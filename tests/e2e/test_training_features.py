@@ -330,3 +330,105 @@ def test_nan_policy_drop_when_a_whole_unit_is_nan(tmp_path, monkeypatch):
     assert schema.counts["samples_dropped_nan"] == 4 * 4 and schema.num_records() == 4 * 4
     records = read_all_records(output, schema)
     assert not np.isnan(records["t"]).any() and sorted(set(records["index/time"].tolist())) == [4, 5, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def coast(tmp_path_factory) -> Path:
+    """An ocean with land (NaN on disk): sst far from 0, sea ice whose real values include 0."""
+    directory = tmp_path_factory.mktemp("coast")
+    rng = np.random.default_rng(11)
+    land = np.zeros((12, 10), dtype=bool)
+    land[:, :4] = True
+    land[:3, 4:7] = True
+    sst = 283 + rng.normal(0, 10, (8, 12, 10))
+    ice = np.clip(rng.normal(0.2, 0.4, (8, 12, 10)), 0, 1)  # many real zeros
+    sst[:, land], ice[:, land] = np.nan, np.nan
+    sst[5, 8, 8] = np.nan  # a gap in the ocean too
+    xr.Dataset(
+        {"sst": (("time", "lat", "lon"), sst.astype("f4")), "ice": (("time", "lat", "lon"), ice.astype("f4"))},
+        coords={
+            "time": pd.date_range("2021-01-01", periods=8, freq="6h"),
+            "lat": np.arange(12.0),
+            "lon": np.arange(10.0),
+        },
+    ).to_netcdf(directory / "coast.nc", encoding={"sst": {"_FillValue": -9999.0}})
+    return directory
+
+
+def _coast_config(coast: Path, output: Path, **extra) -> dict:
+    return {
+        "input": {"paths": str(coast / "coast.nc")},
+        "sample": {"window": {"lat": 4, "lon": 5}},  # no overlap: every point in one sample
+        "nan_policy": "fill",
+        "fill_value": 0.0,
+        "output": {"path": str(output), "num_shards": 2},
+        **extra,
+    }
+
+
+def test_filled_points_stay_out_of_statistics_and_normalise_to_zero(coast, tmp_path, capsys):
+    output = build(tmp_path, _coast_config(coast, tmp_path / "masked", nan_mask=["ice"]))
+    assert "cannot tell" not in capsys.readouterr().out
+    src = xr.open_dataset(coast / "coast.nc").load()
+    schema = load_schema(str(output))
+    stats = load_stats(str(output))
+    for name in ("sst", "ice"):
+        real = src[name].values.astype(np.float64)
+        s = stats["variables"][name]
+        assert s["mean"] == pytest.approx(np.nanmean(real), rel=1e-9)  # the ocean's, not dragged to 0 by land
+        assert s["std"] == pytest.approx(np.nanstd(real), rel=1e-9)
+        assert (s["count"], s["filled_count"], s["nan_count"]) == (
+            int((~np.isnan(real)).sum()),
+            int(np.isnan(real).sum()),
+            0,
+        )
+    mask = schema.feature("mask/ice")
+    assert (mask.dtype, mask.shape, mask.role, mask.source["of"]) == ("int64", (4, 5), "mask", "ice")
+    assert [f.name for f in schema.features if f.role == "mask"] == ["mask/ice"]
+    records = parse_with_generated_parser(output)  # TensorFlow's own parser
+    expected = {
+        name: np.stack(
+            [
+                expected_feature(src, schema, name, {k: v[i] for k, v in records.items()})
+                for i in range(len(records["sst"]))
+            ]
+        )
+        for name in ("sst", "ice")
+    }
+    np.testing.assert_array_equal(records["mask/ice"], np.isnan(expected["ice"]).astype(np.int64))
+    normalization = stats["normalization"]
+    assert normalization["ice"]["filled"] == {"mask": "mask/ice"}
+    assert normalization["sst"]["filled"]["equal_to"] == 0.0  # no real sst is 0: found by value, exactly
+    parser = import_generated_parser(output)
+    batches = list(parser.make_dataset(batch_size=500, normalize=True).as_numpy_iterator())
+    normalized = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    np.testing.assert_array_equal(normalized["index/time"], records["index/time"])
+    for name in ("sst", "ice"):
+        filled = np.isnan(expected[name])
+        assert np.all(normalized[name][filled] == 0.0)
+        assert normalized[name][~filled].mean() == pytest.approx(0, abs=1e-5)
+        assert normalized[name][~filled].std() == pytest.approx(1, abs=1e-5)
+    # Real zeros of ice are data: they normalise like any value, though they equal the fill.
+    real_zeros = expected["ice"] == 0
+    assert real_zeros.sum() > 10
+    assert np.all(normalized["ice"][real_zeros] < -0.1)
+    chosen = next(iter(load_dataset(str(output), batch_size=500, normalize=True, normalized_fill=-5.0)))
+    assert np.all(chosen["sst"].numpy()[np.isnan(expected["sst"])] == -5.0)
+    ours = Reader(str(output), normalize=True).read_all()  # numpy and torch readers: the same, bit for bit
+    for name in ("sst", "ice"):
+        np.testing.assert_array_equal(_in_sample_order(ours)[name], _in_sample_order(normalized)[name])
+
+
+def test_without_a_mask_a_fill_among_the_real_values_is_not_guessed(coast, tmp_path, capsys):
+    """ice's real values include the fill value 0: without nan_mask, which zeros were filled is unknowable."""
+    output = build(tmp_path, _coast_config(coast, tmp_path / "plain"))
+    assert "cannot tell the filled points of ice from data" in capsys.readouterr().out
+    schema = load_schema(str(output))
+    assert not [f for f in schema.features if f.role == "mask"]
+    normalization = load_stats(str(output))["normalization"]
+    assert "filled" not in normalization["ice"] and normalization["sst"]["filled"]["equal_to"] == 0.0
+    raw = Reader(str(output)).read_all()
+    ours = Reader(str(output), normalize=True).read_all()
+    mean, std = (np.float32(normalization["ice"][k]) for k in ("mean", "std"))
+    np.testing.assert_array_equal(ours["ice"], (raw["ice"] - mean) / std)  # every zero alike, none set
+    assert np.all(ours["sst"][raw["sst"] == 0] == 0) and np.any(raw["sst"] == 0)

@@ -170,3 +170,25 @@ def test_write_atomically_keeps_every_byte_in_order_when_it_joins_small_writes(t
     assert write_atomically(path, iter(chunks)) == sum(sizes)
     assert (tmp_path / "shard.tfrecord").read_bytes() == b"".join(chunks)
     assert [p.name for p in tmp_path.iterdir()] == ["shard.tfrecord"]  # the temporary name is gone
+
+
+def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():
+    import types
+
+    import xarray as xr
+
+    from planning.contracts import Block
+    from planning.features import StackPlan
+    from schemas.schema import Feature
+    from transforms.encode import record_columns
+
+    rng = np.random.default_rng(2)
+    u, v = rng.normal(size=(3, 2, 4)).astype("f4"), rng.normal(size=(3, 2, 4)).astype("f4")
+    filled_u = rng.random(u.shape) < 0.4  # v had no NaN in this block: no mask of its own
+    samples = xr.Dataset({"u": (("sample", "y", "x"), u), "v": (("sample", "y", "x"), v)})
+    wind = Feature("wind", "float32", (2, 2, 4), ("channel", "y", "x"), "variable")
+    mask = Feature("mask/wind", "int64", wind.shape, wind.dims, "mask", {"of": "wind"})
+    spec = types.SimpleNamespace(stacks=(StackPlan(wind, ("u", "v"), 0),), features=(wind, mask))
+    columns = record_columns(spec, Block(0, samples, {}, {"u": filled_u}))
+    np.testing.assert_array_equal(columns["wind"], np.stack([u, v], axis=1))
+    np.testing.assert_array_equal(columns["mask/wind"], np.stack([filled_u, np.zeros_like(filled_u)], axis=1))

@@ -42,6 +42,8 @@ def _error(data) -> str:
         ({"output": {"path": "o", "compression": "zstd"}}, "output.compression"),
         ({"nan_policy": "fill"}, "nan_policy: fill needs a fill_value"),
         ({"fill_value": 0}, "fill_value is set but nan_policy is keep"),
+        ({"nan_mask": True}, "nan_mask marks the values nan_policy: fill filled, but nan_policy is keep"),
+        ({"nan_policy": "drop", "nan_mask": ["t"]}, "but nan_policy is drop: set nan_policy: fill"),
         ({"splits": {"train": {"lat": [0, 10]}}}, "splits.train: give one range along 'time'"),
         ({"splits": {"a-b": {"time": ["2000", "2001"]}}}, "'a-b' is not a plain name"),
         ({"splits": {"train": {"time": ["2000"]}}}, "splits.train.time: give [start, end]"),
@@ -229,3 +231,33 @@ def test_select_forms_and_tolerance():
     assert (config.select["time"].min, config.select["time"].max) == ("2000-01-01", 2010)  # YAML's dates as text
     assert config.input.coord_tolerance == 0 and parse_config(BASE).input.coord_tolerance == "float32"
     assert parse_config({**BASE, "sample": {"offsets": {"time": [-1, 0]}}}).sample.offsets == {"time": [-1, 0]}
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["u"], "nan_mask: 'u' is not a float variable or stack of the records; it is stacked in 'wind': list 'wind'"),
+        (["cls"], "'cls' is not a float variable or stack of the records; it holds integers, which are never NaN"),
+        (["index/time"], "the float variables and stacks are: t, wind"),
+    ],
+)
+def test_nan_mask_names_a_float_feature(names, expected):
+    from planning.features import StackPlan, mask_features
+    from schemas.schema import Feature
+
+    def variable(name, dtype="float32"):
+        return Feature(name, dtype, (2,), ("x",), "variable")
+
+    wind = StackPlan(Feature("wind", "float32", (2, 2), ("x", "channel"), "variable"), ("u", "v"), -1)
+    features = [variable("t"), wind.feature, variable("cls", "int64"), Feature("index/time", "int64", (), (), "index")]
+    config = parse_config({**BASE, "nan_policy": "fill", "fill_value": 0.0, "nan_mask": names}, "c.yaml")
+    with pytest.raises(UserError) as info:
+        mask_features(config, features, [wind])
+    assert expected in str(info.value) and str(info.value).startswith("nan_mask: ")
+    every = mask_features(
+        parse_config({**BASE, "nan_policy": "fill", "fill_value": 0.0, "nan_mask": True}), features, [wind]
+    )
+    assert [(f.name, f.shape, f.dtype, f.role) for f in every] == [
+        ("mask/t", (2,), "int64", "mask"),
+        ("mask/wind", (2, 2), "int64", "mask"),
+    ]

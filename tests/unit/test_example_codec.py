@@ -116,3 +116,18 @@ def test_any_shape_round_trips_through_tensorflow(shape, n, data):
     np.testing.assert_array_equal(parsed["x"].numpy(), floats)
     np.testing.assert_array_equal(parsed["i"].numpy(), ints)
     assert ExampleDecoder(features).decode(records[0]).keys() == {"x", "i"}
+
+
+def test_masks_are_a_byte_a_value_laid_out_without_their_values_and_parse_with_tensorflow():
+    features = [*FEATURES, Feature("mask/t", "int64", (3, 2, 2), ("level", "lat", "lon"), "mask", {"of": "t"})]
+    columns = _columns(30, np.random.default_rng(5))
+    columns["mask/t"] = np.random.default_rng(6).random((30, 3, 2, 2)) < 0.3  # bool, as the encode stage gives
+    encoder = ExampleEncoder(features)
+    records = encoder.encode(columns)
+    as_ints = encoder.encode({**columns, "mask/t": columns["mask/t"].astype(np.int64)})
+    assert records == as_ints  # the bool fast path writes the varints of 0 and 1
+    ints = {name: columns[name] for name in ("index/time", "coord/time")}  # no mask column: its size is known
+    assert encoder.record_lengths(ints, 30).tolist() == [len(r) for r in records]
+    parsed = tf.io.parse_example(records, _spec(features))
+    np.testing.assert_array_equal(parsed["mask/t"].numpy(), columns["mask/t"].astype(np.int64))
+    np.testing.assert_array_equal(ExampleDecoder(features).decode_batch(records)["mask/t"], parsed["mask/t"].numpy())

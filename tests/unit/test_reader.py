@@ -177,3 +177,20 @@ def test_shuffled_is_a_seeded_permutation():
     assert list(shuffled(items, 0, np.random.default_rng(1))) == items
     random.shuffle(items)  # a buffer larger than the input still returns every item once
     assert sorted(shuffled(items, 1000, np.random.default_rng(1))) == sorted(items)
+
+
+def test_normalising_with_a_mask_that_schema_json_lacks_is_one_line(tmp_path):
+    """stats.json is read from disk: a `filled` entry naming no feature is refused up front, not a KeyError later."""
+    import json
+
+    from schemas.errors import UserError
+
+    write_output(tmp_path, make_columns(FEATURES, 4), [4])
+    stats = {"normalization": {"w": {"mean": 0.0, "std": 2.0, "filled": {"mask": "mask/w"}}}}
+    (tmp_path / "stats.json").write_text(json.dumps(stats))
+    with pytest.raises(UserError, match=r"filled points of 'w' by the feature 'mask/w', which schema\.json lacks"):
+        Reader(str(tmp_path), normalize=True)
+    stats["normalization"]["w"]["filled"] = {"equal_to": 0.0, "where": True}  # found by value: no mask needed
+    (tmp_path / "stats.json").write_text(json.dumps(stats))
+    raw, normalized = Reader(str(tmp_path)).read_all()["w"], Reader(str(tmp_path), normalize=True).read_all()["w"]
+    np.testing.assert_array_equal(normalized, np.where(raw == 0, 0, raw / np.float32(2)))

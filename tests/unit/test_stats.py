@@ -85,3 +85,34 @@ def test_non_finite_values_are_counted_per_split_and_merge_to_the_first_unit():
     later = SplitSummary({}, nonfinite={"t": NonFinite(6, 1, 0, 9)})
     merged = later.merge(SplitSummary({}, nonfinite=train)).merge(SplitSummary({}, nonfinite=test))
     assert merged.nonfinite["t"] == NonFinite(30, 3, 2, 7)
+
+
+def test_filled_values_are_left_out_and_counted_apart():
+    """nan_policy: fill stores 0.0 over land; the statistics are those of the ocean alone, per level too."""
+    rng = np.random.default_rng(4)
+    blocks = [rng.normal([[[283.0]], [[270.0]]], 10.0, (n, 2, 4, 5)) for n in (6, 3, 9)]
+    blocks[0][:, :, :2, :] = np.nan  # land in the first block only: the others take the fast path
+    blocks[2][0, 1] = np.nan
+    real = np.concatenate(blocks)
+    masks = [np.isnan(b) for b in blocks]
+    stored = [np.where(m, 0.0, b).astype(np.float32) for b, m in zip(blocks, masks)]
+    parts = [Moments.of(s, [1], m) for s, m in zip(stored, masks)]
+    result = functools.reduce(Moments.merge, parts).to_json(["level"])
+    expected = real.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(result["mean"], np.nanmean(expected, axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(result["std"], np.nanstd(expected, axis=(0, 2, 3)), rtol=1e-9)
+    np.testing.assert_array_equal(result["min"], np.nanmin(expected, axis=(0, 2, 3)))
+    assert result["filled_count"] == np.isnan(real).sum(axis=(0, 2, 3)).tolist()
+    assert result["count"] == (~np.isnan(real)).sum(axis=(0, 2, 3)).tolist()
+    assert result["nan_count"] == [0, 0]  # nothing stored is NaN: the filled values are counted apart
+    # Hostile: without the mask the fill is taken for data, which is the bug the mask prevents.
+    unmasked = functools.reduce(Moments.merge, (Moments.of(s, [1]) for s in stored)).to_json(["level"])
+    assert unmasked["min"][0] == 0.0 and unmasked["filled_count"] == [0, 0]
+
+
+def test_a_stored_nan_beside_filled_values_is_still_a_nan():
+    values = np.array([1.0, 0.0, np.nan, 3.0, np.inf], np.float32)  # 0.0 at index 1 was filled
+    filled = np.array([False, True, False, False, False])
+    m = Moments.of(values, filled=filled).to_json()
+    assert (m["count"], m["nan_count"], m["inf_count"], m["filled_count"]) == (2, 1, 1, 1)
+    assert m["mean"] == 2.0
