@@ -16,9 +16,10 @@ from schemas.errors import UserError
 
 
 def _chunks(ds: xr.Dataset) -> dict[str, tuple[int, ...]]:
-    """Each data variable's storage object shape: its shard where sharded (one object), else its chunk."""
+    """Each variable's storage object shape (non-dim coordinates too: ``coords:`` reads them like data): its shard
+    where sharded (one object), else its chunk."""
     out = {}
-    for name, var in ds.data_vars.items():
+    for name, var in ds.variables.items():
         shape = var.encoding.get("shards") or var.encoding.get("chunks") or var.shape
         out[str(name)] = tuple(int(n) for n in shape)
     return out

@@ -29,7 +29,7 @@ def _opened(url: str) -> tuple[RecordingStore, xr.Dataset]:
     with _OPENING:
         if url not in _OPENED:
             store = open_store(url)
-            # Data variables only: no coordinate is loaded, and times stay numbers as in the NetCDF route.
+            # Nothing is loaded (no index either), and times stay numbers as in the NetCDF route.
             _OPENED[url] = store, open_store_dataset(url, store, decode_times=False, indexes=False)
         return _OPENED[url]
 
@@ -56,7 +56,8 @@ def _missing_chunk(url: str, name: str, key: str, variable: xr.Variable, concat_
 
 
 def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.ndarray:
-    if variable.name not in ds.data_vars:
+    # Non-dim coordinates too (config coords:), which xarray keeps apart from the data variables.
+    if variable.name not in ds.variables:
         raise UserError(f"{url}: variable {variable.name!r} is missing (was the store rewritten during the build?)")
     try:
         values = ds[variable.name].isel({d: slice(*box[d]) for d in variable.dims}).values
