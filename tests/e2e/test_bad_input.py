@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,20 @@ def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
 def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
     (archive / "notes.nc").write_text("not a netcdf file")
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "notes.nc", "not a NetCDF file")
+
+
+def test_a_fifo_among_the_inputs_is_refused_unopened(archive, tmp_path, capsys):
+    """Opening a FIFO for reading blocks until a writer comes: planning must refuse it from its stat alone."""
+    fifo = archive / "pipe.nc"
+    os.mkfifo(fifo)
+    # A writer that meets the first reader and closes at once, so a regression fails instead of hanging the suite.
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "pipe.nc", "not a regular file")
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the waiting writer go
+        writer.join(5)
 
 
 @pytest.mark.parametrize("name", ["uvt.nc", "nc4uvt.nc"])
