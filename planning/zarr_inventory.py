@@ -9,6 +9,7 @@ import xarray as xr
 
 from planning.coords import format_value
 from planning.inventory import Inventory
+from planning.limits import check_dim_sizes
 from planning.metadata import dataset_info
 from planning.time_decoding import AS_STATED, TimeDecoding
 from planning.zarr_store import StoreLayout, open_store, open_store_dataset
@@ -37,8 +38,10 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
     """
-    ds = open_store_dataset(url, open_store(url), decode_times=False)
+    # No index yet: a dim coordinate is loaded only once its size is known to be sane.
+    ds = open_store_dataset(url, open_store(url), decode_times=False, indexes=False)
     try:
+        check_dim_sizes(url, ds.sizes)
         info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
         chunks = _chunks(ds)
     finally:

@@ -180,6 +180,21 @@ def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
     assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
 
 
+def test_a_dim_of_absurd_length_is_refused_before_anything_is_allocated(tmp_path, capsys):
+    """Metadata declaring 10^12 steps without a coordinate (16 KB on disk): one line naming the dim and its size."""
+    import zarr
+
+    root = zarr.open_group(tmp_path / "huge.zarr", mode="w", zarr_format=3)
+    root.create_array("v", shape=(10**12, 4), chunks=(10**6, 4), dtype="f4", dimension_names=["time", "latitude"])
+    message = assert_fails(tmp_path, capsys, [tmp_path / "huge.zarr"], "huge.zarr: dim 'time' has", variables=["v"])
+    assert "1,000,000,000,000 elements, over the 2,147,483,648 a build can plan" in message
+    # With a coordinate too: refused before it is loaded (8 TB).
+    root.create_array("time", shape=(10**12,), chunks=(10**6,), dtype="i8", dimension_names=["time"])
+    assert_fails(
+        tmp_path, capsys, [tmp_path / "huge.zarr"], "huge.zarr: dim 'time' has 1,000,000,000,000", variables=["v"]
+    )
+
+
 def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path):
     """Levels and a latitude band from the store, and from its NetCDF copy: the same shards."""
     outputs = {}
