@@ -21,7 +21,7 @@ from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
-from planning.time_decoding import AS_STATED, TimeDecoding, is_time
+from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing, is_time
 from planning.tolerance import coordinate_mismatch, describe_tolerance
 from planning.zarr_store import StoreLayout
 from schemas.errors import UserError
@@ -360,8 +360,9 @@ def _groups(path: str) -> list[str]:
 
 
 def _check_increasing(info: FileInfo, concat_dim: str) -> None:
-    """Refuse a concat coordinate that decreases or repeats inside a file, naming where and the fix."""
+    """Refuse a concat coordinate that misses a value, decreases or repeats inside a file, naming where and the fix."""
     values = info.coords[concat_dim]
+    check_no_missing(info.path, concat_dim, values)  # with decode_times: false, or NaT from a fill value
     if len(values) < 2:
         return
     steps = values[1:] > values[:-1]

@@ -11,7 +11,7 @@ from planning.coords import format_value
 from planning.inventory import Inventory
 from planning.limits import check_dim_sizes
 from planning.metadata import dataset_info
-from planning.time_decoding import AS_STATED, TimeDecoding
+from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing
 from planning.zarr_store import StoreLayout, open_store, open_store_dataset
 from schemas.errors import UserError
 
@@ -56,7 +56,8 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
     values = info.coords.get(concat_dim)
     if values is None:
         values = np.arange(info.sizes[concat_dim])
-    elif len(values) > 1 and not np.all(values[1:] > values[:-1]):
+    check_no_missing(url, concat_dim, values)  # with decode_times: false, or NaT from a fill value
+    if len(values) > 1 and not np.all(values[1:] > values[:-1]):
         step = int(np.flatnonzero(values[1:] <= values[:-1])[0])
         raise UserError(
             f"{url}: {concat_dim!r} is not strictly increasing ({format_value(values[step])} is followed by "

@@ -363,6 +363,18 @@ def test_files_that_are_not_a_time_series_of_netcdf_say_why_and_the_fix(tmp_path
     assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "input.nc", *expected)
 
 
+@pytest.mark.parametrize("calendar", ["standard", "noleap"])
+def test_a_missing_time_value_names_the_file_and_the_step(tmp_path, capsys, calendar):
+    """A NaN among the times of the second of three files: not "sort them" (noleap: xarray would date it 2000-01-01)."""
+    units = {"units": "hours since 2000-01-01", "calendar": calendar}
+    for name, hours in (("a", [0.0, 6.0]), ("b", [12.0, np.nan]), ("c", [24.0, 30.0])):
+        time = xr.Variable("time", np.array(hours), units)
+        xr.Dataset({"v": (("time", "x"), np.zeros((2, 3), "f4"))}, {"time": time}).to_netcdf(tmp_path / f"{name}.nc")
+    config = config_for([tmp_path / "*.nc"], tmp_path / "o")
+    message = assert_fails(config, tmp_path, capsys, "b.nc: 'time' has no value at index 1", "a time value is missing")
+    assert "repair the file, or write it again without that step" in message and "sort" not in message
+
+
 def test_a_sample_over_two_gigabytes_is_refused_at_planning(tmp_path, capsys):
     """A tf.train.Example holds at most 2 GB; such a sample (here 2.3 GB: kept 24,000 x 24,000) never reaches Beam."""
     import netCDF4
