@@ -12,7 +12,7 @@ from planning.inventory import Inventory
 from planning.limits import check_dim_sizes
 from planning.metadata import dataset_info
 from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing
-from planning.zarr_store import StoreLayout, open_store, open_store_dataset
+from planning.zarr_store import RecordingStore, StoreLayout, open_store, open_store_dataset
 from schemas.errors import UserError
 
 
@@ -33,16 +33,36 @@ def _stored_bytes(ds: xr.Dataset) -> int:
     )
 
 
+def _refuse_missing_chunks(url: str, store: RecordingStore) -> None:
+    """Refuse a coordinate chunk found missing while planning read the coordinates (zarr reads it as fill values).
+
+    input.missing_chunks: fill is for data written with write_empty_chunks=False; a coordinate
+    of fill values would put samples at wrong times or places.
+    """
+    key = min(store.missing, default=None)
+    if key is not None:
+        raise UserError(
+            f"{url}: coordinate {key.split('/', 1)[0]!r}: chunk {key!r} is missing, and would read as fill values; "
+            "restore it (input.missing_chunks: fill applies to data variables, never to coordinates)"
+        )
+
+
 def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_STATED) -> Inventory:
     """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates.
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
     """
+    store = open_store(url)
     # No index yet: a dim coordinate is loaded only once its size is known to be sane.
-    ds = open_store_dataset(url, open_store(url), decode_times=False, indexes=False)
+    ds = open_store_dataset(url, store, decode_times=False, indexes=False)
     try:
         check_dim_sizes(url, ds.sizes)
-        info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
+        try:
+            info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
+        except UserError:
+            _refuse_missing_chunks(url, store)  # the cause, if the fill values read in its place upset a check
+            raise
+        _refuse_missing_chunks(url, store)
         chunks = _chunks(ds)
     finally:
         ds.close()

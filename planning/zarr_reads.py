@@ -55,6 +55,13 @@ def _missing_chunk(url: str, name: str, key: str, variable: xr.Variable, concat_
     )
 
 
+def _missing_coordinate_chunk(url: str, name: str, key: str) -> UserError:
+    return UserError(
+        f"{url}: coordinate {name!r} (coords:): chunk {key!r} is missing, and would read as fill values; restore it "
+        "(input.missing_chunks: fill applies to data variables, never to coordinates)"
+    )
+
+
 def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.ndarray:
     # Non-dim coordinates too (config coords:), which xarray keeps apart from the data variables.
     if variable.name not in ds.variables:
@@ -87,6 +94,8 @@ def read_store_box(
         slabs.values[variable.name] = _values(url, ds, variable, box)
         # Checked after the read: the store notes each key it found absent (planning.zarr_store).
         missing = store.missing_chunk(variable.name)
+        if missing is not None and variable.feature.role == "aux_coord":  # a coordinate of config coords:
+            raise _missing_coordinate_chunk(url, variable.name, missing)
         if missing is not None and missing_chunks == "error":
             raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
     if missing_chunks == "fill":

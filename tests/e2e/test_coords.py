@@ -178,7 +178,7 @@ def test_coordinates_are_cut_with_the_samples_window(ocean, built_from_files, fi
 
 
 @pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
-def test_a_store_gives_the_coordinates_its_netcdf_copy_gives(ocean, built_from_files, tmp_path):
+def test_a_store_gives_the_coordinates_its_netcdf_copy_gives(ocean, built_from_files, tmp_path, capsys):
     """The same files as one Zarr store (lat/lon/step/depth its non-dim coordinates): the same shards."""
     source = load_virtual_dataset(sorted(ocean().glob("tos_*.nc")), "time")
     assert source["lat"].dims == ("y", "x") and "lat" not in source.data_vars
@@ -188,6 +188,12 @@ def test_a_store_gives_the_coordinates_its_netcdf_copy_gives(ocean, built_from_f
     shards = {p.name: p.read_bytes() for p in output.glob("*.tfrecord*")}
     assert shards and shards == {p.name: p.read_bytes() for p in reference.glob("*.tfrecord*")}
     assert load_schema(str(output)).scalar_coords == load_schema(str(reference)).scalar_coords
+    # A coordinate's chunk missing: named on the worker, even where data chunks may read as fill values.
+    (tmp_path / "ocean.zarr" / "lat" / "c" / "0" / "0").unlink()
+    config = windows_config(str(tmp_path / "ocean.zarr"), tmp_path / "holed")
+    config["input"]["missing_chunks"] = "fill"
+    line = refused(config, tmp_path, capsys)
+    assert "ocean.zarr: coordinate 'lat' (coords:): chunk 'lat/c/0/0' is missing" in line, line
 
 
 def test_parser_inspect_and_selection(ocean, tmp_path):

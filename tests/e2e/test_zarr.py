@@ -17,7 +17,7 @@ from pipelines.build import main
 from schemas import load_schema, load_stats
 
 from conftest import BUCKET, REPO
-from helpers import expected_feature, read_all_records
+from helpers import expected_feature, read_all_records, refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
@@ -169,6 +169,18 @@ def test_a_chunk_missing_in_the_middle(inputs, tmp_path, capsys):
     at_step_5 = records["index/time"] == 5
     assert at_step_5.any() and np.isnan(records["geopotential"][at_step_5]).all()
     assert not np.isnan(records["geopotential"][~at_step_5]).any()
+
+
+@pytest.mark.parametrize("coordinate", ["time", "latitude"])
+def test_a_coordinate_chunk_missing_is_named(inputs, tmp_path, capsys, coordinate):
+    """A coordinate read as fill values would misplace every sample (latitude: silently): named, even with fill."""
+    store = shutil.copytree(inputs["v3"], tmp_path / "holed.zarr")
+    (store / coordinate / "c" / "0").unlink()
+    config = yaml.safe_load(_config(tmp_path, [store], tmp_path / "failed").read_text())
+    config["input"]["missing_chunks"] = "fill"
+    line = refused(config, tmp_path, capsys)
+    assert f"holed.zarr: coordinate '{coordinate}': chunk '{coordinate}/c/0' is missing" in line, line
+    assert "restore it" in line
 
 
 def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
