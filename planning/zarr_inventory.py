@@ -12,7 +12,7 @@ from planning.inventory import Inventory
 from planning.limits import check_dim_sizes
 from planning.metadata import dataset_info
 from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing
-from planning.zarr_store import RecordingStore, StoreLayout, open_store, open_store_dataset
+from planning.zarr_store import RecordingStore, StoreLayout, check_codecs, open_store, open_store_dataset
 from schemas.errors import UserError
 
 
@@ -57,6 +57,7 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
     ds = open_store_dataset(url, store, decode_times=False, indexes=False)
     try:
         check_dim_sizes(url, ds.sizes)
+        check_codecs(url, ds)
         try:
             info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
         except UserError:

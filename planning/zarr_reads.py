@@ -11,12 +11,14 @@ import re
 import threading
 from collections.abc import Sequence
 
+import numcodecs.errors
 import numpy as np
 import xarray as xr
+import zarr.errors
 
 from planning.features import VariablePlan
 from planning.slabs import Box, Slabs
-from planning.zarr_store import RecordingStore, open_store, open_store_dataset
+from planning.zarr_store import RecordingStore, codec_error, open_store, open_store_dataset
 from schemas.errors import UserError
 
 #: Each worker process opens a store once (its metadata: with consolidated metadata one request)
@@ -68,6 +70,8 @@ def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.nd
         raise UserError(f"{url}: variable {variable.name!r} is missing (was the store rewritten during the build?)")
     try:
         values = ds[variable.name].isel({d: slice(*box[d]) for d in variable.dims}).values
+    except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
+        raise codec_error(url, error) from None  # checked at planning: a worker may lack what the driver has
     except Exception as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
-from arco_like import PACKED, STATIC, arco_like, write_netcdf, write_store
+from arco_like import PACKED, STATIC, arco_like, set_codecs, write_netcdf, write_store
 
 from pipelines.build import main
 from schemas import load_schema, load_stats
@@ -183,13 +183,27 @@ def test_a_coordinate_chunk_missing_is_named(inputs, tmp_path, capsys, coordinat
     assert "restore it" in line
 
 
-def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
-    store = shutil.copytree(inputs["v2"], tmp_path / "jpeg.zarr")
-    metadata = store / "temperature" / ".zarray"
-    array = json.loads(metadata.read_text())
-    array["compressor"] = {"id": "imagecodecs_jpeg2k", "level": 80}
-    metadata.write_text(json.dumps(array))
-    assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
+@pytest.mark.parametrize(
+    ("layout", "codec", "expected"),
+    [
+        ("v2", {"id": "imagecodecs_jpeg2k", "level": 80}, "install imagecodecs (pip install imagecodecs)"),
+        ("v2", {"id": "zfpy", "mode": 4}, "install zfpy (pip install zfpy)"),
+        # Opens without zfpy: only decoding a chunk would fail, on the worker.
+        ("v3", {"name": "numcodecs.zfpy", "configuration": {"mode": 4}}, "install zfpy (pip install zfpy)"),
+        ("v2", {"id": "blosc2"}, "install the package that registers it with numcodecs or zarr (imagecodecs, "),
+    ],
+    ids=["imagecodecs", "zfpy-v2", "zfpy-v3", "unknown"],
+)
+def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys, layout, codec, expected):
+    store = shutil.copytree(inputs[layout], tmp_path / "coded.zarr")
+    if layout == "v2":
+        metadata = store / "temperature" / ".zarray"
+        metadata.write_text(json.dumps(json.loads(metadata.read_text()) | {"compressor": codec}))
+    else:
+        set_codecs(store, "temperature", [codec])
+    name = codec.get("id") or codec["name"]
+    line = assert_fails(tmp_path, capsys, [store], f"coded.zarr: codec {name!r} is not available; {expected}")
+    assert line.endswith(")"), line  # names a package, never "pip install the"
 
 
 def test_a_dim_of_absurd_length_is_refused_before_anything_is_allocated(tmp_path, capsys):
