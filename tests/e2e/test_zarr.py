@@ -244,6 +244,36 @@ def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path)
         np.testing.assert_array_equal(records["temperature"][i], expected.values)
 
 
+@pytest.mark.parametrize("decode_times", [True, False])
+def test_the_other_features_build_the_same_from_a_store_as_from_files(inputs, tmp_path, decode_times):
+    """Pairs along time across chunks and files, splits, nan_policy: drop, stats per level, a stack, a seed,
+    packed and compressed records, times kept as numbers or not: the store and its NetCDF copy agree."""
+    outputs = {}
+    for name in ("v3", "netcdf"):
+        paths = inputs[name] if name == "netcdf" else [inputs[name]]
+        path = _config(
+            tmp_path, paths, tmp_path / f"features-{name}", variables=["temperature", "geopotential", PACKED]
+        )
+        config = yaml.safe_load(path.read_text())
+        last, after = ("2020-01-01T05", "2020-01-01T06") if decode_times else (1051901, 1051902)
+        config["input"]["decode_times"] = decode_times
+        config["sample"] = {"window": {"latitude": 5, "longitude": 6}, "offsets": {"time": [0, 1]}, "keep": ["level"]}
+        config |= {
+            "splits": {"train": {"time": [None, last]}, "valid": {"time": [after, None]}},
+            "nan_policy": "drop",
+            "stats": {"per": ["level"]},
+            "layout": {"stack": {"name": "upper", "variables": ["temperature", "geopotential"]}},
+            "shuffle": {"seed": 7},
+        }
+        config["output"] |= {"examples_per_record": 2, "compression": "gzip"}
+        path.write_text(yaml.safe_dump(config))
+        assert main(["--config", str(path), "--quiet"]) == 0
+        outputs[name] = tmp_path / f"features-{name}"
+    assert_same_output(outputs["v3"], outputs["netcdf"])
+    schema = load_schema(str(outputs["v3"]))
+    assert list(schema.splits) == ["train", "valid"]
+
+
 def _readme_block(marker: str) -> str:
     match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert match, f"README has no block marked {marker}"
