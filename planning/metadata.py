@@ -112,6 +112,7 @@ def inspect_file(path: str, decoding: TimeDecoding = AS_STATED) -> FileInfo:
     else:
         nbytes = check_not_truncated(path)
     with open_netcdf(path, decode_times=False) as opened:
+        check_dim_sizes(path, opened.sizes)  # before decoding loads the time coordinate
         return dataset_info(path, nbytes, decoding.dataset(path, opened))
 
 
