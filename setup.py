@@ -27,6 +27,7 @@ setup(
         "pandas>=2.2",
         "pydantic>=2.10,<3",
         "PyYAML>=6.0",
+        "regex>=2024.4",  # input.new_dim.from is searched with a time bound (re cannot be interrupted)
         "google-crc32c>=1.6",
         "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
         "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot

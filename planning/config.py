@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
+import regex
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
 
@@ -51,8 +52,9 @@ class NewDimConfig(_Strict):
     @classmethod
     def _one_group(cls, value: str) -> str:
         try:
-            compiled = re.compile(value)
-        except re.error as error:
+            # The engine planning.members searches with (it bounds a search's time).
+            compiled = regex.compile(value)
+        except regex.error as error:
             raise ValueError(f"not a regular expression ({error})") from None
         if compiled.groups != 1:
             raise ValueError(

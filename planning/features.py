@@ -9,6 +9,7 @@ import numpy as np
 
 from planning.config import BuildConfig
 from planning.inventory import Inventory
+from planning.limits import check_dim_sizes
 from planning.metadata import VariableInfo
 from planning.sampling import Axis, SampleGrid
 from schemas.errors import UserError
@@ -95,6 +96,7 @@ def select_variables(config: BuildConfig, inventory: Inventory) -> list[Variable
 
 def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[str, int]) -> SampleGrid:
     """One axis per dim of the selected variables, in the widest variable's dim order; ``sizes``: as selected."""
+    check_dim_sizes("input", sizes)
     dims: list[str] = []
     for var in sorted(variables, key=lambda v: -len(v.dims)):
         dims.extend(d for d in var.dims if d not in dims)

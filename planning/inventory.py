@@ -21,7 +21,7 @@ from planning.metadata import FileInfo, VariableInfo, inspect_file
 from planning.probe import FileProbe, decode_concat_values, probe_remote
 from planning.probe_cache import reuse_or_probe
 from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
-from planning.time_decoding import AS_STATED, TimeDecoding, is_time
+from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing, is_time
 from planning.tolerance import coordinate_mismatch, describe_tolerance
 from planning.zarr_store import StoreLayout
 from schemas.errors import UserError
@@ -136,7 +136,11 @@ def take_inventory(
     if new_dim is None:
         ordered, values = _order(along, concat_dim)
     else:
-        groups = [(value, *_order(files, concat_dim)) for value, files in group_by_member(along, new_dim)]
+        _check_new_dim_name(along, new_dim)
+        groups = [
+            (value, *_order(files, concat_dim, _same_member(value, new_dim)))
+            for value, files in group_by_member(along, new_dim)
+        ]
         check_same_steps(groups, concat_dim, new_dim.name)
         members = make_members(new_dim.name, new_dim.pattern, groups)
         _, ordered, values = groups[0]
@@ -211,7 +215,39 @@ def inspect_files(
     return infos
 
 
-def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.ndarray]:
+def _check_new_dim_name(infos: list[FileInfo], new_dim: NewDimConfig) -> None:
+    """Refuse a new dim named as a dim or variable the files already have: the two would be taken for one."""
+    for info in infos:
+        if new_dim.name in info.sizes:
+            what = "a dim"
+        elif new_dim.name in info.variables or new_dim.name in info.coordinates:
+            what = "a variable"
+        else:
+            continue
+        raise UserError(
+            f"input.new_dim.name: {new_dim.name!r} is already {what} of {info.path}; give the new dim another name "
+            "(e.g. member)"
+        )
+
+
+def _same_member(value, new_dim: NewDimConfig) -> str:
+    """The fix when two files of one member overlap: the pattern reads both as that member."""
+    return (
+        f"both read as {new_dim.name} {value!r} by input.new_dim.from ({new_dim.pattern!r}): make its group capture "
+        "the part of the names that tells members apart, or remove one of the files"
+    )
+
+
+#: The fix when two files overlap along the concat dim without input.new_dim.
+_OVERLAP_FIX = (
+    "the same steps twice would duplicate samples: remove one of the files (or, for ensemble members "
+    "one per file, join them along a new dim with input.new_dim)"
+)
+
+
+def _order(
+    infos: list[FileInfo], concat_dim: str, overlap_fix: str = _OVERLAP_FIX
+) -> tuple[list[FileInfo], np.ndarray]:
     if any(concat_dim not in info.coords for info in infos):
         if len(infos) > 1:
             missing = next(i.path for i in infos if concat_dim not in i.coords)
@@ -230,9 +266,7 @@ def _order(infos: list[FileInfo], concat_dim: str) -> tuple[list[FileInfo], np.n
             raise UserError(
                 f"{after.path}: its {concat_dim} range overlaps {before.path} "
                 f"(starts at {format_value(after.coords[concat_dim][0])}, "
-                f"the other ends at {format_value(before.coords[concat_dim][-1])}); "
-                "the same steps twice would duplicate samples: remove one of the files (or, for ensemble members "
-                "one per file, join them along a new dim with input.new_dim)"
+                f"the other ends at {format_value(before.coords[concat_dim][-1])}); {overlap_fix}"
             )
     return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
 
@@ -337,8 +371,9 @@ def _groups(path: str) -> list[str]:
 
 
 def _check_increasing(info: FileInfo, concat_dim: str) -> None:
-    """Refuse a concat coordinate that decreases or repeats inside a file, naming where and the fix."""
+    """Refuse a concat coordinate that misses a value, decreases or repeats inside a file, naming where and the fix."""
     values = info.coords[concat_dim]
+    check_no_missing(info.path, concat_dim, values)  # with decode_times: false, or NaT from a fill value
     if len(values) < 2:
         return
     steps = values[1:] > values[:-1]

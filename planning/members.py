@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import regex
 
 from planning.config import NewDimConfig
 from planning.coords import format_value
@@ -35,13 +36,29 @@ class Members:
         return {"from": self.pattern, "values": self.values.tolist()}
 
 
+#: A search in a file name takes microseconds; one that runs this long backtracks without end
+#: (nested quantifiers such as (a|aa)+), which Python's re cannot interrupt: the regex module can.
+SEARCH_SECONDS = 0.5
+
+
+def _search(pattern: regex.Pattern, name: str, new_dim: NewDimConfig) -> regex.Match | None:
+    try:
+        return pattern.search(name, timeout=SEARCH_SECONDS)
+    except TimeoutError:
+        raise UserError(
+            f"input.new_dim.from: {new_dim.pattern!r} takes over {SEARCH_SECONDS} s to search the file name "
+            f"{name!r} (nested repeats such as (a|aa)+ backtrack without end); simplify the pattern, e.g. "
+            r"'_r(\d+)_'"
+        ) from None
+
+
 def group_by_member(infos: Sequence[FileInfo], new_dim: NewDimConfig) -> list[tuple[object, list[FileInfo]]]:
     """The files grouped by the value ``new_dim.from`` reads from their names, in value order."""
-    pattern = re.compile(new_dim.pattern)
+    pattern = regex.compile(new_dim.pattern)
     found: dict[str, list[FileInfo]] = {}
     for info in infos:
         name = posixpath.basename(info.path.rstrip("/"))
-        match = pattern.search(name)
+        match = _search(pattern, name, new_dim)
         if match is None or match.group(1) is None:
             raise UserError(
                 f"{info.path}: its name does not match input.new_dim.from ({new_dim.pattern!r}), so it belongs to "

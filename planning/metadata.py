@@ -10,6 +10,7 @@ import xarray as xr
 
 from planning.classic_reads import read_raw
 from planning.coords import json_scalar
+from planning.limits import check_dim_sizes
 from planning.netcdf3 import ClassicHeader
 from planning.remote_files import RemoteFile
 from planning.sources import check_not_truncated, open_netcdf, refuse_truncated
@@ -78,6 +79,7 @@ def inspect_classic(
     for variable in header.variables.values():
         sizes.update(zip(variable.dims, variable.shape))
         named_coords.update(str(variable.attrs.get("coordinates", "")).split())
+    check_dim_sizes(path, sizes)
     coords, coord_attrs, variables, coordinates, scalars = {}, {}, {}, {}, {}
     for name, variable in header.variables.items():
         if variable.dims == (name,):
@@ -110,11 +112,13 @@ def inspect_file(path: str, decoding: TimeDecoding = AS_STATED) -> FileInfo:
     else:
         nbytes = check_not_truncated(path)
     with open_netcdf(path, decode_times=False) as opened:
+        check_dim_sizes(path, opened.sizes)  # before decoding loads the time coordinate
         return dataset_info(path, nbytes, decoding.dataset(path, opened))
 
 
 def dataset_info(path: str, nbytes: int, ds: xr.Dataset) -> FileInfo:
     """An opened dataset's info: its dim coordinates are loaded, no data variable is."""
+    check_dim_sizes(path, ds.sizes)
     coords = {}
     coord_attrs = {}
     for dim in ds.dims:

@@ -24,7 +24,7 @@ from planning.classic_reads import read_raw
 from planning.netcdf3 import ClassicHeader, read_header
 from planning.remote_files import BlockReader, RemoteFile
 from planning.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
-from planning.time_decoding import AS_STATED, TimeDecoding
+from planning.time_decoding import AS_STATED, MissingValue, TimeDecoding
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -64,8 +64,15 @@ def decode_concat_values(
     for members in groups.values():
         raw = np.concatenate([probes[i].concat_raw for i in members])
         first = probes[members[0]]
-        decoded_values = decoding.values(first.path, concat_dim, (concat_dim,), raw, first.concat_attrs).values
         ends = np.cumsum([len(probes[i].concat_raw) for i in members])
+        try:
+            decoded_values = decoding.values(first.path, concat_dim, (concat_dim,), raw, first.concat_attrs).values
+        except MissingValue as missing:
+            # Found in the files' values decoded together: name the file it is in, and its index there.
+            which = int(np.searchsorted(ends, missing.index, side="right"))
+            start = int(ends[which - 1]) if which else 0
+            path = probes[members[which]].path
+            raise MissingValue(path, missing.name, missing.index - start, missing.value) from None
         for i, values in zip(members, np.split(decoded_values, ends[:-1])):
             out[i] = values
     return out

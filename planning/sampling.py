@@ -20,6 +20,9 @@ from typing import Literal
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from planning.limits import MAX_UNITS
+from schemas.errors import UserError
+
 Role = Literal["iterate", "window", "offsets", "keep"]
 
 
@@ -294,6 +297,14 @@ def plan_units(
         order.insert(0, dims.index(first_dim))
     chunk = _chunks(grid, cost, budget_bytes, order, least_first if first_dim in dims else 1)
     breaks = sorted({b for b in preferred_breaks if 0 < b < grid.shape[order[0]]}) if first_dim in dims else []
+    # Units end at most once per chunk and once per break: refused before they are made if absurdly many.
+    most = math.prod(-(-grid.shape[w] // chunk[w]) + (len(breaks) if w == order[0] else 0) for w in order)
+    if most > MAX_UNITS:
+        along = ", ".join(f"{dims[w]} {-(-grid.shape[w] // chunk[w]):,}" for w in order)
+        raise UserError(
+            f"sample: the plan would make up to {most:,} work units ({along}), over the {MAX_UNITS:,} a build can "
+            "hold; select a smaller part of the input (select:) or take fewer samples (a window stride)"
+        )
     spans = {}
     for which in order:
         bounds = _bounds(grid.shape[which], chunk[which], breaks if which == order[0] else [])

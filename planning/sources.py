@@ -54,6 +54,25 @@ def _local_version(status: os.stat_result) -> str:
     return f"mtime_ns={status.st_mtime_ns};ino={status.st_ino};ctime_ns={status.st_ctime_ns}"
 
 
+#: What a path that is neither a file nor a directory is, for the message that refuses it.
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _refuse_special(path: str, mode: int) -> None:
+    """Refuse a FIFO, socket or device among the inputs, from its stat alone: opening a FIFO blocks forever."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _SPECIAL if test(mode)), "a special file")
+    raise UserError(
+        f"input: {path} is not a regular file ({kind}); remove it from input.paths or narrow the glob to the data files"
+    )
+
+
 def _local_listing(pattern: str) -> dict[str, dict]:
     """What fsspec's local listing gives (absolute path: size, type; and the file's version), at a tenth of its cost."""
     infos = {}
@@ -61,6 +80,7 @@ def _local_listing(pattern: str) -> dict[str, dict]:
     for path in glob.glob(os.path.abspath(pattern), recursive=True):
         with contextlib.suppress(FileNotFoundError):
             status = os.stat(path)
+            _refuse_special(path, status.st_mode)
             kind = "directory" if stat.S_ISDIR(status.st_mode) else "file"
             infos[path] = {"size": status.st_size, "type": kind, "local_version": _local_version(status)}
     return infos

@@ -24,6 +24,34 @@ def is_time(attrs: dict) -> bool:
     return " since " in str(attrs.get("units", "")).lower()
 
 
+class MissingValue(UserError):
+    """A concat coordinate without a value at some step (NaN, NaT, or its fill value): no sorting places it."""
+
+    def __init__(self, path: str, name: str, index: int, value):
+        self.path, self.name, self.index, self.value = path, name, index, value
+        super().__init__(
+            f"{path}: {name!r} has no value at index {index} ({value}: a {name} value is missing), so that step has "
+            f"no place; repair the file, or write it again without that step (xarray: open it with decode_times=False, "
+            f"then ds.sel({name}=ds[{name!r}].notnull()))"
+        )
+
+
+def first_missing(values: np.ndarray) -> int | None:
+    """The index of the first missing value (NaN, NaT) of 1-D coordinate values, or None if none is."""
+    kind = values.dtype.kind
+    if kind not in "fmM":
+        return None
+    missing = np.flatnonzero(np.isnan(values) if kind == "f" else np.isnat(values))
+    return int(missing[0]) if len(missing) else None
+
+
+def check_no_missing(path: str, name: str, values: np.ndarray) -> None:
+    """Refuse a coordinate with a missing value, naming the file, the coordinate and the step."""
+    at = first_missing(values)
+    if at is not None:
+        raise MissingValue(path, name, at, values[at])
+
+
 @dataclasses.dataclass(frozen=True)
 class TimeDecoding:
     """Whether times are decoded to dates, and the calendar that replaces the files' own, if any."""
@@ -43,7 +71,13 @@ class TimeDecoding:
         return {**attrs, "calendar": self.calendar}
 
     def values(self, path: str, name: str, dims, raw: np.ndarray, attrs: dict) -> xr.Variable:
-        """A variable's stored values decoded as xarray would open them, with this decoding of times."""
+        """A variable's stored values decoded as xarray would open them, with this decoding of times.
+
+        A dim coordinate's missing time is refused before decoding: xarray dates NaN at the units'
+        epoch in cftime's calendars (noleap, 360_day, ...), a wrong step nothing would notice.
+        """
+        if self.enabled and is_time(attrs) and tuple(dims) == (name,):
+            check_no_missing(path, name, decoded(name, dims, raw, attrs, decode_times=False).values)
         try:
             return decoded(name, dims, raw, self.attrs(attrs), decode_times=self.enabled)
         except DECODING_ERRORS as error:
@@ -56,6 +90,10 @@ class TimeDecoding:
         if not self.enabled:
             return dataset
         times = [name for name, variable in dataset.variables.items() if is_time(variable.attrs)]
+        for name in times:
+            if dataset[name].dims == (name,):  # a dim coordinate: loaded for planning anyway, and small
+                with NETCDF_LOCK:
+                    check_no_missing(path, name, dataset[name].values)
         if self.calendar is not None and times:
             dataset = dataset.copy()
             for name in times:

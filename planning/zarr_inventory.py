@@ -9,16 +9,18 @@ import xarray as xr
 
 from planning.coords import format_value
 from planning.inventory import Inventory
+from planning.limits import check_dim_sizes
 from planning.metadata import dataset_info
-from planning.time_decoding import AS_STATED, TimeDecoding
-from planning.zarr_store import StoreLayout, open_store, open_store_dataset
+from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing
+from planning.zarr_store import RecordingStore, StoreLayout, check_codecs, open_store, open_store_dataset
 from schemas.errors import UserError
 
 
 def _chunks(ds: xr.Dataset) -> dict[str, tuple[int, ...]]:
-    """Each data variable's storage object shape: its shard where sharded (one object), else its chunk."""
+    """Each variable's storage object shape (non-dim coordinates too: ``coords:`` reads them like data): its shard
+    where sharded (one object), else its chunk."""
     out = {}
-    for name, var in ds.data_vars.items():
+    for name, var in ds.variables.items():
         shape = var.encoding.get("shards") or var.encoding.get("chunks") or var.shape
         out[str(name)] = tuple(int(n) for n in shape)
     return out
@@ -31,14 +33,37 @@ def _stored_bytes(ds: xr.Dataset) -> int:
     )
 
 
+def _refuse_missing_chunks(url: str, store: RecordingStore) -> None:
+    """Refuse a coordinate chunk found missing while planning read the coordinates (zarr reads it as fill values).
+
+    input.missing_chunks: fill is for data written with write_empty_chunks=False; a coordinate
+    of fill values would put samples at wrong times or places.
+    """
+    key = min(store.missing, default=None)
+    if key is not None:
+        raise UserError(
+            f"{url}: coordinate {key.split('/', 1)[0]!r}: chunk {key!r} is missing, and would read as fill values; "
+            "restore it (input.missing_chunks: fill applies to data variables, never to coordinates)"
+        )
+
+
 def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_STATED) -> Inventory:
     """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates.
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
     """
-    ds = open_store_dataset(url, open_store(url), decode_times=False)
+    store = open_store(url)
+    # No index yet: a dim coordinate is loaded only once its size is known to be sane.
+    ds = open_store_dataset(url, store, decode_times=False, indexes=False)
     try:
-        info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
+        check_dim_sizes(url, ds.sizes)
+        check_codecs(url, ds)
+        try:
+            info = dataset_info(url, _stored_bytes(ds), decoding.dataset(url, ds))
+        except UserError:
+            _refuse_missing_chunks(url, store)  # the cause, if the fill values read in its place upset a check
+            raise
+        _refuse_missing_chunks(url, store)
         chunks = _chunks(ds)
     finally:
         ds.close()
@@ -52,7 +77,8 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
     values = info.coords.get(concat_dim)
     if values is None:
         values = np.arange(info.sizes[concat_dim])
-    elif len(values) > 1 and not np.all(values[1:] > values[:-1]):
+    check_no_missing(url, concat_dim, values)  # with decode_times: false, or NaT from a fill value
+    if len(values) > 1 and not np.all(values[1:] > values[:-1]):
         step = int(np.flatnonzero(values[1:] <= values[:-1])[0])
         raise UserError(
             f"{url}: {concat_dim!r} is not strictly increasing ({format_value(values[step])} is followed by "

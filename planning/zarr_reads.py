@@ -11,12 +11,14 @@ import re
 import threading
 from collections.abc import Sequence
 
+import numcodecs.errors
 import numpy as np
 import xarray as xr
+import zarr.errors
 
 from planning.features import VariablePlan
 from planning.slabs import Box, Slabs
-from planning.zarr_store import RecordingStore, open_store, open_store_dataset
+from planning.zarr_store import RecordingStore, codec_error, open_store, open_store_dataset
 from schemas.errors import UserError
 
 #: Each worker process opens a store once (its metadata: with consolidated metadata one request)
@@ -29,7 +31,7 @@ def _opened(url: str) -> tuple[RecordingStore, xr.Dataset]:
     with _OPENING:
         if url not in _OPENED:
             store = open_store(url)
-            # Data variables only: no coordinate is loaded, and times stay numbers as in the NetCDF route.
+            # Nothing is loaded (no index either), and times stay numbers as in the NetCDF route.
             _OPENED[url] = store, open_store_dataset(url, store, decode_times=False, indexes=False)
         return _OPENED[url]
 
@@ -55,11 +57,21 @@ def _missing_chunk(url: str, name: str, key: str, variable: xr.Variable, concat_
     )
 
 
+def _missing_coordinate_chunk(url: str, name: str, key: str) -> UserError:
+    return UserError(
+        f"{url}: coordinate {name!r} (coords:): chunk {key!r} is missing, and would read as fill values; restore it "
+        "(input.missing_chunks: fill applies to data variables, never to coordinates)"
+    )
+
+
 def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.ndarray:
-    if variable.name not in ds.data_vars:
+    # Non-dim coordinates too (config coords:), which xarray keeps apart from the data variables.
+    if variable.name not in ds.variables:
         raise UserError(f"{url}: variable {variable.name!r} is missing (was the store rewritten during the build?)")
     try:
         values = ds[variable.name].isel({d: slice(*box[d]) for d in variable.dims}).values
+    except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
+        raise codec_error(url, error) from None  # checked at planning: a worker may lack what the driver has
     except Exception as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None
@@ -86,6 +98,8 @@ def read_store_box(
         slabs.values[variable.name] = _values(url, ds, variable, box)
         # Checked after the read: the store notes each key it found absent (planning.zarr_store).
         missing = store.missing_chunk(variable.name)
+        if missing is not None and variable.feature.role == "aux_coord":  # a coordinate of config coords:
+            raise _missing_coordinate_chunk(url, variable.name, missing)
         if missing is not None and missing_chunks == "error":
             raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
     if missing_chunks == "fill":

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 
 import fsspec
+import numcodecs
 import numcodecs.errors
 import xarray as xr
 import zarr.errors
@@ -27,8 +28,9 @@ MARKERS = ("zarr.json", ".zgroup", ".zmetadata")
 #: Keys that hold metadata, not chunks: a missing one is xarray looking for another Zarr version.
 _METADATA_KEYS = {*MARKERS, ".zarray", ".zattrs"}
 
-#: The package that registers each family of codecs (by the codec id's first word).
-_CODEC_PACKAGES = {"imagecodecs": "imagecodecs", "numcodecs": "numcodecs", "zfpy": "zfpy", "pcodec": "pcodec"}
+#: The package that reads a codec (by its id, without Zarr v3's "numcodecs." prefix), where numcodecs
+#: itself is not it: numcodecs registers these ids but imports their package to use them.
+_CODEC_PACKAGES = {"zfpy": "zfpy", "pcodec": "pcodec"}
 
 
 def is_store(path: str) -> bool:
@@ -135,13 +137,44 @@ def open_store(url: str) -> RecordingStore:
     return RecordingStore(LocalStore(url, read_only=True))
 
 
-def codec_error(url: str, error: Exception) -> UserError:
-    """An unreadable codec, named with the package that would read it."""
-    found = re.search(r"'+([^']+)'+", str(error))
-    codec = found.group(1) if found else str(error)
-    first = re.split(r"[._]", codec)[0]
-    package = _CODEC_PACKAGES.get(first, "the package that provides it (numcodecs, imagecodecs, ...)")
-    return UserError(f"{url}: codec {codec!r} is not available; install {package} (pip install {package.split()[0]})")
+def _codec_package(codec: str) -> str:
+    """How to install what reads a codec id (``imagecodecs_jpeg2k``, ``numcodecs.zfpy``, ``zfpy``, ...)."""
+    bare = codec.removeprefix("numcodecs.")
+    if bare in _CODEC_PACKAGES:
+        return f"install {_CODEC_PACKAGES[bare]} (pip install {_CODEC_PACKAGES[bare]})"
+    if bare.startswith("imagecodecs_"):
+        return "install imagecodecs (pip install imagecodecs)"
+    if codec.startswith("numcodecs."):
+        return "install a numcodecs that has it (pip install -U numcodecs)"
+    return "install the package that registers it with numcodecs or zarr (imagecodecs, hdf5plugin, ...)"
+
+
+def codec_error(url: str, error: Exception, codec: str | None = None) -> UserError:
+    """An unreadable codec, named with the package that would read it; ``codec``: its name, if known."""
+    if codec is None:
+        # zarr: "Unknown codec: 'x'"; numcodecs: "codec not available: ''x''" (quoted twice).
+        found = re.search(r"'+([^']+)'+", str(error))
+        codec = found.group(1) if found else str(error)
+    return UserError(f"{url}: codec {codec!r} is not available; {_codec_package(codec)}")
+
+
+def check_codecs(url: str, ds: xr.Dataset) -> None:
+    """Refuse a Zarr v3 variable whose numcodecs codec cannot be loaded here: zarr opens the store without it,
+    and only a chunk's decoding would fail, on a worker."""
+    for var in ds.variables.values():
+        encoding = var.encoding
+        for codec in (
+            encoding.get("serializer"),
+            *(encoding.get("compressors") or ()),
+            *(encoding.get("filters") or ()),
+        ):
+            config = getattr(codec, "codec_config", None)
+            if not isinstance(config, dict):
+                continue
+            try:
+                numcodecs.get_codec(dict(config))
+            except numcodecs.errors.UnknownCodecError as error:
+                raise codec_error(url, error, getattr(codec, "codec_name", None)) from None
 
 
 def open_store_dataset(url: str, store: RecordingStore, decode_times: bool = True, indexes: bool = True) -> xr.Dataset:

@@ -3,6 +3,7 @@ variables), and the same data as time-split NetCDF files: the Zarr tests' inputs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -75,3 +76,12 @@ def write_netcdf(ds: xr.Dataset, directory: Path, steps_per_file: int = 4) -> li
     static = directory / "static.nc"
     ds[[STATIC]].to_netcdf(static)
     return [*paths, static]
+
+
+def set_codecs(store: Path, name: str, codecs: list) -> None:
+    """A v3 store's variable given other codecs, in its own metadata and in the consolidated copy."""
+    metadata = store / name / "zarr.json"
+    metadata.write_text(json.dumps(json.loads(metadata.read_text()) | {"codecs": codecs}))
+    root = json.loads((store / "zarr.json").read_text())
+    root["consolidated_metadata"]["metadata"][name]["codecs"] = codecs
+    (store / "zarr.json").write_text(json.dumps(root))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,20 @@ def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
 def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
     (archive / "notes.nc").write_text("not a netcdf file")
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "notes.nc", "not a NetCDF file")
+
+
+def test_a_fifo_among_the_inputs_is_refused_unopened(archive, tmp_path, capsys):
+    """Opening a FIFO for reading blocks until a writer comes: planning must refuse it from its stat alone."""
+    fifo = archive / "pipe.nc"
+    os.mkfifo(fifo)
+    # A writer that meets the first reader and closes at once, so a regression fails instead of hanging the suite.
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "pipe.nc", "not a regular file")
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the waiting writer go
+        writer.join(5)
 
 
 @pytest.mark.parametrize("name", ["uvt.nc", "nc4uvt.nc"])
@@ -345,6 +361,18 @@ def test_files_that_are_not_a_time_series_of_netcdf_say_why_and_the_fix(tmp_path
     path = tmp_path / "input.nc"
     write(path)
     assert_fails(config_for([path], tmp_path / "o"), tmp_path, capsys, "input.nc", *expected)
+
+
+@pytest.mark.parametrize("calendar", ["standard", "noleap"])
+def test_a_missing_time_value_names_the_file_and_the_step(tmp_path, capsys, calendar):
+    """A NaN among the times of the second of three files: not "sort them" (noleap: xarray would date it 2000-01-01)."""
+    units = {"units": "hours since 2000-01-01", "calendar": calendar}
+    for name, hours in (("a", [0.0, 6.0]), ("b", [12.0, np.nan]), ("c", [24.0, 30.0])):
+        time = xr.Variable("time", np.array(hours), units)
+        xr.Dataset({"v": (("time", "x"), np.zeros((2, 3), "f4"))}, {"time": time}).to_netcdf(tmp_path / f"{name}.nc")
+    config = config_for([tmp_path / "*.nc"], tmp_path / "o")
+    message = assert_fails(config, tmp_path, capsys, "b.nc: 'time' has no value at index 1", "a time value is missing")
+    assert "repair the file, or write it again without that step" in message and "sort" not in message
 
 
 def test_a_sample_over_two_gigabytes_is_refused_at_planning(tmp_path, capsys):

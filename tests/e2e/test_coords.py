@@ -117,19 +117,39 @@ def check_coordinates(output: Path, source: xr.Dataset, names: list[str]) -> dic
     return records
 
 
-@pytest.mark.parametrize("file_format", ["NETCDF4", "NETCDF3_64BIT"])
-def test_coordinates_are_cut_with_the_samples_window(ocean, tmp_path, file_format):
-    """2-D lat/lon cut with windows over y and x; step(time) with pairs across files; the scalar depth."""
-    directory = ocean(file_format)
-    config = {
-        "input": {"paths": str(directory / "tos_*.nc")},
+def windows_config(paths, output: Path) -> dict:
+    """2-D lat/lon cut with windows over y and x, step(time) in pairs of steps, the scalar depth."""
+    return {
+        "input": {"paths": paths},
         "variables": ["tos"],
         "coords": ["lat", "lon", "step", "depth"],
         "sample": {"window": {"y": {"size": 4, "stride": 3}, "x": 5}, "offsets": {"time": [0, 1]}},
-        "output": {"path": str(tmp_path / "out")},
+        "output": {"path": str(output)},
     }
-    assert strategy(config) is WriteStrategy.BUCKET_FILES  # int64 coord/step: records' sizes depend on the data
-    output = build_quietly(config, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def built_from_files(ocean, tmp_path_factory):
+    """windows_config built from the files of each format (shared: the store is compared with it)."""
+    made: dict[str, Path] = {}
+
+    def get(file_format: str) -> Path:
+        if file_format not in made:
+            root = tmp_path_factory.mktemp(f"windows-{file_format}")
+            config = windows_config(str(ocean(file_format) / "tos_*.nc"), root / "out")
+            # int64 coord/step: records' sizes depend on the data
+            assert strategy(config) is WriteStrategy.BUCKET_FILES
+            made[file_format] = build_quietly(config, root)
+        return made[file_format]
+
+    return get
+
+
+@pytest.mark.parametrize("file_format", ["NETCDF4", "NETCDF3_64BIT"])
+def test_coordinates_are_cut_with_the_samples_window(ocean, built_from_files, file_format):
+    """2-D lat/lon cut with windows over y and x; step(time) with pairs across files; the scalar depth."""
+    directory = ocean(file_format)
+    output = built_from_files(file_format)
     source = load_virtual_dataset(sorted(directory.glob("tos_*.nc")), "time")
     records = check_coordinates(output, source, ["lat", "lon", "step", "depth"])
     # Every pair of steps is there, those joining two files too (index 3: steps 3 and 4).
@@ -155,6 +175,25 @@ def test_coordinates_are_cut_with_the_samples_window(ocean, tmp_path, file_forma
     ]
     stats = (output / "stats.json").read_text()
     assert "coord/lat" not in stats and '"tos"' in stats  # coordinates are not data: no statistics
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
+def test_a_store_gives_the_coordinates_its_netcdf_copy_gives(ocean, built_from_files, tmp_path, capsys):
+    """The same files as one Zarr store (lat/lon/step/depth its non-dim coordinates): the same shards."""
+    source = load_virtual_dataset(sorted(ocean().glob("tos_*.nc")), "time")
+    assert source["lat"].dims == ("y", "x") and "lat" not in source.data_vars
+    source.to_zarr(tmp_path / "ocean.zarr", mode="w")
+    output = build_quietly(windows_config(str(tmp_path / "ocean.zarr"), tmp_path / "out"), tmp_path)
+    reference = built_from_files("NETCDF4")
+    shards = {p.name: p.read_bytes() for p in output.glob("*.tfrecord*")}
+    assert shards and shards == {p.name: p.read_bytes() for p in reference.glob("*.tfrecord*")}
+    assert load_schema(str(output)).scalar_coords == load_schema(str(reference)).scalar_coords
+    # A coordinate's chunk missing: named on the worker, even where data chunks may read as fill values.
+    (tmp_path / "ocean.zarr" / "lat" / "c" / "0" / "0").unlink()
+    config = windows_config(str(tmp_path / "ocean.zarr"), tmp_path / "holed")
+    config["input"]["missing_chunks"] = "fill"
+    line = refused(config, tmp_path, capsys)
+    assert "ocean.zarr: coordinate 'lat' (coords:): chunk 'lat/c/0/0' is missing" in line, line
 
 
 def test_parser_inspect_and_selection(ocean, tmp_path):

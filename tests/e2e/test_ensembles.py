@@ -145,6 +145,16 @@ def test_bad_ensembles_are_refused_in_one_line(ensemble, sample_file, tmp_path, 
     plain = _config(directory, out)
     del plain["input"]["new_dim"]
     assert "join them along a new dim with input.new_dim" in refused(plain, tmp_path, capsys)
+    # A new dim named as a dim of the files.
+    lat = _config(directory, out)
+    lat["input"]["new_dim"]["name"] = "lat"
+    assert "input.new_dim.name: 'lat' is already a dim of " in refused(lat, tmp_path, capsys)
+    # A pattern that reads every file as one member: the overlap names the pattern, not new_dim (which is set).
+    one = _config(directory, out)
+    one["input"]["new_dim"]["from"] = r"(TREFHT)\."
+    message = refused(one, tmp_path, capsys)
+    assert "overlaps" in message and "both read as member 'TREFHT' by input.new_dim.from" in message, message
+    assert "make its group capture the part of the names that tells members apart" in message, message
     # Splits along the members when every sample holds them all.
     kept = _config(directory, out, sample={"keep": ["member"]}, splits={"train": {"member": [57, 59]}})
     assert "splits: 'member' is kept whole in every sample" in refused(kept, tmp_path, capsys)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
-from arco_like import PACKED, STATIC, arco_like, write_netcdf, write_store
+from arco_like import PACKED, STATIC, arco_like, set_codecs, write_netcdf, write_store
 
 from pipelines.build import main
 from schemas import load_schema, load_stats
 
 from conftest import BUCKET, REPO
-from helpers import expected_feature, read_all_records
+from helpers import expected_feature, read_all_records, refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
@@ -171,13 +171,54 @@ def test_a_chunk_missing_in_the_middle(inputs, tmp_path, capsys):
     assert not np.isnan(records["geopotential"][~at_step_5]).any()
 
 
-def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys):
-    store = shutil.copytree(inputs["v2"], tmp_path / "jpeg.zarr")
-    metadata = store / "temperature" / ".zarray"
-    array = json.loads(metadata.read_text())
-    array["compressor"] = {"id": "imagecodecs_jpeg2k", "level": 80}
-    metadata.write_text(json.dumps(array))
-    assert_fails(tmp_path, capsys, [store], "codec 'imagecodecs_jpeg2k'", "install imagecodecs")
+@pytest.mark.parametrize("coordinate", ["time", "latitude"])
+def test_a_coordinate_chunk_missing_is_named(inputs, tmp_path, capsys, coordinate):
+    """A coordinate read as fill values would misplace every sample (latitude: silently): named, even with fill."""
+    store = shutil.copytree(inputs["v3"], tmp_path / "holed.zarr")
+    (store / coordinate / "c" / "0").unlink()
+    config = yaml.safe_load(_config(tmp_path, [store], tmp_path / "failed").read_text())
+    config["input"]["missing_chunks"] = "fill"
+    line = refused(config, tmp_path, capsys)
+    assert f"holed.zarr: coordinate '{coordinate}': chunk '{coordinate}/c/0' is missing" in line, line
+    assert "restore it" in line
+
+
+@pytest.mark.parametrize(
+    ("layout", "codec", "expected"),
+    [
+        ("v2", {"id": "imagecodecs_jpeg2k", "level": 80}, "install imagecodecs (pip install imagecodecs)"),
+        ("v2", {"id": "zfpy", "mode": 4}, "install zfpy (pip install zfpy)"),
+        # Opens without zfpy: only decoding a chunk would fail, on the worker.
+        ("v3", {"name": "numcodecs.zfpy", "configuration": {"mode": 4}}, "install zfpy (pip install zfpy)"),
+        ("v2", {"id": "blosc2"}, "install the package that registers it with numcodecs or zarr (imagecodecs, "),
+    ],
+    ids=["imagecodecs", "zfpy-v2", "zfpy-v3", "unknown"],
+)
+def test_a_codec_that_is_not_installed(inputs, tmp_path, capsys, layout, codec, expected):
+    store = shutil.copytree(inputs[layout], tmp_path / "coded.zarr")
+    if layout == "v2":
+        metadata = store / "temperature" / ".zarray"
+        metadata.write_text(json.dumps(json.loads(metadata.read_text()) | {"compressor": codec}))
+    else:
+        set_codecs(store, "temperature", [codec])
+    name = codec.get("id") or codec["name"]
+    line = assert_fails(tmp_path, capsys, [store], f"coded.zarr: codec {name!r} is not available; {expected}")
+    assert line.endswith(")"), line  # names a package, never "pip install the"
+
+
+def test_a_dim_of_absurd_length_is_refused_before_anything_is_allocated(tmp_path, capsys):
+    """Metadata declaring 10^12 steps without a coordinate (16 KB on disk): one line naming the dim and its size."""
+    import zarr
+
+    root = zarr.open_group(tmp_path / "huge.zarr", mode="w", zarr_format=3)
+    root.create_array("v", shape=(10**12, 4), chunks=(10**6, 4), dtype="f4", dimension_names=["time", "latitude"])
+    message = assert_fails(tmp_path, capsys, [tmp_path / "huge.zarr"], "huge.zarr: dim 'time' has", variables=["v"])
+    assert "1,000,000,000,000 elements, over the 2,147,483,648 a build can plan" in message
+    # With a coordinate too: refused before it is loaded (8 TB).
+    root.create_array("time", shape=(10**12,), chunks=(10**6,), dtype="i8", dimension_names=["time"])
+    assert_fails(
+        tmp_path, capsys, [tmp_path / "huge.zarr"], "huge.zarr: dim 'time' has 1,000,000,000,000", variables=["v"]
+    )
 
 
 def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path):
@@ -201,6 +242,36 @@ def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path)
         t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "latitude", "longitude"))
         expected = source.temperature.isel(time=t, longitude=slice(x, x + 6)).sel(latitude=latitudes[y : y + 5])
         np.testing.assert_array_equal(records["temperature"][i], expected.values)
+
+
+@pytest.mark.parametrize("decode_times", [True, False])
+def test_the_other_features_build_the_same_from_a_store_as_from_files(inputs, tmp_path, decode_times):
+    """Pairs along time across chunks and files, splits, nan_policy: drop, stats per level, a stack, a seed,
+    packed and compressed records, times kept as numbers or not: the store and its NetCDF copy agree."""
+    outputs = {}
+    for name in ("v3", "netcdf"):
+        paths = inputs[name] if name == "netcdf" else [inputs[name]]
+        path = _config(
+            tmp_path, paths, tmp_path / f"features-{name}", variables=["temperature", "geopotential", PACKED]
+        )
+        config = yaml.safe_load(path.read_text())
+        last, after = ("2020-01-01T05", "2020-01-01T06") if decode_times else (1051901, 1051902)
+        config["input"]["decode_times"] = decode_times
+        config["sample"] = {"window": {"latitude": 5, "longitude": 6}, "offsets": {"time": [0, 1]}, "keep": ["level"]}
+        config |= {
+            "splits": {"train": {"time": [None, last]}, "valid": {"time": [after, None]}},
+            "nan_policy": "drop",
+            "stats": {"per": ["level"]},
+            "layout": {"stack": {"name": "upper", "variables": ["temperature", "geopotential"]}},
+            "shuffle": {"seed": 7},
+        }
+        config["output"] |= {"examples_per_record": 2, "compression": "gzip"}
+        path.write_text(yaml.safe_dump(config))
+        assert main(["--config", str(path), "--quiet"]) == 0
+        outputs[name] = tmp_path / f"features-{name}"
+    assert_same_output(outputs["v3"], outputs["netcdf"])
+    schema = load_schema(str(outputs["v3"]))
+    assert list(schema.splits) == ["train", "valid"]
 
 
 def _readme_block(marker: str) -> str:

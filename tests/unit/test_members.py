@@ -46,3 +46,16 @@ def test_an_optional_group_that_matched_nothing_is_no_value():
 def test_the_config_key_is_from():
     config = NewDimConfig.model_validate({"name": "member", "from": r"(\d+)"})
     assert config.pattern == r"(\d+)" and config.model_dump(by_alias=True) == {"name": "member", "from": r"(\d+)"}
+
+
+def test_a_pattern_that_backtracks_without_end_is_stopped_in_one_line():
+    """(a|aa)+ before a digit tries every way to split 40 a's at every start: hours with re, bounded here."""
+    with pytest.raises(UserError) as refused:
+        _grouped(r"(?:a|aa)+(\d)", "a" * 40 + "_x.nc")
+    assert str(refused.value).startswith(
+        rf"input.new_dim.from: '(?:a|aa)+(\\d)' takes over 0.5 s to search the file name '{'a' * 40}_x.nc'"
+    ), refused.value
+
+
+def test_a_pattern_that_searches_quickly_is_not_stopped():
+    assert _grouped(r"(?:a|aa)+_(\d)", "a" * 40 + "_1.nc") == [(1, ["a" * 40 + "_1.nc"])]

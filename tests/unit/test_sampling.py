@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planning.sampling import Axis, SampleGrid, UnitCost, plan_units
+from schemas.errors import UserError
 
 
 def naive_sample(array: np.ndarray, axes: list[Axis], position: dict[str, int]) -> np.ndarray:
@@ -133,6 +134,13 @@ def test_a_unit_is_one_position_when_even_that_exceeds_the_budget():
     grid = SampleGrid((Axis.iterate("time", 3), Axis.window("lat", 7, 2, 1), Axis.window("lon", 5, 3, 2)))
     units = plan_units(grid, UnitCost(((("time", "lat", "lon"), 8),), 100.0), 1, "time")
     assert len(units) == grid.num_samples and all(u.num_samples == 1 for u in units)
+
+
+def test_absurdly_many_units_are_refused_before_they_are_made():
+    """4 billion one-sample units (a budget nothing fits): one line naming the counts, not a driver that grows."""
+    grid = SampleGrid((Axis.iterate("time", 2**20), Axis.iterate("cell", 2**12)))
+    with pytest.raises(UserError, match=r"up to 4,294,967,296 work units \(time 1,048,576, cell 4,096\)"):
+        plan_units(grid, UnitCost(((("time", "cell"), 8),), 100.0), 1, "time")
 
 
 @pytest.mark.parametrize("size", [1, 5])

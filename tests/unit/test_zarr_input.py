@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from arco_like import STATIC, arco_like, write_store
+from arco_like import STATIC, arco_like, set_codecs, write_store
 
 from planning import zarr_reads, zarr_store
 from planning.config import BuildConfig
@@ -142,3 +142,14 @@ def test_a_unit_reads_only_its_chunks(tmp_path, keys_read):
     assert chunks == expected
     assert slabs.values["temperature"].shape == (end - begin, 37, 10, 18)
     assert slabs.bytes_read > 0
+
+
+def test_a_codec_the_worker_lacks_is_named(tmp_path, keys_read):
+    """Planned where the codec is at hand, read where it is not (here: the store rewritten to zfpy, not installed)."""
+    store = write_store(arco_like(steps=2), tmp_path / "arco.zarr")
+    plan = make_plan(_config(store, tmp_path, variables=("temperature",)))
+    set_codecs(store, "temperature", [{"name": "numcodecs.zfpy", "configuration": {"mode": 4}}])
+    with pytest.raises(
+        UserError, match=r"arco.zarr: codec 'zfpy' is not available; install zfpy \(pip install zfpy\)$"
+    ):
+        read_unit(cut_spec(plan), plan.sources, plan.units[0])
