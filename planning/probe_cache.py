@@ -7,6 +7,7 @@ never a source of truth: one that cannot be read or written is ignored with a lo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 import fsspec
 import numpy as np
 
+from planning.names import new_temporary_token, temporary_path
 from planning.probe import FileProbe
 from planning.sources import ListedFile
 
@@ -64,15 +66,20 @@ def save_probes(url: str, concat_dim: str, probes: Iterable[tuple[ListedFile, Fi
         entry["version"] = listed.version
         files.append(entry)
     document = {"format": FORMAT, "concat_dim": concat_dim, "files": files}
+    fs = temporary = None
     try:
         fs, path = fsspec.core.url_to_fs(url)
         fs.makedirs(fs._parent(path), exist_ok=True)
-        temporary = f"{path}.tmp"
+        temporary = temporary_path(path, new_temporary_token())
         with fs.open(temporary, "w") as stream:
             stream.write(json.dumps(document))
         fs.mv(temporary, path)
     except Exception as error:
         logger.warning("could not write the inventory cache %s: %s", url, error)
+        # A temporary left behind (a full disk) would be met by every rerun.
+        with contextlib.suppress(Exception):
+            if temporary is not None and fs.exists(temporary):
+                fs.rm(temporary)
 
 
 def reuse_or_probe(listed: list[ListedFile], cached: Mapping, probe) -> list[FileProbe | None]:
