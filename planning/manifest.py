@@ -100,7 +100,7 @@ def _checked_files(names: list, source: str) -> list[str]:
 
 
 def _foreign_entry(source: str, kind: str, entry: object) -> UserError:
-    shown = repr(entry) if len(repr(entry)) <= 80 else repr(entry)[:77] + "..."
+    shown = repr(entry) if len(repr(entry)) <= 200 else repr(entry)[:197] + "..."
     return UserError(
         f"output: {source} lists the {kind} {shown}, which this tool never writes; it may have been edited: "
         f"check the output's files, then delete {source} by hand to build there again"
