@@ -112,7 +112,14 @@ def _busy(output: str, holder: str = "") -> UserError:
 def _take_user_lock(output: str, required: bool) -> int | None:
     """Lock ``output`` in this user's lock folder; without ``required``, a folder that fails its checks is skipped."""
     try:
-        fd = _open_user_lock(output)
+        try:
+            fd = _open_user_lock(output)
+        except OSError as error:  # e.g. a temp directory this user cannot write
+            reason = error.strerror or str(error)
+            raise UserError(
+                f"output lock: cannot make a lock in {lock_folder()}: {reason.lower()}; "
+                "set TMPDIR to a directory of yours"
+            ) from None
     except UserError as error:
         if required:
             raise

@@ -113,3 +113,12 @@ def test_the_lock_leaves_no_directory_it_made_for_a_build_that_wrote_nothing(tmp
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="is an existing file; choose a directory path"):
         _take(str(tmp_path / "file"))
+
+
+def test_a_temp_dir_where_no_lock_can_be_made_is_one_line(tmp_path, monkeypatch, caplog):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # as a $TMPDIR set wrong
+    with pytest.raises(UserError, match=r"^output lock: cannot make a lock in .*a-file/.*; set TMPDIR to a directory"):
+        _take("gs://bucket/out")
+    _take(str(tmp_path / "out"))  # a local output has its directory's lock
+    assert "cannot make a lock" in caplog.text
