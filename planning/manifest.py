@@ -60,7 +60,7 @@ class Manifest:
             files, runs = document["files"], document["runs"]
             if not isinstance(files, list) or not isinstance(runs, list):
                 return None
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
             return None
         for run in runs:
             if not is_run_id(run):
@@ -80,7 +80,7 @@ def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | Non
         if document.get("format") != SCHEMA_FORMAT:
             return None
         shards = [shard["file"] for entry in document.get("splits", {}).values() for shard in entry["shards"]]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
     return Manifest(frozenset([*_checked_files(shards, source), *_METADATA, *BOOKKEEPING]), frozenset())
 
