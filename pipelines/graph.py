@@ -43,7 +43,7 @@ from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
-from transforms.finalize import Finalize
+from transforms.finalize import Finalize, check_owns_output
 from transforms.in_place import preallocate
 from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
@@ -136,12 +136,15 @@ def run_build(
                         build_pipeline(pipeline, list(plan.units), specs)
                 finally:
                     close_run(pipeline)
-        except BaseException:
+        except BaseException as error:
             # Other worker threads may still be writing: stop them first, or they would write again
             # into what is being removed.
             if not cancel_writes():
                 logger.warning("writes still running after the wait; what they leave, --overwrite removes")
-            remove_run_files(plan.output, manifest, work)
+            owned = remove_run_files(plan.output, manifest, work)
+            if not owned and isinstance(error, Exception):
+                # Why it failed (its files gone, its run directory removed) is the other build's doing.
+                check_owns_output(plan.output, plan.run_id)
             raise
         record_complete(plan.output, manifest)
         return plan, load_schema(plan.output)

@@ -13,12 +13,13 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
-from planning.manifest import BOOKKEEPING, Manifest, manifest_from_schema
+from planning.manifest import BOOKKEEPING, Manifest, is_bookkeeping, manifest_from_schema
 from planning.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
 from planning.probe_cache import FORMAT as INVENTORY_FORMAT
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote
+from transforms.finalize import check_owns_output, owns_output
 from transforms.shards import read_bytes, remove_if_empty, remove_tree, write_atomically
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,25 @@ def _is_file(path: str) -> bool:
     return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
 
 
-def _files(path: str) -> list[str]:
-    """Every file under ``path``, relative to it."""
-    return sorted(relative(path, m.path) for m in FileSystems.match([join(path, "**")])[0].metadata_list)
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _files(path: str) -> tuple[list[str], set[str]]:
+    """Every file under ``path``, relative to it, and the links among them (locally: never followed, so never ours)."""
+    if is_remote(path):
+        return sorted(relative(path, m.path) for m in FileSystems.match([join(path, "**")])[0].metadata_list), set()
+    if not os.path.isdir(path):
+        return [], set()
+    files, links = [], set()
+    for directory, subdirectories, names in os.walk(path, onerror=_raise):
+        for name in [*subdirectories, *names]:
+            entry = os.path.join(directory, name)
+            if os.path.islink(entry):
+                links.add(relative(path, entry))
+            if os.path.islink(entry) or name in names:
+                files.append(relative(path, entry))
+    return sorted(files), links
 
 
 def _text(path: str) -> str | None:
@@ -45,50 +62,80 @@ def _text(path: str) -> str | None:
 
 
 def _record(path: str, files: list[str]) -> Manifest | None:
-    """The record of what earlier builds wrote here: the manifest, else an older output's schema.json."""
-    if MANIFEST_FILE in files and (manifest := Manifest.loads(_text(join(path, MANIFEST_FILE)) or "")):
-        return manifest
+    """The record of what earlier builds wrote here: the manifest, else an older output's schema.json.
+
+    UserError if it names a run or a file this tool never makes (it was edited).
+    """
+    if MANIFEST_FILE in files:
+        source = join(path, MANIFEST_FILE)
+        if manifest := Manifest.loads(_text(source) or "", source):
+            return manifest
     if SCHEMA_FILE in files:
-        return manifest_from_schema(_text(join(path, SCHEMA_FILE)) or "")
+        return manifest_from_schema(_text(join(path, SCHEMA_FILE)) or "", join(path, SCHEMA_FILE))
     return None
+
+
+#: The inventory's temporary name before temporaries had a token (a crash could leave it).
+_OLD_INVENTORY_TEMPORARY = INVENTORY_FILE + ".tmp"
 
 
 def _ours(path: str, name: str, record: Manifest | None) -> bool:
     if record is not None and record.owns(name):
         return True
+    if is_bookkeeping(name) and name not in BOOKKEEPING:
+        return True  # a temporary of the manifest or the inventory that a crash left: no record names it
     # A failed build of an older version left its inventory cache alone: it says whose it is.
-    return name == INVENTORY_FILE and INVENTORY_FORMAT.split("/")[0] in (_text(join(path, name)) or "")[:200]
+    inventory = (INVENTORY_FILE, _OLD_INVENTORY_TEMPORARY)
+    return name in inventory and INVENTORY_FORMAT.split("/")[0] in (_text(join(path, name)) or "")[:200]
+
+
+def _kept(name: str) -> bool:
+    """Bookkeeping a rerun keeps (its presence asks no --overwrite)."""
+    return name in BOOKKEEPING
+
+
+def _stale(name: str) -> bool:
+    """What a crash left while writing bookkeeping: removed without --overwrite."""
+    return (is_bookkeeping(name) and name not in BOOKKEEPING) or name == _OLD_INVENTORY_TEMPORARY
+
+
+def _delete(output: str, names: list[str]) -> None:
+    """Delete files of the output, in order; locally never through a link."""
+    if not names:
+        return
+    if is_remote(output):
+        FileSystems.delete([join(output, name) for name in names])
+        return
+    for name in names:
+        remove_tree(join(output, name), inside=output)
 
 
 def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
     """Refuse an existing output unless ``overwrite``; remove what earlier builds wrote; record ``manifest``.
 
     Only files an earlier build recorded are deleted (the old schema.json first, so an
-    interrupted clean-up never leaves a directory that looks complete); any other file is an
-    error that names it. A directory holding only an earlier failed build's bookkeeping needs
-    no --overwrite.
+    interrupted clean-up never leaves a directory that looks complete); any other file, and
+    any link (this tool makes none), is an error that names it. A directory holding only an
+    earlier failed build's bookkeeping needs no --overwrite.
     """
     if _is_file(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
-    files = _files(path)
+    files, links = _files(path)
     record = _record(path, files)
-    foreign = [name for name in files if not _ours(path, name, record)]
+    foreign = [name for name in files if name in links or not _ours(path, name, record)]
     if foreign:
         named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
         raise UserError(
             f"output: {path} holds files this tool did not write ({named}); "
             "--overwrite only replaces an earlier output of this tool: choose an empty or new directory"
         )
-    written = [name for name in files if name not in BOOKKEEPING]
+    written = [name for name in files if not _kept(name) and not _stale(name)]
     if written and not overwrite:
         raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
-    if SCHEMA_FILE in written:
-        FileSystems.delete([join(path, SCHEMA_FILE)])
-    rest = [join(path, name) for name in written if name != SCHEMA_FILE]
-    if rest:
-        FileSystems.delete(rest)
+    _delete(path, [SCHEMA_FILE] if SCHEMA_FILE in written else [])
+    _delete(path, [name for name in files if name != SCHEMA_FILE and not _kept(name)])
     for run in record.runs if record else ():
-        remove_tree(run_dir(path, run))
+        remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
     write_atomically(join(path, MANIFEST_FILE), [manifest.dumps().encode()])
 
@@ -96,29 +143,41 @@ def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
 def record_complete(output: str, manifest: Manifest) -> None:
     """Once the output is complete: its manifest lists its files only (no run left anything else behind).
 
-    So a finished output holds nothing that changes from run to run, and hashes the same.
+    So a finished output holds nothing that changes from run to run, and hashes the same. UserError
+    if another build has replaced the output meanwhile: this build must not report it as its own.
     """
+    for run in manifest.runs:
+        check_owns_output(output, run)
     write_atomically(join(output, MANIFEST_FILE), [dataclasses.replace(manifest, runs=frozenset()).dumps().encode()])
 
 
-def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> None:
+def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> bool:
     """Delete what a failed run wrote (shards, metadata, temporaries, its working directory); keep bookkeeping.
 
-    A run killed outright cannot do this; the next run with --overwrite does (prepare_output).
+    If another build has cleared the output since (its manifest names another run), the files
+    named like this run's are that build's: only this run's own directories are removed then.
+    Returns whether the output was still this run's. A run killed outright cannot do this; the
+    next run with --overwrite does (prepare_output).
     """
-    try:
-        files = [name for name in _files(output) if manifest.owns(name) and name not in BOOKKEEPING]
-    except Exception as error:  # cleaning up must not hide why the run failed
-        logger.warning("could not list %s: %s", output, error)
-        files = []
+    owned = all(owns_output(output, run) for run in manifest.runs)
+    files = []
+    if owned:
+        try:
+            files = [name for name in _files(output)[0] if manifest.owns(name) and name not in BOOKKEEPING]
+        except Exception as error:  # cleaning up must not hide why the run failed
+            logger.warning("could not list %s: %s", output, error)
     ordered = [SCHEMA_FILE] if SCHEMA_FILE in files else []
     paths = [join(output, name) for name in [*ordered, *(f for f in files if f != SCHEMA_FILE)]]
     paths += [run_dir(output, run) for run in manifest.runs]
-    for path in [*paths, work_dir]:
-        if path is None:
-            continue
+    for path in paths:
         try:
-            remove_tree(path)
+            remove_tree(path, inside=output)
         except Exception as error:  # cleaning up must not hide why the run failed
             logger.warning("could not remove %s: %s", path, error)
+    if work_dir is not None and work_dir not in paths:
+        try:
+            remove_tree(work_dir)
+        except Exception as error:  # cleaning up must not hide why the run failed
+            logger.warning("could not remove %s: %s", work_dir, error)
     remove_if_empty(join(output, TMP_DIR))
+    return owned

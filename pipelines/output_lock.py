@@ -1,19 +1,30 @@
-"""One build at a time into an output: a lock held for the whole run, released by the system when the process ends.
+"""One build at a time into an output: locks held for the whole run, released by the system when the process ends.
 
-The lock is an ``flock`` on a file in this machine's temp directory named after the output
-(never a file in the output itself, which may be a bucket or a directory of someone else's
-files). A crashed or killed build holds nothing: the kernel releases its lock, so a stale lock
-cannot block the next build. Two builds on different machines into one output are not seen.
+Both locks are ``flock``s, so a crashed or killed build holds nothing and never leaves a stale lock:
+
+- the output directory itself (local outputs): every build into it meets there, whoever runs it
+  and whatever its temp directory ($TMPDIR differs per job under SLURM and PBS);
+- a file named after the output in a folder only this user can write,
+  ``<temp dir>/xarray-tfrecords-locks-<uid>`` (created 0700; refused unless it is a directory, not
+  a link, owned by this user and writable by no one else), opened without following links. It
+  says which process holds it, for the refusal, and it is the only lock a gs:// output has.
+
+Builds into one gs:// output by other users, with other temp directories or on other machines
+meet at no lock: each checks before it commits that the output's manifest still names its run
+(transforms.finalize), so a build never reports an output that another one replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,17 +32,67 @@ from collections.abc import Iterator
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
+logger = logging.getLogger(__name__)
+#: flock's answers on a filesystem that has no flock (NFS without locking, Lustre without -o flock).
+_NO_FLOCK = frozenset({errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
-def _lock_path(output: str) -> str:
+
+def _canonical(output: str) -> str:
     if is_remote(output):
         # The same gs:// URL on a storage emulator is another storage (tests run side by side).
-        canonical = f"{os.environ.get('STORAGE_EMULATOR_HOST', '')} {output.rstrip('/')}"
-    else:
-        canonical = os.path.realpath(os.path.expanduser(output))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:24]
-    directory = os.path.join(tempfile.gettempdir(), "xarray-tfrecords-locks")
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"{digest}.lock")
+        return f"{os.environ.get('STORAGE_EMULATOR_HOST', '')} {output.rstrip('/')}"
+    return os.path.realpath(os.path.expanduser(output))
+
+
+def lock_folder() -> str:
+    """This user's folder of lock files (in the temp directory, so $TMPDIR moves it)."""
+    return os.path.join(tempfile.gettempdir(), f"xarray-tfrecords-locks-{os.geteuid()}")
+
+
+def _open_lock_folder(folder: str) -> int:
+    """A descriptor of ``folder``, created if missing; UserError unless only this user can write in it."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    fix = "remove it if it is yours, or set TMPDIR to a directory only you can write"
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise UserError(f"output lock: {folder} is not a directory but a link or a file; {fix}") from None
+    info = os.fstat(fd)
+    problem = None
+    if info.st_uid != os.geteuid():
+        problem = f"belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"may be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        os.close(fd)
+        raise UserError(f"output lock: {folder} {problem}; {fix}")
+    return fd
+
+
+def _open_user_lock(output: str) -> int:
+    """The open lock file of ``output`` in this user's lock folder."""
+    folder = lock_folder()
+    name = hashlib.sha256(_canonical(output).encode()).hexdigest()[:24] + ".lock"
+    folder_fd = _open_lock_folder(folder)
+    try:
+        # O_NONBLOCK: opening a FIFO planted there must not hang the build.
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=folder_fd)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise UserError(f"output lock: {folder}/{name} is a link; remove it") from None
+    finally:
+        os.close(folder_fd)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise UserError(f"output lock: {folder}/{name} is not a file of yours; remove it")
+    return fd
 
 
 def _holder(fd: int) -> str:
@@ -39,25 +100,104 @@ def _holder(fd: int) -> str:
         os.lseek(fd, 0, os.SEEK_SET)
         holder = json.loads(os.read(fd, 4096) or b"{}")
         started = time.strftime("%H:%M:%S", time.localtime(holder["started"]))
-        return f" (process {holder['pid']} on {holder['host']}, started {started})"
-    except (ValueError, KeyError, TypeError, OSError):
+        return f" (process {int(holder['pid'])} on {str(holder['host'])[:64]}, started {started})"
+    except (ValueError, KeyError, TypeError, OSError, OverflowError):
         return ""
+
+
+def _busy(output: str, holder: str = "") -> UserError:
+    return UserError(f"output: another build is writing {output}{holder}; wait for it to end, or choose another output")
+
+
+def _take_user_lock(output: str, required: bool) -> int | None:
+    """Lock ``output`` in this user's lock folder; without ``required``, a folder that fails its checks is skipped."""
+    try:
+        try:
+            fd = _open_user_lock(output)
+        except OSError as error:  # e.g. a temp directory this user cannot write
+            reason = error.strerror or str(error)
+            raise UserError(
+                f"output lock: cannot make a lock in {lock_folder()}: {reason.lower()}; "
+                "set TMPDIR to a directory of yours"
+            ) from None
+    except UserError as error:
+        if required:
+            raise
+        logger.warning("%s (the lock on the output directory still holds)", error)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise _busy(output, holder) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "output": output}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    return fd
+
+
+def _make_directories(path: str) -> list[str]:
+    """Create ``path`` and its missing parents; returns those it created, deepest first."""
+    missing = []
+    parent = os.path.abspath(path)
+    while not os.path.lexists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
+    os.makedirs(path, exist_ok=True)
+    return missing
+
+
+def _take_directory_lock(output: str) -> int | None:
+    """Lock the output directory itself; None where its filesystem has no flock."""
+    for _ in range(10):
+        fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _busy(output) from None
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in _NO_FLOCK:
+                raise
+            logger.info("%s: no flock on this filesystem (%s); only this user's builds are kept apart", output, error)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        opened, current = os.fstat(fd), os.stat(output)
+        if (opened.st_dev, opened.st_ino) == (current.st_dev, current.st_ino):
+            return fd
+        os.close(fd)  # the directory was replaced between the open and the lock: lock the new one
+    raise UserError(f"output: {output} keeps being replaced; wait for whatever replaces it to end")
 
 
 @contextlib.contextmanager
 def output_lock(output: str) -> Iterator[None]:
-    """Hold the lock on ``output`` until the block ends; refuse in one line if another build holds it."""
-    fd = os.open(_lock_path(output), os.O_RDWR | os.O_CREAT, 0o666)
+    """Hold the locks on ``output`` until the block ends; refuse in one line if another build holds one."""
+    remote = is_remote(output)
+    held: list[int] = []
+    created: list[str] = []
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(
-                f"output: another build is writing {output}{_holder(fd)}; wait for it to end, or choose another output"
-            ) from None
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "output": output}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        user_fd = _take_user_lock(output, required=remote)
+        if user_fd is not None:
+            held.append(user_fd)
+        if not remote:
+            created = _make_directories(output)
+            directory_fd = _take_directory_lock(output)
+            if directory_fd is not None:
+                held.append(directory_fd)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        # Before the locks go: a build that wrote nothing leaves no empty directory behind.
+        for directory in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        for fd in held:
+            os.close(fd)  # releases the lock

@@ -6,6 +6,10 @@ output before anything else, listing every final name it may write and its run i
 the tool's if the manifest lists it, if it is a temporary of a listed file (``<name>.tmp-*``),
 or if it lies in the working directory of a listed run (``_tmp/<run id>/``). An output written
 before manifests existed is recognised by its ``schema.json``, which lists its shards.
+
+A manifest is read from disk, where anyone may have edited it: its runs must be run ids as the
+tool draws them and its files plain names at the output's top, or it is refused (a run
+``../../x`` would otherwise name a directory far from the output to delete).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from planning.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR
+from planning.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
+from schemas.errors import UserError
 from schemas.schema import FORMAT as SCHEMA_FORMAT
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
 
@@ -34,7 +39,7 @@ class Manifest:
         if relative_path in self.files:
             return True
         final, mark, _ = relative_path.rpartition(TEMPORARY_MARK)
-        if mark and "/" not in relative_path and final in self.files:
+        if mark and final in self.files and is_temporary_of(relative_path, final):
             return True
         parts = relative_path.split("/")
         return len(parts) > 2 and parts[0] == TMP_DIR and parts[1] in self.runs
@@ -43,15 +48,24 @@ class Manifest:
         return json.dumps({"format": FORMAT, "runs": sorted(self.runs), "files": sorted(self.files)}, indent=1)
 
     @classmethod
-    def loads(cls, text: str) -> Manifest | None:
-        """The manifest in ``text``, or None if it is not one of ours."""
+    def loads(cls, text: str, source: str = MANIFEST_FILE) -> Manifest | None:
+        """The manifest in ``text``, or None if it is not one of ours; UserError if it names what the tool never writes.
+
+        ``source``: where the text was read, named in the error.
+        """
         try:
             document = json.loads(text)
             if document.get("format") != FORMAT:
                 return None
-            return cls(frozenset(map(str, document["files"])), frozenset(map(str, document["runs"])))
-        except (ValueError, KeyError, TypeError, AttributeError):
+            files, runs = document["files"], document["runs"]
+            if not isinstance(files, list) or not isinstance(runs, list):
+                return None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
             return None
+        for run in runs:
+            if not is_run_id(run):
+                raise _foreign_entry(source, "run", run)
+        return cls(frozenset(_checked_files(files, source)), frozenset(runs))
 
 
 def build_manifest(run_id: str, shard_names: Iterable[str]) -> Manifest:
@@ -59,13 +73,35 @@ def build_manifest(run_id: str, shard_names: Iterable[str]) -> Manifest:
     return Manifest(frozenset([*shard_names, *_METADATA, *BOOKKEEPING]), frozenset([run_id]))
 
 
-def manifest_from_schema(text: str) -> Manifest | None:
+def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | None:
     """The record of an output written before manifests existed: what its schema.json lists."""
     try:
         document = json.loads(text)
         if document.get("format") != SCHEMA_FORMAT:
             return None
-        shards = [str(shard["file"]) for entry in document.get("splits", {}).values() for shard in entry["shards"]]
-    except (ValueError, KeyError, TypeError, AttributeError):
+        shards = [shard["file"] for entry in document.get("splits", {}).values() for shard in entry["shards"]]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
-    return Manifest(frozenset([*shards, *_METADATA, *BOOKKEEPING]), frozenset())
+    return Manifest(frozenset([*_checked_files(shards, source), *_METADATA, *BOOKKEEPING]), frozenset())
+
+
+def is_bookkeeping(name: str) -> bool:
+    """Whether a file (relative to the output) is bookkeeping, or a temporary a crash left while writing it."""
+    return name in BOOKKEEPING or any(is_temporary_of(name, kept) for kept in BOOKKEEPING)
+
+
+def _checked_files(names: list, source: str) -> list[str]:
+    for name in names:
+        # Only names at the output's top: a separator or a dot name would reach out of it.
+        plain = isinstance(name, str) and name and "/" not in name and "\\" not in name and "\0" not in name
+        if not plain or name.startswith(".") or name == TMP_DIR:
+            raise _foreign_entry(source, "file", name)
+    return names
+
+
+def _foreign_entry(source: str, kind: str, entry: object) -> UserError:
+    shown = repr(entry) if len(repr(entry)) <= 200 else repr(entry)[:197] + "..."
+    return UserError(
+        f"output: {source} lists the {kind} {shown}, which this tool never writes; it may have been edited: "
+        f"check the output's files, then delete {source} by hand to build there again"
+    )

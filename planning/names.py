@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import tempfile
+import uuid
 
 from schemas.schema import shard_name
 from schemas.urls import is_remote
@@ -18,6 +20,10 @@ from schemas.urls import is_remote
 TMP_DIR = "_tmp"
 #: What a temporary file's name adds to the final name it will be renamed to.
 TEMPORARY_MARK = ".tmp-"
+#: A run id as ``new_run_id`` draws it; an output's manifest naming anything else was not written by this tool.
+_RUN_ID = re.compile(r"[0-9a-f]{12}")
+#: What tells temporaries of one final name apart: a writer's token, or a run id (in-place shards).
+_TEMPORARY_TOKEN = re.compile(r"[0-9a-f]{8}|[0-9a-f]{12}")
 #: The probes of the input files, kept so that a rerun reads no file's metadata again.
 INVENTORY_FILE = "_inventory.json"
 #: What builds wrote into this output (planning.manifest): what --overwrite may delete.
@@ -31,9 +37,27 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def is_run_id(text: object) -> bool:
+    return isinstance(text, str) and _RUN_ID.fullmatch(text) is not None
+
+
+def new_temporary_token() -> str:
+    return uuid.uuid4().hex[:8]
+
+
 def temporary_path(final: str, token: str) -> str:
     """Where a file is written before it is renamed to ``final``; ``token`` tells writers apart."""
     return f"{final}{TEMPORARY_MARK}{token}"
+
+
+def is_temporary_of(name: str, final: str) -> bool:
+    """Whether ``name`` is a temporary this tool writes before renaming it to ``final``."""
+    prefix = f"{final}{TEMPORARY_MARK}"
+    return name.startswith(prefix) and _TEMPORARY_TOKEN.fullmatch(name[len(prefix) :]) is not None
 
 
 def shard_path(output: str, split: str, number: int, count: int, compression: str | None) -> str:

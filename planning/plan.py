@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import uuid
 from collections.abc import Mapping
 
 import numpy as np
@@ -31,6 +30,7 @@ from planning.features import (
 )
 from planning.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.manifest import Manifest, build_manifest
+from planning.names import new_run_id
 from planning.positions import Positions
 from planning.preprocess import Preprocess
 from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
@@ -330,7 +330,7 @@ def make_plan(
         units=tuple(units),
         splits=tuple(splits),
         schema=schema,
-        run_id=run_id or uuid.uuid4().hex[:12],
+        run_id=run_id or new_run_id(),
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,

@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
+from planning.names import new_temporary_token, temporary_path
 from planning.probe import FileProbe
 from planning.sources import ListedFile
 
@@ -195,16 +196,21 @@ def save_probes(url: str, concat_dim: str, probes: Iterable[tuple[ListedFile, Fi
         entry["concat_raw"] = None if raw is None else {"dtype": raw.dtype.str, "values": raw.tolist()}
         entry["version"] = listed.version
         files.append(entry)
+    fs = temporary = None
     try:
         text = json.dumps(files)
         fs, path = fsspec.core.url_to_fs(url)
         fs.makedirs(fs._parent(path), exist_ok=True)
-        temporary = f"{path}.tmp"
+        temporary = temporary_path(path, new_temporary_token())
         with fs.open(temporary, "w") as stream:
             stream.write(f"{_head(concat_dim, _digest(text))}{text}}}")
         fs.mv(temporary, path)
     except Exception as error:
         logger.warning("could not write the inventory cache %s: %s", url, error)
+        # A temporary left behind (a full disk) would be met by every rerun.
+        with contextlib.suppress(Exception):
+            if temporary is not None and fs.exists(temporary):
+                fs.rm(temporary)
 
 
 def reuse_or_probe(listed: list[ListedFile], cached: Mapping, probe) -> list[FileProbe | None]:

@@ -119,6 +119,7 @@ class FinalizeSpec:
     stats: StatsSpec
     reference_split: str  # whose statistics normalise
     compression: str | None
+    run_id: str  # the output's manifest must still name it when the output is committed
     run_dir: str  # the run's directory beside the output (under _tmp): removed once the output is complete
     work_dir: str | None = None  # removed once the output is complete too
     fill_value: float | None = None  # nan_policy: fill's value: normalisation must know the filled points
@@ -184,6 +185,7 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         stats=stats_spec(plan),
         reference_split=plan.config.stats.reference_split or default_split(names),
         compression=plan.config.output.compression,
+        run_id=plan.run_id,
         run_dir=run_dir(plan.output, plan.run_id),
         work_dir=work_dir,
         fill_value=plan.config.fill_value,

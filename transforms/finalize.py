@@ -17,13 +17,20 @@ import apache_beam as beam
 import numpy as np
 
 from planning.contracts import NonFinite, ShardResult
-from planning.names import TMP_DIR, join, shard_path
+from planning.manifest import Manifest
+from planning.names import MANIFEST_FILE, TMP_DIR, join, shard_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
-from transforms.shards import remove_if_empty, remove_tree, use_anonymous_credentials_for_emulator, write_atomically
+from transforms.shards import (
+    read_bytes,
+    remove_if_empty,
+    remove_tree,
+    use_anonymous_credentials_for_emulator,
+    write_atomically,
+)
 from transforms.stats import Moments, SplitSummary, merge_summaries, per_axes
 
 logger = logging.getLogger(__name__)
@@ -224,8 +231,27 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
     return counts
 
 
+def owns_output(output: str, run_id: str) -> bool:
+    """Whether the output's manifest still names this run (no other build has cleared the output since)."""
+    try:
+        manifest = Manifest.loads(read_bytes(join(output, MANIFEST_FILE)).decode("utf-8", errors="replace"))
+    except Exception:  # missing, unreadable or not a manifest of ours: then it names no run
+        return False
+    return manifest is not None and run_id in manifest.runs
+
+
+def check_owns_output(output: str, run_id: str) -> None:
+    """UserError unless this run still owns ``output``: a build must never commit or report an output it lost."""
+    if not owns_output(output, run_id):
+        raise UserError(
+            f"output: another build replaced {output} while this one ran (its {MANIFEST_FILE} no longer "
+            f"names run {run_id}), so this build committed nothing; run one build at a time into an output"
+        )
+
+
 def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: dict[str, SplitSummary]) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed."""
+    check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
     nonfinite = derived_nonfinite(spec, summaries)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
     counts = _check_counts(spec, shards, summaries)
@@ -236,7 +262,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
     write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
-        remove_tree(temporary)
+        remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
     remove_if_empty(join(spec.output, TMP_DIR))
     return schema
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import logging
 import os
-import uuid
+import shutil
+import stat
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
@@ -25,7 +28,7 @@ from apache_beam.metrics import Metrics
 
 from planning.cancellation import check_cancelled, writing
 from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SHARD_BYTES, ShardResult
-from planning.names import join, temporary_path
+from planning.names import join, new_temporary_token, temporary_path
 from planning.progress import mark
 from planning.specs import WriteSpec
 from schemas.bucket_sort import BufferLedger, SortedBuckets
@@ -36,6 +39,7 @@ from schemas.schema import RECORD_COUNT, Feature
 from schemas.tfrecord import frame_parts
 from schemas.urls import is_remote
 
+logger = logging.getLogger(__name__)
 #: Payload bytes per batch, as a fraction of the writer's budget: a batch of framed records is
 #: held about twice (read, then compressed); a batch of packed rows about four times (rows,
 #: encoded records, framed records, compressed), beside an index of up to a quarter.
@@ -210,42 +214,90 @@ def write_atomically(path: str, chunks, compression: str | None = None, join_sma
 
 
 def _write_atomically(path: str, chunks, compression: str | None, join_small: bool) -> int:
-    temporary = temporary_path(path, uuid.uuid4().hex[:8])
+    temporary = temporary_path(path, new_temporary_token())
     written = 0
     kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
     stream = FileSystems.create(temporary, compression_type=kind)
     try:
-        for chunk in _batched(chunks) if join_small else chunks:
-            check_cancelled()
-            if compression is None:
-                stream.write(chunk)
-            else:
-                with memoryview(chunk) as view:
-                    for start in range(0, len(view), _COMPRESS_BYTES):
-                        stream.write(view[start : start + _COMPRESS_BYTES])
-            written += len(chunk)
-            del chunk  # let it go before the next chunk is made
+        try:
+            for chunk in _batched(chunks) if join_small else chunks:
+                check_cancelled()
+                if compression is None:
+                    stream.write(chunk)
+                else:
+                    with memoryview(chunk) as view:
+                        for start in range(0, len(view), _COMPRESS_BYTES):
+                            stream.write(view[start : start + _COMPRESS_BYTES])
+                written += len(chunk)
+                del chunk  # let it go before the next chunk is made
+        except BaseException:
+            with contextlib.suppress(Exception):  # the write's error is the one to report
+                stream.close()
+            raise
+        stream.close()  # a full disk may show only here, when the last bytes are flushed
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([temporary], [path])
     except BaseException:
-        stream.close()
-        FileSystems.delete([temporary])
+        # Whatever failed (a write, the flush at close, the rename), no temporary is left behind:
+        # a rerun would otherwise meet it.
+        try:
+            if FileSystems.exists(temporary):
+                FileSystems.delete([temporary])
+        except Exception as error:  # the write's error is the one to report
+            logger.warning("could not remove %s: %s", temporary, error)
         raise
-    stream.close()
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([temporary], [path])
     if compression is None:
         return written
     return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
 
 
-def remove_tree(path: str) -> None:
-    """Delete a file or a directory with everything under it; on object stores, every object under the prefix."""
+def remove_tree(path: str, inside: str | None = None) -> None:
+    """Delete a file or a directory with everything under it; on object stores, every object under the prefix.
+
+    Locally no link is ever followed: a link is removed itself, never what it points to, and a
+    link on the way from ``inside`` (default: the parent of ``path``) to ``path`` is an error.
+    """
     if is_remote(path):
         found = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
         if found:
             FileSystems.delete(found)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        return
+    base = inside if inside is not None else os.path.dirname(os.path.abspath(path))
+    parts = os.path.relpath(os.path.abspath(path), os.path.abspath(base)).split(os.sep)
+    if parts[0] in (os.curdir, os.pardir) or os.pardir in parts:
+        raise ValueError(f"{path} is not inside {base}: not removed")
+    try:
+        directory = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            except FileNotFoundError:
+                return
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise UserError(
+                    f"{path}: {part} on the way to it is a link or a file, not a directory this tool made; "
+                    "remove it by hand"
+                ) from None
+            os.close(directory)
+            directory = inner
+        try:
+            info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(parts[-1], dir_fd=directory)  # descends by descriptors, never through a link
+        else:
+            os.unlink(parts[-1], dir_fd=directory)
+    finally:
+        os.close(directory)
 
 
 def remove_if_empty(directory: str) -> None:

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+import pipelines.graph as graph
 import transforms.finalize as finalize
+import transforms.shards as shards
 from pipelines.build import main
+from pipelines.output import prepare_output, record_complete, remove_run_files
+from planning.cancellation import allow_writes
+from planning.manifest import FORMAT as MANIFEST_FORMAT
+from planning.manifest import build_manifest
 from schemas import load_schema
+from schemas.errors import UserError
+
+
+@pytest.fixture(autouse=True)
+def _writes_allowed():
+    """Tests here call prepare_output directly, as a build does after allow_writes (a failed build cancels writes)."""
+    allow_writes()
 
 
 def _config(archive: Path, output: Path, num_shards: int = 2) -> dict:
@@ -133,3 +147,164 @@ def test_what_a_killed_run_left_is_cleared_by_overwrite(small_archive, tmp_path,
     stranger.write_bytes(b"?")
     assert _build(_config(small_archive, output), tmp_path, "--overwrite") == 2
     assert "_tmp/fedcba987654/x.bucket" in _one_error_line(capsys) and stranger.exists()
+
+
+# A manifest is data from the disk: the paths in it are untrusted (issue 21, items 1 and 3).
+
+RUN = "0123456789ab"
+
+
+def _victim(tmp_path: Path) -> Path:
+    """A folder of someone's work beside the output, that no build may touch."""
+    victim = tmp_path / "thesis"
+    (victim / RUN).mkdir(parents=True)
+    (victim / "chapter1.tex").write_text("\\chapter{One}")
+    (victim / RUN / "figure.pdf").write_bytes(b"%PDF")
+    return victim
+
+
+def _manifest(output: Path, runs: list, files: list | None = None) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    document = {"format": MANIFEST_FORMAT, "runs": runs, "files": files or ["schema.json", "_manifest.json"]}
+    (output / "_manifest.json").write_text(json.dumps(document))
+
+
+def test_a_plain_build_refuses_a_manifest_whose_run_is_a_path_and_deletes_nothing(small_archive, tmp_path, capsys):
+    """The issue's case: `"runs": ["/home/me/thesis"]` deleted that folder, on a plain build, with exit 0."""
+    victim = _victim(tmp_path)
+    output = tmp_path / "out"
+    _manifest(output, [str(victim)])
+    before = _tree(victim)
+    assert _build(_config(small_archive, output), tmp_path) == 2
+    line = _one_error_line(capsys)
+    assert f"lists the run {str(victim)!r}, which this tool never writes" in line, line
+    assert f"delete {output / '_manifest.json'} by hand" in line, line
+    assert _tree(victim) == before
+
+
+@pytest.mark.parametrize(
+    ("runs", "files", "named"),
+    [
+        (["../../thesis"], None, "run '../../thesis'"),
+        (["{victim}"], None, "run '{victim}'"),
+        (["0123456789AB"], None, "run '0123456789AB'"),  # not a run id as the tool draws them
+        ([7], None, "run 7"),
+        ([], ["../thesis/chapter1.tex"], "file '../thesis/chapter1.tex'"),
+        ([], ["{victim}/chapter1.tex"], "file '{victim}/chapter1.tex'"),
+        ([], [".."], "file '..'"),
+        ([], ["_tmp"], "file '_tmp'"),
+    ],
+)
+def test_a_manifest_naming_what_the_tool_never_makes_is_refused(tmp_path, runs, files, named):
+    victim = _victim(tmp_path)
+    output = tmp_path / "out"
+    fill = {"victim": victim}
+    _manifest(
+        output,
+        [r.format(**fill) if isinstance(r, str) else r for r in runs],
+        [f.format(**fill) for f in files or []] or None,
+    )
+    before = _tree(victim)
+    with pytest.raises(UserError, match=re.escape(f"lists the {named.format(**fill)}")):
+        prepare_output(str(output), True, build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"]))
+    assert _tree(victim) == before
+
+
+@pytest.mark.parametrize("link", ["_tmp", f"_tmp/{RUN}"])
+def test_a_linked_working_directory_is_never_followed(tmp_path, link):
+    """`_tmp` (or a run's directory) as a link to someone's folder: a plain run id used to delete inside it."""
+    victim = _victim(tmp_path)
+    before = _tree(victim)
+    output = tmp_path / "out"
+    _manifest(output, [RUN])
+    (output / link).parent.mkdir(parents=True, exist_ok=True)
+    (output / link).symlink_to(victim if link == "_tmp" else victim / RUN, target_is_directory=True)
+    manifest = build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"])
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match=f"did not write \\({re.escape(link)}\\)"):
+            prepare_output(str(output), overwrite, manifest)
+    # A failed run's clean-up does not follow it either (a link in the run's own place goes, never its target).
+    remove_run_files(str(output), build_manifest(RUN, []), None)
+    assert _tree(victim) == before
+
+
+def test_a_link_named_like_a_shard_is_not_ours(tmp_path):
+    victim = _victim(tmp_path)
+    output = tmp_path / "out"
+    _manifest(output, [], ["data-00000-of-00001.tfrecord", "schema.json", "_manifest.json"])
+    (output / "data-00000-of-00001.tfrecord").symlink_to(victim / "chapter1.tex")
+    with pytest.raises(UserError, match=r"did not write \(data-00000-of-00001.tfrecord\)"):
+        prepare_output(str(output), True, build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"]))
+    assert (victim / "chapter1.tex").read_text() == "\\chapter{One}"
+
+
+def test_what_a_crash_left_while_writing_bookkeeping_needs_no_overwrite(tmp_path):
+    """A full disk (or a kill) while _manifest.json was written left `_manifest.json.tmp-*`: every rerun was refused."""
+    output = tmp_path / "out"
+    output.mkdir()
+    for name in ("_manifest.json.tmp-0badc0de", "_inventory.json.tmp-1234abcd", "_inventory.json.tmp"):
+        (output / name).write_text('{"format": "xarray-tfrecords-inventory/3", "fi')  # cut short
+    manifest = build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"])
+    prepare_output(str(output), False, manifest)
+    assert sorted(p.name for p in output.iterdir()) == ["_manifest.json"]
+    # Only the names the tool makes: another temporary-looking name is someone else's.
+    (output / "_manifest.json.tmp-mine").write_text("x")
+    with pytest.raises(UserError, match=r"did not write \(_manifest.json.tmp-mine\)"):
+        prepare_output(str(output), True, manifest)
+
+
+def test_a_full_disk_while_the_manifest_is_written_leaves_nothing_that_blocks_a_rerun(
+    small_archive, tmp_path, capsys, monkeypatch
+):
+    """The disk fills up as the manifest's last bytes are flushed, at close."""
+    output = tmp_path / "out"
+    real_create = shards.FileSystems.create
+
+    def create(path, *args, **kwargs):
+        stream = real_create(path, *args, **kwargs)
+        if "_manifest.json" in path:
+            real_close = stream.close
+
+            def close():
+                real_close()
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+
+            stream.close = close
+        return stream
+
+    monkeypatch.setattr(shards.FileSystems, "create", create)
+    assert _build(_config(small_archive, output), tmp_path) == 1
+    assert "no space left on device" in _one_error_line(capsys)
+    assert not [p.name for p in output.rglob("*") if ".tmp-" in p.name]
+    monkeypatch.undo()
+    assert _build(_config(small_archive, output), tmp_path) == 0
+
+
+def test_a_build_whose_output_another_build_took_over_reports_no_success(small_archive, tmp_path, capsys, monkeypatch):
+    """Builds whose locks do not meet (gs://, other users, other $TMPDIR): the one displaced must not say it wrote."""
+    output = tmp_path / "out"
+    other = json.dumps({"format": MANIFEST_FORMAT, "runs": ["fedcba987654"], "files": ["schema.json"]})
+    real_save = graph.save_probes
+
+    def then_another_build_clears_the_output(*args, **kwargs):
+        real_save(*args, **kwargs)
+        (output / "_manifest.json").write_text(other)  # what the other build's prepare_output writes
+
+    monkeypatch.setattr(graph, "save_probes", then_another_build_clears_the_output)
+    assert _build(_config(small_archive, output), tmp_path) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: output: another build replaced {output} while this one ran"), line
+    assert not (output / "schema.json").exists()
+    # What the other build owns now is left to it.
+    assert (output / "_manifest.json").read_text() == other
+
+
+def test_record_complete_refuses_an_output_another_build_took_over(tmp_path):
+    output = tmp_path / "out"
+    mine = build_manifest(RUN, ["data-00000-of-00001.tfrecord"])
+    prepare_output(str(output), False, mine)
+    record_complete(str(output), mine)  # still ours: recorded complete
+    prepare_output(str(output), False, build_manifest("fedcba987654", []))
+    with pytest.raises(UserError, match="another build replaced"):
+        record_complete(str(output), mine)
+    assert json.loads((output / "_manifest.json").read_text())["runs"] == ["fedcba987654"]

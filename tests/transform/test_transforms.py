@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 
 import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -192,3 +194,32 @@ def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_
     columns = record_columns(spec, Block(0, samples, {}, {"u": filled_u}))
     np.testing.assert_array_equal(columns["wind"], np.stack([u, v], axis=1))
     np.testing.assert_array_equal(columns["mask/wind"], np.stack([filled_u, np.zeros_like(filled_u)], axis=1))
+
+
+@pytest.mark.parametrize("failing", ["write", "close", "rename"])
+def test_write_atomically_leaves_no_temporary_whatever_fails(tmp_path, monkeypatch, failing):
+    """A full disk may show at a write, at the flush when the file is closed, or at the rename."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    real_create = FileSystems.create
+
+    def create(path, *args, **kwargs):
+        stream = real_create(path, *args, **kwargs)
+        if failing in ("write", "close"):
+            real = getattr(stream, failing)
+
+            def fail(*args):
+                real(*args)
+                raise full
+
+            setattr(stream, failing, fail)
+        return stream
+
+    def rename(*args, **kwargs):
+        raise full
+
+    monkeypatch.setattr(FileSystems, "create", create)
+    if failing == "rename":
+        monkeypatch.setattr(FileSystems, "rename", rename)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomically(str(tmp_path / "schema.json"), [b"{}"])
+    assert list(tmp_path.iterdir()) == []

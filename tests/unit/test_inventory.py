@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,18 @@ def test_a_rerun_reuses_the_cached_probes_of_unchanged_files_only(sample_file, t
     reuse_or_probe(list_files(paths), cached, lambda missing: probed.extend(missing) or [None] * len(missing))
     assert [f.path for f in probed] == [paths[1]]
     assert load_probes(cache, "lat") == {}  # planned along another dim: not reused
+
+
+def test_a_cache_that_cannot_be_written_leaves_no_temporary(tmp_path, monkeypatch, caplog):
+    """A full disk while the cache is written: a temporary left behind would be met by every rerun."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalFileSystem, "mv", full_disk)
+    save_probes(str(tmp_path / "out" / "_inventory.json"), "time", [])
+    assert list((tmp_path / "out").iterdir()) == [] and "No space left" in caplog.text
 
 
 # Calendars: the files along the concat dim must share one, under whatever name each states it.
