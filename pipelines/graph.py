@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import TextIO
 
 import apache_beam as beam
@@ -15,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.output import prepare_output, record_complete, remove_run_files
-from pipelines.output_lock import output_lock
+from pipelines.output_lock import open_private_folder, output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
 from pipelines.runners import (
@@ -106,6 +107,8 @@ def run_build(
         strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
         logger.info("records are written by %s: %s", strategy.value, reason)
         work = work_dir(plan.output, plan.run_id) if shared else None
+        if work is not None and is_remote(plan.output) and not dry_run:
+            os.close(open_private_folder(os.path.dirname(work), "working folder"))
         sources = sources_path(plan.output, plan.run_id)
         if dry_run:
             specs = compile_specs(plan, strategy, work, None, sources)

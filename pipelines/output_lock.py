@@ -49,8 +49,8 @@ def lock_folder() -> str:
     return os.path.join(tempfile.gettempdir(), f"xarray-tfrecords-locks-{os.geteuid()}")
 
 
-def _open_lock_folder(folder: str) -> int:
-    """A descriptor of ``folder``, created if missing; UserError unless only this user can write in it."""
+def open_private_folder(folder: str, subject: str = "output lock") -> int:
+    """A descriptor of ``folder``, created if missing; a UserError unless only this user can write in it."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
     fix = "remove it if it is yours, or set TMPDIR to a directory only you can write"
@@ -59,7 +59,7 @@ def _open_lock_folder(folder: str) -> int:
     except OSError as error:
         if error.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        raise UserError(f"output lock: {folder} is not a directory but a link or a file; {fix}") from None
+        raise UserError(f"{subject}: {folder} is not a directory but a link or a file; {fix}") from None
     info = os.fstat(fd)
     problem = None
     if info.st_uid != os.geteuid():
@@ -68,7 +68,7 @@ def _open_lock_folder(folder: str) -> int:
         problem = f"may be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
     if problem:
         os.close(fd)
-        raise UserError(f"output lock: {folder} {problem}; {fix}")
+        raise UserError(f"{subject}: {folder} {problem}; {fix}")
     return fd
 
 
@@ -76,7 +76,7 @@ def _open_user_lock(output: str) -> int:
     """The open lock file of ``output`` in this user's lock folder."""
     folder = lock_folder()
     name = hashlib.sha256(_canonical(output).encode()).hexdigest()[:24] + ".lock"
-    folder_fd = _open_lock_folder(folder)
+    folder_fd = open_private_folder(folder)
     try:
         # O_NONBLOCK: opening a FIFO planted there must not hang the build.
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

@@ -72,7 +72,9 @@ def run_dir(output: str, run_id: str) -> str:
 def work_dir(output: str, run_id: str) -> str:
     """Where a local run keeps its working files: under the output, or in local temp for remote outputs."""
     if is_remote(output):
-        return os.path.join(tempfile.gettempdir(), "xarray-tfrecords", run_id)
+        # This user's own folder (the build checks only they can write in it): a shared, predictable
+        # folder would let another local user plant or read the run's files.
+        return os.path.join(tempfile.gettempdir(), f"xarray-tfrecords-{os.geteuid()}", run_id)
     return run_dir(output, run_id)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import apache_beam as beam
@@ -152,6 +154,20 @@ def test_multi_process_local_runner_with_gs(gcs, uploaded, tmp_path):
     for shard in load_schema(multi).splits["data"]:
         assert gcs.cat(f"{multi}/{shard.file}") == gcs.cat(f"{single}/{shard.file}")
     assert not gcs.exists(f"{multi}/_tmp")
+
+
+def test_a_gs_build_refuses_a_working_folder_others_can_write(gcs, uploaded, tmp_path, monkeypatch, capsys):
+    """A local run into gs:// keeps its working files in this user's own temp folder, never in one planted there."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"xarray-tfrecords-{os.geteuid()}"
+    planted.mkdir()
+    planted.chmod(0o777)  # as another local user would leave it, to read or swap the run's files
+    output = f"gs://{BUCKET}/out/planted"
+    sample = {"window": {"lat": 16, "lon": 16}, "keep": ["lev"]}
+    assert main(["--config", str(_config(tmp_path, f"gs://{BUCKET}/in/nc4/*.nc", output, sample))]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: working folder: {planted} may be written by other users")
+    assert not list(planted.iterdir()) and not gcs.exists(f"{output}/schema.json")
 
 
 def _inputs_for(config_name: str) -> tuple[str, str]:
