@@ -7,6 +7,7 @@ built from its spec (planning.specs).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import TextIO
 
@@ -27,7 +28,8 @@ from pipelines.runners import (
     runner_context,
     with_runner_defaults,
 )
-from planning.cancellation import allow_writes, cancel_writes
+from pipelines.stopping import RunCleanup, cleanup_on_stop
+from planning.cancellation import cancel_writes, check_cancelled
 from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
 from planning.names import INVENTORY_FILE, join, sources_path, work_dir
@@ -77,7 +79,7 @@ def run_build(
     workers share the output's filesystem). ``shared_filesystem``: a remote runner's workers see
     this machine's files (a cluster on a shared parallel filesystem); local runs always do.
     """
-    allow_writes()  # a build before this one in the process may have been interrupted
+    check_cancelled()  # stopped while Beam was being imported
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
@@ -93,6 +95,7 @@ def run_build(
     with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
         inventory = join(config.output.path, INVENTORY_FILE)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
+        check_cancelled()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
         shared = local or (shared_filesystem and not is_remote(plan.output))
@@ -105,33 +108,44 @@ def run_build(
                 build_pipeline(pipeline, list(plan.units), compile_specs(plan, strategy, work, None, sources))
             return plan, None
         manifest = plan.manifest()
+        check_cancelled()  # a stop during planning: nothing written yet
         prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
-        try:
-            layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-            specs = compile_specs(plan, strategy, work, layout, sources)
-            write_atomically(sources, [plan.sources.to_bytes()])
-            if layout is not None:
-                preallocate(specs.write)
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(runner_context(options))
-                if progress is not None and specs.write.progress_dir is not None:
-                    counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
-                    stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
-                try:
-                    with pipeline:
-                        build_pipeline(pipeline, list(plan.units), specs)
-                finally:
-                    close_run(pipeline)
-        except BaseException:
-            # Other worker threads may still be writing: stop them first, or they would write again
-            # into what is being removed.
-            if not cancel_writes():
-                logger.warning("writes still running after the wait; what they leave, --overwrite removes")
-            remove_run_files(plan.output, manifest, work)
-            raise
-        record_complete(plan.output, manifest)
+        # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
+        with cleanup_on_stop(cleanup):
+            try:
+                check_cancelled()
+                layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
+                specs = compile_specs(plan, strategy, work, layout, sources)
+                write_atomically(sources, [plan.sources.to_bytes()])
+                if layout is not None:
+                    preallocate(specs.write)
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(runner_context(options))
+                    if progress is not None and specs.write.progress_dir is not None:
+                        counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
+                        stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
+                    try:
+                        with pipeline:
+                            build_pipeline(pipeline, list(plan.units), specs)
+                            check_cancelled()  # stopped while the graph was built: the pipeline does not start
+                    finally:
+                        close_run(pipeline)
+                record_complete(plan.output, manifest)
+            except BaseException:
+                cleanup()
+                raise
         return plan, load_schema(plan.output)
+
+
+def _remove_run_files(output: str, manifest, work: str | None) -> None:
+    """Remove what a failed or stopped run wrote, once no write of it runs any more."""
+    # Other worker threads may still be writing: stop them first, or they would write again
+    # into what is being removed.
+    if not cancel_writes():
+        logger.warning("writes still running after the wait; what they leave, --overwrite removes")
+    remove_run_files(output, manifest, work)
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
