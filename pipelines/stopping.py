@@ -168,14 +168,13 @@ class StopOnSignal:
         code = EXIT_CODES.get(signum, 128 + signum)
         threading.Thread(target=self._last_resort, args=(code,), name="stop-last-resort", daemon=True).start()
         cancel()
-        killed = kill_children(reap=False)
-        # Beam's runner does not notice that its worker processes are gone: the main thread would
-        # wait on them for ever, so stop at once then. Otherwise the main thread unwinds on its own.
-        grace = 0.0 if any(beam for _, beam in killed) else GRACE
-        deadline = time.monotonic() + grace
-        while not self._returned.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
-            kill_children(reap=False)  # and those started since (Beam starts each from a thread of its own)
-            if time.monotonic() >= deadline:
+        deadline = time.monotonic() + GRACE
+        while True:
+            # Again and again: Beam starts each worker process from a thread of its own, some late.
+            # Its runner does not notice that they are gone: the main thread would wait on them
+            # for ever, so the stop ends the build at once then. Otherwise the main thread unwinds.
+            beam_killed = any(beam for _, beam in kill_children(reap=False))
+            if beam_killed or time.monotonic() >= deadline or self._returned.wait(0.05):
                 break
         if self._returned.is_set() or not self._ending.acquire(blocking=False):
             return  # the main thread ended, or is ending, the build itself
