@@ -32,6 +32,7 @@ from pipelines.stopping import RunCleanup, cleanup_on_stop
 from planning.cancellation import cancel_writes, check_cancelled
 from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
+from planning.manifest import Manifest
 from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
 from planning.probe_cache import load_probes, save_probes
@@ -139,7 +140,7 @@ def run_build(
         return plan, load_schema(plan.output)
 
 
-def _remove_run_files(output: str, manifest, work: str | None) -> None:
+def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> None:
     """Remove what a failed or stopped run wrote, once no write of it runs any more."""
     # Other worker threads may still be writing: stop them first, or they would write again
     # into what is being removed.

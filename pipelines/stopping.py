@@ -10,8 +10,9 @@ handler raises nothing. The signal reaches a thread of this module through a pip
    checkpoints raise where it holds nothing;
 2. kills this process's child processes (Beam's worker processes ignore the signal; the
    probing pool's would keep the main thread waiting);
-3. waits for the main thread to unwind and clean up (the orderly stop, ``GRACE`` seconds); if
-   it does not, cleans up itself: waits for the writes in flight, removes the run's files,
+3. waits for the main thread to unwind and clean up (the orderly stop, ``GRACE`` seconds; no
+   wait once Beam's worker processes had to be killed: its runner would wait on them for
+   ever); if it does not, cleans up itself: waits for the writes in flight, removes the run's files,
    prints the one line and ends the process (``os._exit``). A last timer ends the process
    even if that clean-up hangs.
 """
@@ -27,18 +28,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
 from planning.cancellation import cancel, cancel_writes
 
 #: Seconds the main thread has to unwind and clean up after the signal before this module does.
 GRACE = 10.0
-#: Seconds more for that clean-up before the process ends without it.
+#: Seconds after the grace at which the process ends, whatever that clean-up is doing.
 CLEANUP_LIMIT = 15.0
 #: Seconds to wait for the writes in flight when cleaning up for a main thread that did not unwind.
 WRITES_WAIT = 5.0
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
 BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as shells report it
+EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 
 
 def stopped_line(signum: int) -> str:
