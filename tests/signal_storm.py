@@ -3,14 +3,15 @@
 Run by tests/e2e/test_atomicity.py (a fork costs milliseconds; a fresh interpreter seconds of
 imports, which would spend the signals on the imports). Usage:
 
-    python signal_storm.py CONFIG OUTPUT_DIR BUILDS SEED
+    python signal_storm.py CONFIG OUTPUT_DIR BUILDS SEED [BUILD FLAGS...]
 
 First one build runs to the end, to time a build; then BUILDS builds, three at a time, each get
 the signal after a random delay between 0 and 1.2 times that (some end before it). Prints a
 JSON list, one entry per build: the signal, its delay, the exit code (None: still running
 ``TIME_LIMIT`` seconds after the signal, then killed), the seconds it took to end, what its
 output holds and what it printed on stderr. Odd builds run with --verbose: Beam's threads and
-the main thread then log all the time, the case that hung (issue 21, item 9).
+the main thread then log all the time, the case that hung (issue 21, item 9); half the builds
+probe their files in a pool of processes, as planning does from 500 files on.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from pathlib import Path
 
 import pipelines.graph  # noqa: F401  (imported once, before forking)
 from pipelines.build import main
+from planning import local_probe
 
 TIME_LIMIT = 30.0
 PARALLEL = 3
 
 
-def _start(config: str, output: Path, verbose: bool) -> int:
+def _start(config: str, output: Path, verbose: bool, pool: bool = False, extra: tuple[str, ...] = ()) -> int:
     pid = os.fork()
     if pid:
         os.setpgid(pid, pid)  # here too, so that a signal sent at once finds the group
@@ -43,8 +45,10 @@ def _start(config: str, output: Path, verbose: bool) -> int:
         os.dup2(os.open(f"{output}.err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         # As a fresh interpreter is, until the build takes the signals over.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if pool:  # planning probes the files in a pool of processes, as it does from 500 files on
+            local_probe.POOL_MIN_FILES, local_probe.FILES_PER_TASK = 1, 10
         flags = ["--verbose"] if verbose else ["--quiet"]
-        code = main(["--config", config, "--output", str(output), *flags])
+        code = main(["--config", config, "--output", str(output), *flags, *extra])
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException as error:  # the harness's own failure: reported through the code and stderr
@@ -79,9 +83,9 @@ def _finish(build: dict, pid: int, code: int | None) -> dict:
     return build
 
 
-def storm(config: str, directory: Path, builds: int, seed: int) -> tuple[float, list[dict]]:
+def storm(config: str, directory: Path, builds: int, seed: int, extra: tuple[str, ...] = ()) -> tuple[float, list]:
     started = time.monotonic()
-    first = _start(config, directory / "timed", verbose=False)
+    first = _start(config, directory / "timed", verbose=False, extra=extra)
     assert _wait(first, time.monotonic() + 300) == 0, Path(f"{directory / 'timed'}.err").read_text()
     duration = time.monotonic() - started
     rng = random.Random(seed)
@@ -93,7 +97,7 @@ def storm(config: str, directory: Path, builds: int, seed: int) -> tuple[float, 
             i, signum, delay = plan.pop(0)
             output = directory / f"out{i}"
             build = {"build": i, "signal": signal.Signals(signum).name, "delay": round(delay, 2), "output": output}
-            pid = _start(config, output, verbose=i % 2 == 1)
+            pid = _start(config, output, verbose=i % 2 == 1, pool=i % 4 >= 2, extra=extra)
             running[pid] = (signum, time.monotonic() + delay, build)
         now = time.monotonic()
         for pid, (signum, at, build) in list(running.items()):
@@ -119,5 +123,5 @@ def storm(config: str, directory: Path, builds: int, seed: int) -> tuple[float, 
 
 if __name__ == "__main__":
     config, directory, builds, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    duration, results = storm(config, directory, builds, seed)
+    duration, results = storm(config, directory, builds, seed, tuple(sys.argv[5:]))
     print(json.dumps({"duration": round(duration, 2), "builds": results}))
