@@ -28,7 +28,7 @@ from pipelines.runners import (
     runner_context,
     with_runner_defaults,
 )
-from pipelines.stopping import RunCleanup, cleanup_on_stop
+from pipelines.stopping import RunCleanup, clean_up_on_stop
 from planning.cancellation import cancel_writes, check_cancelled
 from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
@@ -114,29 +114,31 @@ def run_build(
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
         cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
-        with cleanup_on_stop(cleanup):
-            try:
-                check_cancelled()
-                layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-                specs = compile_specs(plan, strategy, work, layout, sources)
-                write_atomically(sources, [plan.sources.to_bytes()])
-                if layout is not None:
-                    preallocate(specs.write)
-                with contextlib.ExitStack() as stack:
-                    stack.enter_context(runner_context(options))
-                    if progress is not None and specs.write.progress_dir is not None:
-                        counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
-                        stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
-                    try:
-                        with pipeline:
-                            build_pipeline(pipeline, list(plan.units), specs)
-                            check_cancelled()  # stopped while the graph was built: the pipeline does not start
-                    finally:
-                        close_run(pipeline)
-                record_complete(plan.output, manifest)
-            except BaseException:
-                cleanup()
-                raise
+        clean_up_on_stop(cleanup)
+        try:
+            check_cancelled()
+            layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
+            specs = compile_specs(plan, strategy, work, layout, sources)
+            write_atomically(sources, [plan.sources.to_bytes()])
+            if layout is not None:
+                preallocate(specs.write)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(runner_context(options))
+                if progress is not None and specs.write.progress_dir is not None:
+                    counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
+                    stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
+                try:
+                    with pipeline:
+                        build_pipeline(pipeline, list(plan.units), specs)
+                        check_cancelled()  # stopped while the graph was built: the pipeline does not start
+                finally:
+                    close_run(pipeline)
+            record_complete(plan.output, manifest)
+        except BaseException:
+            cleanup()
+            raise
+        finally:
+            clean_up_on_stop(None)
         return plan, load_schema(plan.output)
 
 

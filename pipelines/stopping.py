@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -67,15 +67,10 @@ class RunCleanup:
 _run_cleanup: RunCleanup | None = None
 
 
-@contextlib.contextmanager
-def cleanup_on_stop(cleanup: RunCleanup) -> Iterator[None]:
-    """While inside: a stop that the main thread does not finish in time runs ``cleanup``."""
+def clean_up_on_stop(cleanup: RunCleanup | None) -> None:
+    """From now on, a stop that the main thread does not finish in time runs ``cleanup`` (None: nothing)."""
     global _run_cleanup
     _run_cleanup = cleanup
-    try:
-        yield
-    finally:
-        _run_cleanup = None
 
 
 def _children() -> list[tuple[int, bool]]:

@@ -47,9 +47,9 @@ def run_build(config, beam_args, *rest):
     (output / "shard.tfrecord").write_bytes(b"half")
     never = threading.Event()
     remove = (lambda: never.wait()) if scenario == "clean-up hangs" else (output / "shard.tfrecord").unlink
-    with stopping.cleanup_on_stop(stopping.RunCleanup(remove)):
-        os.kill(os.getpid(), signum)
-        never.wait()  # a wait that no checkpoint ends: the stop has to end the process itself
+    stopping.clean_up_on_stop(stopping.RunCleanup(remove))
+    os.kill(os.getpid(), signum)
+    never.wait()  # a wait that no checkpoint ends: the stop has to end the process itself
 
 
 sys.modules["pipelines.graph"] = types.SimpleNamespace(run_build=run_build)
