@@ -118,6 +118,7 @@ class StopOnSignal:
         self._ending = threading.Lock()  # taken by whichever ends the process: the main thread or the stop
         self._returned = threading.Event()
         self._main_ends = False
+        self._stopping = False
         self._installed = False
 
     def start(self) -> StopOnSignal:
@@ -126,9 +127,7 @@ class StopOnSignal:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # as set_wakeup_fd requires; a full pipe loses nothing needed
         self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        # The handler does nothing: the byte in the pipe is the signal. Returning, it leaves the
-        # interrupted code to carry on, holding and releasing its locks as it would have.
-        self._previous = {signum: signal.signal(signum, _ignore) for signum in self._signals}
+        self._previous = {signum: signal.signal(signum, self._note) for signum in self._signals}
         self._installed = True
         threading.Thread(target=self._watch, name="stop-on-signal", daemon=True).start()
         return self
@@ -156,9 +155,21 @@ class StopOnSignal:
                 os.close(self._read)
                 os.close(self._write)
                 return
-            if byte[0] in self._signals and self.requested is None:
-                self.requested = byte[0]
+            if byte[0] in self._signals and not self._stopping:
+                self._stopping = True
+                if self.requested is None:
+                    self.requested = byte[0]
                 threading.Thread(target=self._stop, name="stop", daemon=True).start()
+
+    def _note(self, signum, frame) -> None:
+        """Python's handler of the signals, in the main thread: it notes the signal, and that is all.
+
+        Returning, it leaves the interrupted code to carry on, holding and releasing its locks as
+        it would have; the byte in the pipe sets the stop going. Noted here, the signal is known
+        before the main thread meets what it made fail (a pool process it killed, say).
+        """
+        if self.requested is None:
+            self.requested = signum
 
     def _stop(self) -> None:
         signum = self.requested
@@ -195,7 +206,3 @@ class StopOnSignal:
         with contextlib.suppress(OSError):
             os.write(2, line.encode())
         os._exit(code)
-
-
-def _ignore(signum, frame) -> None:
-    """Python's handler for the stopping signals: nothing (the wakeup pipe carries the signal)."""
