@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import gc
 import importlib.util
 import io
@@ -16,11 +15,12 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
+from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
+from planning.cancellation import allow_writes
 from schemas.schema import default_split
 
 if TYPE_CHECKING:
@@ -161,18 +161,6 @@ def _print_dry_run(plan: BuildPlan) -> None:
         print(_calendar_line(plan.unstated_calendar))
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so the build cleans up as after Ctrl-C."""
-
-
-def _stop(signum, frame, run_over: threading.Event):
-    """Ctrl-C or SIGTERM: stop Beam's worker processes first (they ignore both), then unwind and clean up."""
-    runners = sys.modules.get("pipelines.runners")  # not imported yet: no worker started either
-    if runners is not None:
-        runners.stop_local_workers(until=run_over)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, beam_args = parser.parse_known_args(argv)
@@ -184,13 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         # which is reported below in one line.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     started = time.monotonic()
+    allow_writes()  # a build before this one in the process may have been stopped
     # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.
-    in_main_thread = threading.current_thread() is threading.main_thread()
     # Ctrl-C too, unless ignored from the start (a script's background job), as Python leaves it then.
     stopping = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
-    run_over = threading.Event()
-    stop = functools.partial(_stop, run_over=run_over)
-    previous_handlers = {signum: signal.signal(signum, stop) for signum in stopping} if in_main_thread else {}
+    stop = StopOnSignal(stopping, sys.stderr).start()  # in the main thread only: elsewhere, no signal comes
     output = args.output or ""
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
@@ -224,17 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
             plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem)
         sys.stderr.write(worker_output.getvalue())
-    except KeyboardInterrupt as interruption:
-        terminated = isinstance(interruption, Terminated)
-        what = "stopped by SIGTERM" if terminated else "interrupted"
-        print(f"error: {what}; the run's files were removed and the output is not complete", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-    except Exception as error:
+    except BaseException as error:
+        if stop.requested is not None:
+            # Whatever the stop made fail on its way out (a cancelled write, a killed worker) is its doing.
+            stop.end()
+            print(stopped_line(stop.requested), file=sys.stderr)
+            return EXIT_CODES[stop.requested]
+        if isinstance(error, KeyboardInterrupt):  # not through our handler: a program that calls main()
+            print(stopped_line(signal.SIGINT), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if not isinstance(error, Exception):
+            raise
         return report_failure(error, args.verbose, output=output)
     finally:
-        run_over.set()
-        for signum, handler in previous_handlers.items():
-            signal.signal(signum, handler)
+        stop.close()
     if schema is None:
         _print_dry_run(plan)
         return 0

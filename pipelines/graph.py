@@ -7,6 +7,7 @@ built from its spec (planning.specs).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from typing import TextIO
@@ -30,9 +31,11 @@ from pipelines.runners import (
     runner_name,
     with_runner_defaults,
 )
-from planning.cancellation import allow_writes, cancel_writes
+from pipelines.stopping import RunCleanup, clean_up_on_stop
+from planning.cancellation import cancel_writes, check_cancelled
 from planning.config import BuildConfig, with_absolute_paths
 from planning.layout import plan_layout
+from planning.manifest import Manifest
 from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
 from planning.probe_cache import load_probes, save_probes
@@ -85,7 +88,7 @@ def run_build(
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
     shared parallel filesystem); local runs always do.
     """
-    allow_writes()  # a build before this one in the process may have been interrupted
+    check_cancelled()  # stopped while Beam was being imported
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
@@ -101,6 +104,7 @@ def run_build(
     with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
         inventory = join(config.output.path, INVENTORY_FILE)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
+        check_cancelled()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
         shared = local or (shared_filesystem and not is_remote(plan.output))
@@ -121,9 +125,14 @@ def run_build(
                 build_pipeline(pipeline, list(plan.units), specs)
             return plan, None
         manifest = plan.manifest()
+        check_cancelled()  # a stop during planning: nothing written yet
         prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
+        # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
+        clean_up_on_stop(cleanup)
         try:
+            check_cancelled()
             layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
             specs = compile_specs(plan, strategy, work, layout, sources)
             write_atomically(sources, [plan.sources.to_bytes()])
@@ -137,20 +146,28 @@ def run_build(
                 try:
                     with pipeline:
                         build_pipeline(pipeline, list(plan.units), specs)
+                        check_cancelled()  # stopped while the graph was built: the pipeline does not start
                 finally:
                     close_run(pipeline)
+            record_complete(plan.output, manifest)
         except BaseException as error:
-            # Other worker threads may still be writing: stop them first, or they would write again
-            # into what is being removed.
-            if not cancel_writes():
-                logger.warning("writes still running after the wait; what they leave, --overwrite removes")
-            owned = remove_run_files(plan.output, manifest, work)
+            owned = cleanup()
             if not owned and isinstance(error, Exception):
                 # Why it failed (its files gone, its run directory removed) is the other build's doing.
                 check_owns_output(plan.output, plan.run_id)
             raise
-        record_complete(plan.output, manifest)
+        finally:
+            clean_up_on_stop(None)
         return plan, load_schema(plan.output)
+
+
+def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:
+    """Remove what a failed or stopped run wrote, once no write of it runs any more; whether the output was its own."""
+    # Other worker threads may still be writing: stop them first, or they would write again
+    # into what is being removed.
+    if not cancel_writes():
+        logger.warning("writes still running after the wait; what they leave, --overwrite removes")
+    return remove_run_files(output, manifest, work)
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:

@@ -8,13 +8,11 @@ import difflib
 import io
 import logging
 import os
-import signal
-import threading
-import time
 from pathlib import Path
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, WorkerOptions
 
+from pipelines.stopping import BEAM_WORKER_MODULE
 from schemas.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -171,7 +169,7 @@ def make_runner(options: PipelineOptions):
 
 
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``).
-_WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+_WORKER_MODULE = BEAM_WORKER_MODULE.decode()
 
 
 def _local_runner_class():
@@ -180,7 +178,7 @@ def _local_runner_class():
     A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers:
     each printed its own KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored
     (inherited across exec; Python then installs no KeyboardInterrupt handler), they keep quiet,
-    and this process stops them instead (kill_local_workers). ``exec`` leaves no shell between.
+    and this process stops them instead (pipelines.stopping). ``exec`` leaves no shell between.
     Defined here because importing the FnApiRunner is only for local runs.
     """
     from apache_beam.portability import python_urns
@@ -196,51 +194,6 @@ def _local_runner_class():
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner
-
-
-def stop_local_workers(until: threading.Event) -> None:
-    """Kill this process's Beam worker processes now, and any it starts later, until ``until`` is set.
-
-    Beam starts each worker from a thread of its own: one set off just before the signal
-    starts after the first kill, and Beam's shutdown would wait on it for ever (seen with a
-    delayed start).
-    """
-    kill_local_workers()
-    threading.Thread(target=_kill_late_workers, args=(until,), name="kill-late-workers", daemon=True).start()
-
-
-def _kill_late_workers(until: threading.Event) -> None:
-    while not until.wait(0.05):
-        kill_local_workers()
-
-
-def kill_local_workers(wait: float = 2.0) -> None:
-    """SIGKILL the Beam worker processes this process started (multi_processing) and reap them.
-
-    Called when a signal stops the build: the workers ignore it (see _local_runner_class), and
-    Beam's own shutdown would wait for them to finish their bundles, or leave them to print
-    connection errors once this process has exited. Killed, they print nothing and write
-    nothing more into what the cleanup removes; reaped, none is left even as a zombie (Beam's
-    thread waiting on one then finds it gone, which Popen.wait takes as exit status 0).
-    Found through /proc (Linux); elsewhere none are.
-    """
-    me = str(os.getpid())
-    workers = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-            if parent == me and _WORKER_MODULE.encode() in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-                workers.append(int(proc.name))
-        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
-            continue
-    deadline = time.monotonic() + wait
-    for pid in workers:
-        try:
-            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
-                time.sleep(0.005)
-        except ChildProcessError:  # reaped already by the Beam thread that waits on it
-            pass
 
 
 def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManager:

@@ -23,6 +23,7 @@ class Cancelled(KeyboardInterrupt):
 
 
 def check_cancelled() -> None:
+    """Raise Cancelled if the build was stopped: called where the caller holds no lock."""
     if _cancelled.is_set():
         raise Cancelled("the build was interrupted")
 
@@ -42,9 +43,14 @@ def writing() -> Iterator[None]:
             _lock.notify_all()
 
 
+def cancel() -> None:
+    """Refuse every write from now on, and make ``check_cancelled`` raise (a stop: Ctrl-C, SIGTERM)."""
+    _cancelled.set()
+
+
 def cancel_writes(timeout: float = 30.0) -> bool:
     """Refuse every write from now on and wait for those in flight; False if some still run after ``timeout``."""
-    _cancelled.set()
+    cancel()
     deadline = time.monotonic() + timeout
     with _lock:
         while _in_flight:

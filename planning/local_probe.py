@@ -21,10 +21,12 @@ import hashlib
 import math
 import multiprocessing as mp
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from planning.cancellation import check_cancelled
 from planning.cf_decoding import unchanged_by_decoding
 from planning.hdf5_reads import decoding_attributes, read_attribute
 from planning.netcdf3 import read_header
@@ -161,11 +163,23 @@ def _probe_serially(
     scales: Scales = {}
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
+        check_cancelled()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
         try:
             probes.append(probe_local(path, nbytes, concat_dim, scales, wanted))
         except Exception:  # the full look reads it through xarray, and names the problem if there is one
             probes.append(None)
     return probes
+
+
+def _default_signals() -> None:
+    """In a pool process: Ctrl-C and SIGTERM end it as they end any program.
+
+    A forked process inherits the build's handling of them (pipelines.stopping), which would
+    report its signals as the build's own; the build kills its pool when it stops.
+    """
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def probe_local_files(
@@ -183,6 +197,6 @@ def probe_local_files(
     if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
         return _probe_serially(concat_dim, wanted, paths_and_sizes)
     tasks = [paths_and_sizes[i : i + FILES_PER_TASK] for i in range(0, len(paths_and_sizes), FILES_PER_TASK)]
-    with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork")) as pool:
+    with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
         results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
         return [probe for chunk in results for probe in chunk]

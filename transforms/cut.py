@@ -16,6 +16,7 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
+from planning.cancellation import check_cancelled
 from planning.contracts import (
     BYTES_READ,
     METRICS_NAMESPACE,
@@ -210,6 +211,7 @@ class _CutUnitFn(beam.DoFn):
         self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
 
     def process(self, unit: Unit):
+        check_cancelled()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
         slabs = read_unit(self._spec, self._sources, unit)
         self._bytes_read.inc(slabs.bytes_read)
         block = cut_slabs(self._spec, unit, slabs)

@@ -15,6 +15,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from planning.cancellation import writing
 from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
 from planning.progress import mark
 from planning.specs import WriteSpec
@@ -48,11 +49,12 @@ class _WriteInPlaceFn(beam.DoFn):
             raise RuntimeError("a block holds a sample the layout does not write; this is a bug, please report it")
         written: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
         records = self._encoder.encode(record_columns(self._spec, block))
-        for shard, offset, record in zip(shards.tolist(), offsets.tolist(), records):
-            parts = frame_parts(record)
-            size = os.pwritev(self._file(shard), parts, offset)
-            written[shard][0] += 1
-            written[shard][1] += size
+        with writing():  # a stopped build waits for this block's writes, then removes the run's files
+            for shard, offset, record in zip(shards.tolist(), offsets.tolist(), records):
+                parts = frame_parts(record)
+                size = os.pwritev(self._file(shard), parts, offset)
+                written[shard][0] += 1
+                written[shard][1] += size
         total = sum(n for _, n in written.values())
         self._bytes.inc(total)
         self._records.inc(len(records))
@@ -84,7 +86,8 @@ def commit_shards(written: dict[int, list[int]], spec: WriteSpec):
                 "schema.json not written. This is a bug, please report it"
             )
         final = spec.shard_path(shard)
-        os.replace(spec.temporary_shard_path(shard), final)
+        with writing():  # not once a stopped build is removing the run's files
+            os.replace(spec.temporary_shard_path(shard), final)
         split, number = spec.split_of_shard(shard)
         mark(spec.progress_dir, "shard", shard, records=records, bytes=nbytes)
         yield ShardResult(split.name, number, os.path.basename(final), records, nbytes, records)

@@ -1,0 +1,211 @@
+"""Stopping a build on Ctrl-C or SIGTERM without raising into the code the signal interrupts.
+
+Python runs a signal handler in the main thread between two bytecodes, wherever that thread
+is: an exception raised there can leave a lock held (logging's, a queue's) that Beam's threads
+then wait on for ever, while the unwinding main thread waits on them (issue 21, item 9). So the
+handler raises nothing. The signal reaches a thread of this module through a pipe
+(``signal.set_wakeup_fd``: written even while the main thread is stuck in C code), which:
+
+1. cancels the run (planning.cancellation): no write starts any more, and the main thread's
+   checkpoints raise where it holds nothing;
+2. kills this process's child processes (Beam's worker processes ignore the signal; the
+   probing pool's would keep the main thread waiting);
+3. waits for the main thread to unwind and clean up (the orderly stop, ``GRACE`` seconds; no
+   wait once Beam's worker processes had to be killed: its runner would wait on them for
+   ever); if it does not, cleans up itself: waits for the writes in flight, removes the run's files,
+   prints the one line and ends the process (``os._exit``). A last timer ends the process
+   even if that clean-up hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+from planning.cancellation import cancel, cancel_writes
+
+#: Seconds the main thread has to unwind and clean up after the signal before this module does.
+GRACE = 10.0
+#: Seconds after the grace at which the process ends, whatever that clean-up is doing.
+CLEANUP_LIMIT = 15.0
+#: Seconds to wait for the writes in flight when cleaning up for a main thread that did not unwind.
+WRITES_WAIT = 5.0
+#: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
+BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
+
+EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
+
+
+def stopped_line(signum: int) -> str:
+    what = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted"
+    return f"error: {what}; the run's files were removed and the output is not complete"
+
+
+class RunCleanup:
+    """Removing a run's files once, by whichever comes first: the main thread unwinding, or the stop."""
+
+    def __init__(self, remove: Callable[[], bool]):
+        self._remove = remove
+        self._lock = threading.Lock()
+        self._done = False
+        self._owned = True
+
+    def __call__(self) -> bool:
+        """Whether the output was still this run's when its files were removed (see remove_run_files)."""
+        # The second caller waits for the first to finish: neither ends the process mid-clean-up.
+        with self._lock:
+            if not self._done:
+                self._done = True
+                self._owned = self._remove()
+            return self._owned
+
+
+_run_cleanup: RunCleanup | None = None
+
+
+def clean_up_on_stop(cleanup: RunCleanup | None) -> None:
+    """From now on, a stop that the main thread does not finish in time runs ``cleanup`` (None: nothing)."""
+    global _run_cleanup
+    _run_cleanup = cleanup
+
+
+def _children() -> list[tuple[int, bool]]:
+    """This process's child processes (Linux, through /proc; elsewhere none): (pid, is a Beam worker)."""
+    me = str(os.getpid())
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                found.append((int(proc.name), BEAM_WORKER_MODULE in (proc / "cmdline").read_bytes()))
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def kill_children(reap: bool, wait: float = 2.0) -> list[tuple[int, bool]]:
+    """SIGKILL this process's child processes; ``reap``: wait for them too, so none is left even as a zombie."""
+    killed = []
+    for pid, beam in _children():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append((pid, beam))
+    if reap:
+        deadline = time.monotonic() + wait
+        for pid, _ in killed:
+            try:
+                while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            except ChildProcessError:  # reaped already, by the thread or pool that started it
+                pass
+    return killed
+
+
+class StopOnSignal:
+    """From ``start()`` to ``close()`` (in the main thread): the signals stop the build as the module docstring says.
+
+    ``requested`` is the signal once one came. The main thread, unwinding after it, calls
+    ``end()`` before printing its line, which waits there if the stop is ending the process itself.
+    """
+
+    def __init__(self, signals: list[int], stream: TextIO):
+        self._signals = signals
+        self._stream = stream
+        self.requested: int | None = None
+        self._ending = threading.Lock()  # taken by whichever ends the process: the main thread or the stop
+        self._returned = threading.Event()
+        self._main_ends = False
+        self._stopping = False
+        self._installed = False
+
+    def start(self) -> StopOnSignal:
+        if not self._signals or threading.current_thread() is not threading.main_thread():
+            return self
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # as set_wakeup_fd requires; a full pipe loses nothing needed
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._previous = {signum: signal.signal(signum, self._note) for signum in self._signals}
+        self._installed = True
+        threading.Thread(target=self._watch, name="stop-on-signal", daemon=True).start()
+        return self
+
+    def end(self) -> None:
+        """The main thread is ending the process after a stop: wait here if the stop is ending it instead."""
+        self._ending.acquire()
+        self._main_ends = True
+
+    def close(self) -> None:
+        if not self._installed:
+            return
+        if not self._main_ends:
+            self._ending.acquire()  # a stop that is ending the process now must not be cut short
+        self._returned.set()
+        signal.set_wakeup_fd(self._previous_fd)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        os.write(self._write, b"\0")  # the watching thread ends on it and closes the pipe
+
+    def _watch(self) -> None:
+        while True:
+            byte = os.read(self._read, 1)
+            if not byte or byte == b"\0" or self._returned.is_set():
+                os.close(self._read)
+                os.close(self._write)
+                return
+            if byte[0] in self._signals and not self._stopping:
+                self._stopping = True
+                if self.requested is None:
+                    self.requested = byte[0]
+                threading.Thread(target=self._stop, name="stop", daemon=True).start()
+
+    def _note(self, signum, frame) -> None:
+        """Python's handler of the signals, in the main thread: it notes the signal, and that is all.
+
+        Returning, it leaves the interrupted code to carry on, holding and releasing its locks as
+        it would have; the byte in the pipe sets the stop going. Noted here, the signal is known
+        before the main thread meets what it made fail (a pool process it killed, say).
+        """
+        if self.requested is None:
+            self.requested = signum
+
+    def _stop(self) -> None:
+        signum = self.requested
+        code = EXIT_CODES.get(signum, 128 + signum)
+        threading.Thread(target=self._last_resort, args=(code,), name="stop-last-resort", daemon=True).start()
+        cancel()
+        deadline = time.monotonic() + GRACE
+        while True:
+            # Again and again: Beam starts each worker process from a thread of its own, some late.
+            # Its runner does not notice that they are gone: the main thread would wait on them
+            # for ever, so the stop ends the build at once then. Otherwise the main thread unwinds.
+            beam_killed = any(beam for _, beam in kill_children(reap=False))
+            if beam_killed or time.monotonic() >= deadline or self._returned.wait(0.05):
+                break
+        if self._returned.is_set() or not self._ending.acquire(blocking=False):
+            return  # the main thread ended, or is ending, the build itself
+        cancel_writes(WRITES_WAIT)
+        cleanup = _run_cleanup
+        if cleanup is not None:
+            with contextlib.suppress(Exception):
+                cleanup()
+        kill_children(reap=True)
+        with contextlib.suppress(Exception):
+            self._stream.write(stopped_line(signum) + "\n")
+            self._stream.flush()
+        os._exit(code)
+
+    def _last_resort(self, code: int) -> None:
+        if self._returned.wait(GRACE + CLEANUP_LIMIT):
+            return
+        kill_children(reap=True)
+        what = "stopped by SIGTERM" if code == EXIT_CODES[signal.SIGTERM] else "interrupted"
+        line = f"error: {what}; cleaning up took too long: the output is not complete (--overwrite replaces it)\n"
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+        os._exit(code)
