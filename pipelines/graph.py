@@ -29,12 +29,12 @@ from pipelines.runners import (
     runner_name,
     with_runner_defaults,
 )
-from planning.cancellation import allow_writes, cancel_writes
 from planning.config import BuildConfig, with_absolute_paths
+from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
-from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
-from planning.probe_cache import load_probes, save_probes
+from planning.run.cancellation import allow_writes, cancel_writes
+from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
 from planning.write_strategy import WriteStrategy, choose_write_strategy

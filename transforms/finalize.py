@@ -16,8 +16,8 @@ from collections.abc import Iterable
 import apache_beam as beam
 import numpy as np
 
-from planning.contracts import NonFinite, ShardResult
-from planning.names import TMP_DIR, join, shard_path
+from planning.run.contracts import NonFinite, ShardResult
+from planning.run.names import TMP_DIR, join, shard_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from planning.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR
+from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR
 from schemas.schema import FORMAT as SCHEMA_FORMAT
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
 

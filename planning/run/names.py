@@ -20,7 +20,7 @@ TMP_DIR = "_tmp"
 TEMPORARY_MARK = ".tmp-"
 #: The probes of the input files, kept so that a rerun reads no file's metadata again.
 INVENTORY_FILE = "_inventory.json"
-#: What builds wrote into this output (planning.manifest): what --overwrite may delete.
+#: What builds wrote into this output (planning.run.manifest): what --overwrite may delete.
 MANIFEST_FILE = "_manifest.json"
 
 
