@@ -11,7 +11,16 @@ setup(
     version="0.1.0",
     description="NetCDF archives -> fully shuffled, sharded TFRecords with schema, parser and stats (Apache Beam)",
     python_requires=">=3.11,<3.14",
-    packages=["pipelines", "transforms", "planning", "schemas"],
+    packages=[
+        "pipelines",
+        "transforms",
+        "planning",
+        "planning.run",
+        "planning.formats",
+        "planning.inputs",
+        "planning.reads",
+        "schemas",
+    ],
     package_data={"schemas": ["parser_template.py"]},
     install_requires=[
         "apache-beam[gcp]>=2.77,<3",
@@ -22,7 +31,7 @@ setup(
         "cftime>=1.6",  # model calendars (noleap, 360_day, ...) in splits, selection and coord/time
         "gcsfs>=2024.6",
         "fsspec>=2024.6",
-        "zarr>=3.1,<4",  # Zarr stores as input (planning.zarr_store)
+        "zarr>=3.1,<4",  # Zarr stores as input (planning.formats.zarr_store)
         "numpy>=2.0,<3",
         "pandas>=2.2",
         "pydantic>=2.10,<3",

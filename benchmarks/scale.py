@@ -189,7 +189,7 @@ def plan_child(config_path: str, cache: str | None, result_path: str) -> None:
     started = time.perf_counter()
     import planning.plan as plan_module
     from planning.config import load_config
-    from planning.probe_cache import load_probes
+    from planning.inputs.probe_cache import load_probes
 
     imported = time.perf_counter()
     phases = {"inventory": 0.0, "plan_units": 0.0}

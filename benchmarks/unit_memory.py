@@ -231,7 +231,7 @@ def _stored_bytes(local: Path, variables, box: dict[str, tuple[int, int]], conca
 def measure_remote_reads(workdir: Path, quick: bool, budget: float) -> list[str]:
     import fsspec
 
-    import planning.remote_files as remote_files
+    import planning.formats.remote_files as remote_files
     from planning.config import parse_config
     from planning.plan import make_plan
     from planning.specs import cut_spec

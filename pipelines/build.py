@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
 from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
-from planning.cancellation import allow_writes
+from planning.run.cancellation import allow_writes
 from schemas.schema import default_split
 
 if TYPE_CHECKING:

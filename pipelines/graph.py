@@ -32,13 +32,13 @@ from pipelines.runners import (
     with_runner_defaults,
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop
-from planning.cancellation import cancel_writes, check_cancelled
 from planning.config import BuildConfig, with_absolute_paths
+from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
-from planning.manifest import Manifest
-from planning.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.plan import BuildPlan, make_plan
-from planning.probe_cache import load_probes, save_probes
+from planning.run.cancellation import cancel_writes, check_cancelled
+from planning.run.manifest import Manifest
+from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
 from planning.write_strategy import WriteStrategy, choose_write_strategy

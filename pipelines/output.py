@@ -1,6 +1,6 @@
 """The output directory on the driver: refusing or clearing an existing output, removing a failed run's files.
 
-What may be deleted is decided by the output's manifest (planning.manifest), never by file
+What may be deleted is decided by the output's manifest (planning.run.manifest), never by file
 names alone. All I/O goes through Beam's ``FileSystems``, so local paths and ``gs://`` behave
 the same.
 """
@@ -13,9 +13,9 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
-from planning.manifest import BOOKKEEPING, Manifest, is_bookkeeping, manifest_from_schema
-from planning.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
-from planning.probe_cache import FORMAT as INVENTORY_FORMAT
+from planning.inputs.probe_cache import FORMAT as INVENTORY_FORMAT
+from planning.run.manifest import BOOKKEEPING, Manifest, is_bookkeeping, manifest_from_schema
+from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote

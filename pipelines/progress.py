@@ -6,7 +6,7 @@ import threading
 import time
 from typing import TextIO
 
-from planning.progress import Progress, read_progress
+from planning.run.progress import Progress, read_progress
 
 
 def _clock(seconds: float) -> str:

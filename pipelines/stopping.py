@@ -6,7 +6,7 @@ then wait on for ever, while the unwinding main thread waits on them (issue 21, 
 handler raises nothing. The signal reaches a thread of this module through a pipe
 (``signal.set_wakeup_fd``: written even while the main thread is stuck in C code), which:
 
-1. cancels the run (planning.cancellation): no write starts any more, and the main thread's
+1. cancels the run (planning.run.cancellation): no write starts any more, and the main thread's
    checkpoints raise where it holds nothing;
 2. kills this process's child processes (Beam's worker processes ignore the signal; the
    probing pool's would keep the main thread waiting);
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
-from planning.cancellation import cancel, cancel_writes
+from planning.run.cancellation import cancel, cancel_writes
 
 #: Seconds the main thread has to unwind and clean up after the signal before this module does.
 GRACE = 10.0

@@ -2,7 +2,7 @@
 
 A curvilinear grid's 2-D ``lat(y, x)`` and ``lon(y, x)``, a 1-D auxiliary coordinate, one
 that varies along the concat dim: each is read over the unit's box like a variable
-(planning.slabs, static ones from the first file that has them) and cut with the same window,
+(planning.reads.slabs, static ones from the first file that has them) and cut with the same window,
 so every record carries the coordinates of its own points. Unlike variables they are not
 counted in statistics, normalised, or subject to nan_policy. Scalar coordinates (a height of
 2 m, a pressure level of 500 hPa) are recorded in schema.json whether listed or not.
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from planning.config import BuildConfig
-from planning.contracts import SAMPLE_DIM
-from planning.features import VariablePlan
-from planning.inventory import Inventory
-from planning.metadata import FileInfo, VariableInfo
+from planning.inputs.inventory import Inventory
+from planning.inputs.metadata import FileInfo, VariableInfo
+from planning.run.contracts import SAMPLE_DIM
+from planning.run.variables import VariablePlan
 from planning.sampling import SampleGrid, Unit
 from schemas.errors import UserError
 from schemas.schema import Feature
@@ -142,7 +142,7 @@ def cut_coordinates(
     grid: SampleGrid, plans: Sequence[VariablePlan], unit: Unit, values: dict[str, np.ndarray], chosen: np.ndarray
 ) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
     """Block coordinates {coord/<name>: (dims, values)} of the unit's ``chosen`` samples; ``values`` (consumed):
-    each coordinate's values over the unit's box, as planning.slabs read them."""
+    each coordinate's values over the unit's box, as planning.reads.slabs read them."""
     out = {}
     for plan in plans:
         samples = grid.cut(values.pop(plan.name), plan.dims, unit)[chosen]

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import datetime
-import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-import regex
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from planning.calendars import check_calendar
+from planning.inputs.input_config import InputConfig, _Strict
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -22,185 +19,6 @@ from schemas.urls import is_remote
 #: (tensorflow/datasets#10995). Planning sizes shards so none can exceed it; writers check it.
 MAX_SHARD_MB = 512
 MAX_SHARD_BYTES = int(MAX_SHARD_MB * 1e6)
-
-
-#: input.preprocess: a module path, a colon, and a (dotted) name in the module.
-_FUNCTION_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-class _Strict(BaseModel):
-    # Unknown keys are errors: a misspelt key silently ignored is a dataset built wrong.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NewDimConfig(_Strict):
-    """A dim made from the files' names: files otherwise alike (ensemble members) joined along it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    name: str = Field(description="the new dim's name, e.g. member")
-    pattern: str = Field(
-        alias="from",
-        description=(
-            "a regular expression searched in each file's name (not its directory) with one group: the group's "
-            "match is the file's coordinate value along the new dim, an integer where every match reads as one, "
-            r'e.g. "TREFHT\\.B06\\.(\\d+)"'
-        ),
-    )
-
-    @field_validator("pattern")
-    @classmethod
-    def _one_group(cls, value: str) -> str:
-        try:
-            # The engine planning.members searches with (it bounds a search's time).
-            compiled = regex.compile(value)
-        except regex.error as error:
-            raise ValueError(f"not a regular expression ({error})") from None
-        if compiled.groups != 1:
-            raise ValueError(
-                f"give exactly one group ( ... ) around the part of the file name that is the coordinate value, "
-                f"found {compiled.groups}; write other groups as (?: ... )"
-            )
-        return value
-
-
-class InputConfig(_Strict):
-    """Where the NetCDF files are and how they join into one virtual dataset."""
-
-    paths: list[str] = Field(
-        description="a glob or a list of globs (local paths or gs:// URLs) of NetCDF files, or one Zarr store"
-    )
-    concat_dim: str = Field(
-        "time", description="the dim the files are split along; files are ordered by its coordinate"
-    )
-    gaps: Literal["error", "skip"] = Field(
-        "error",
-        description=(
-            "a window or pair along concat_dim that would join steps not one regular step apart: "
-            "`error` stops the build, `skip` drops those samples (counted in schema.json)"
-        ),
-    )
-    decode_times: bool = Field(
-        True,
-        description=(
-            "decode times (CF units and calendar, any calendar cftime knows) to dates, so splits take dates; "
-            "false: keep the stored numbers (splits then take numbers), for units no calendar decodes, "
-            "e.g. `months since` outside the 360_day calendar"
-        ),
-    )
-    calendar: str | None = Field(
-        None,
-        description=(
-            "the calendar of the files' times, in place of the one they state: for a missing or unknown "
-            "calendar attribute (e.g. noleap for `365_days`); any calendar cftime knows"
-        ),
-    )
-    coord_tolerance: Literal["float32"] | NonNegativeFloat = Field(
-        "float32",
-        json_schema_extra={"reference_type": '"float32" or float ≥ 0'},
-        description=(
-            "how far the files' coordinates (other than concat_dim) may differ and the files still join: "
-            "`float32`: by float32 rounding (about 1.2e-7 times the value); a number: by that much; "
-            "0: not at all. The first file's values are the ones recorded"
-        ),
-    )
-    preprocess: str | None = Field(
-        None,
-        description=(
-            "derived variables: a function `package.module:function` taking an xr.Dataset of the input variables "
-            "over each unit's slab and returning an xr.Dataset; `variables` then names its outputs "
-            "(see Derived variables)"
-        ),
-    )
-    missing_chunks: Literal["error", "fill"] = Field(
-        "error",
-        description=(
-            "a Zarr store's chunk that is absent: `error` stops the build (it may be a store still being written), "
-            "`fill` reads it as the array's fill value, as Zarr does: for stores written with "
-            "write_empty_chunks=False (zarr 3's default), which leave out every all-fill chunk"
-        ),
-    )
-    new_dim: NewDimConfig | None = Field(
-        None,
-        json_schema_extra={"reference_type": "{name, from}"},
-        description=(
-            "files that are otherwise alike (ensemble members, one per file or per run of files) joined along a "
-            r'new dim whose coordinate is read from their names, e.g. {name: member, from: "TREFHT\\.B06\\.(\\d+)"} '
-            "(see Ensembles)"
-        ),
-    )
-    preprocess_inputs: list[str] | None = Field(
-        None,
-        description=(
-            "the variables input.preprocess is given; default: every numeric variable with all the sample dims "
-            "(list static or lower-dimensional ones here to give them too)"
-        ),
-    )
-
-    @field_validator("paths", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("coord_tolerance", mode="before")
-    @classmethod
-    def _tolerance(cls, value: Any) -> Any:
-        # YAML's .inf and .nan are floats too: an infinite tolerance would join any grids, NaN none.
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if (
-            (number and not (math.isfinite(value) and value >= 0))
-            or isinstance(value, bool)
-            or (isinstance(value, str) and value != "float32")
-        ):
-            raise ValueError("give float32 (the default), or a finite number >= 0 (0: the values must be equal)")
-        return value
-
-    @field_validator("paths")
-    @classmethod
-    def _not_empty(cls, value: list[str]) -> list[str]:
-        if not value or any(not p for p in value):
-            raise ValueError("give at least one non-empty path or glob")
-        return [p if is_remote(p) else os.path.expanduser(p) for p in value]
-
-    @field_validator("preprocess")
-    @classmethod
-    def _function_path(cls, value: str | None) -> str | None:
-        if value is not None and not _FUNCTION_PATH.fullmatch(value):
-            raise ValueError("give the function as package.module:function, e.g. mypackage.derived:wind_speed")
-        return value
-
-    @field_validator("preprocess_inputs")
-    @classmethod
-    def _inputs(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and not value:
-            raise ValueError("an empty list gives the function nothing; leave it out to give every variable")
-        if value is not None and len(set(value)) != len(value):
-            raise ValueError(f"a variable is listed twice: {value}")
-        return value
-
-    @field_validator("calendar")
-    @classmethod
-    def _known_calendar(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_calendar(value)
-        return value
-
-    @model_validator(mode="after")
-    def _calendar_decodes(self) -> InputConfig:
-        if self.calendar is not None and not self.decode_times:
-            raise ValueError("calendar is only used to decode times: drop it, or set decode_times: true")
-        if self.preprocess_inputs is not None and self.preprocess is None:
-            raise ValueError("preprocess_inputs are what input.preprocess is given: set preprocess, or drop them")
-        if self.new_dim is not None and self.new_dim.name == self.concat_dim:
-            raise ValueError(
-                f"new_dim.name: {self.new_dim.name!r} is concat_dim already; give the new dim another name"
-            )
-        return self
-
-    @property
-    def split_dims(self) -> tuple[str, ...]:
-        """The dims a split may range along: concat_dim, and the new dim if there is one."""
-        return (self.concat_dim,) if self.new_dim is None else (self.concat_dim, self.new_dim.name)
 
 
 class WindowConfig(_Strict):

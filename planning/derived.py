@@ -16,14 +16,15 @@ import numpy as np
 import xarray as xr
 
 from planning.config import BuildConfig
-from planning.features import VariablePlan, build_grid, select_variables, variable_plans
-from planning.inventory import Inventory
-from planning.metadata import VariableInfo
-from planning.metadata import _attrs as json_attrs
+from planning.features import build_grid, select_variables, variable_plans
+from planning.inputs.inventory import Inventory
+from planning.inputs.metadata import VariableInfo
+from planning.inputs.metadata import _attrs as json_attrs
 from planning.preprocess import Box, Output, Preprocess, check_output, load_function
+from planning.reads.slabs import read_selected
+from planning.run.variables import VariablePlan
 from planning.sampling import Axis, SampleGrid
 from planning.selected import SelectedDataset
-from planning.slabs import read_selected
 from schemas.errors import UserError
 from schemas.schema import Feature
 

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from planning.config import BuildConfig
-from planning.coords import json_values, time_calendar
-from planning.inventory import Inventory
+from planning.formats.sources import SourceFile
+from planning.inputs.coords import json_values, time_calendar
+from planning.inputs.inventory import Inventory
+from planning.reads.source_index import SourceIndex
 from planning.sampling import SampleGrid
 from planning.selected import SelectedDataset
-from planning.source_index import SourceIndex
-from planning.sources import SourceFile
 from planning.splits import SplitPlan
 from schemas.schema import Feature, Schema
 

@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from planning.config import BuildConfig
-from planning.inventory import Inventory
-from planning.limits import check_dim_sizes
-from planning.metadata import VariableInfo
+from planning.inputs.inventory import Inventory
+from planning.inputs.limits import check_dim_sizes
+from planning.inputs.metadata import VariableInfo
+from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import Axis, SampleGrid
 from schemas.errors import UserError
 from schemas.schema import Feature
-
-
-@dataclasses.dataclass(frozen=True)
-class VariablePlan:
-    """A selected data variable: its dims in the files, the feature it becomes, where it is read."""
-
-    name: str
-    dims: tuple[str, ...]
-    dtype: str  # after CF decoding, as read
-    feature: Feature  # its own feature (also when it is written inside a stack)
-    static_path: str | None = None  # variables without the concat dim are read from this file
-
-
-@dataclasses.dataclass(frozen=True)
-class StackPlan:
-    """Variables written together as one feature with a channel axis."""
-
-    feature: Feature
-    variables: tuple[str, ...]
-    axis: int  # 0 (channels first) or -1 (channels last)
 
 
 def _is_numeric(dtype: str) -> bool:

@@ -16,32 +16,31 @@ import numpy as np
 
 from planning.aux_coords import coordinate_plans, scalar_coordinates
 from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
-from planning.coords import record_values
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
 from planning.features import (
-    StackPlan,
-    VariablePlan,
     build_grid,
     record_features,
     select_variables,
     stack_plans,
     variable_plans,
 )
-from planning.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
-from planning.manifest import Manifest, build_manifest
-from planning.names import new_run_id
+from planning.formats.sources import SourceFile
+from planning.formats.zarr_store import store_input
+from planning.inputs.coords import record_values
+from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
+from planning.inputs.time_decoding import TimeDecoding
+from planning.inputs.zarr_inventory import take_store_inventory
 from planning.positions import Positions
 from planning.preprocess import Preprocess
+from planning.reads.selection import Selection
+from planning.reads.source_index import SourceIndex
+from planning.run.manifest import Manifest, build_manifest
+from planning.run.names import new_run_id
+from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
 from planning.selected import SelectedDataset, select_dataset
-from planning.selection import Selection
-from planning.source_index import SourceIndex
-from planning.sources import SourceFile
 from planning.splits import SplitPlan, gap_positions, position_labels, split_ranges
-from planning.time_decoding import TimeDecoding
-from planning.zarr_inventory import take_store_inventory
-from planning.zarr_store import store_input
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
@@ -71,7 +70,7 @@ class BuildPlan:
     splits: tuple[SplitPlan, ...]
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
-    probes: tuple = ()  # the input files' probes, to keep for the next run (planning.probe_cache)
+    probes: tuple = ()  # the input files' probes, to keep for the next run (planning.inputs.probe_cache)
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
@@ -250,7 +249,7 @@ def _assign_splits(
 def _named_variables(config: BuildConfig) -> frozenset[str] | None:
     """The variables (and coordinates) the config names for workers to read; None where it names none.
 
-    Probes record byte layouts for these only (planning.direct_reads): each costs a probe about 0.08 ms.
+    Probes record byte layouts for these only (planning.reads.direct_reads): each costs a probe about 0.08 ms.
     """
     names = config.input.preprocess_inputs if config.input.preprocess else config.variables
     return None if names is None else frozenset([*names, *config.coords])
@@ -264,7 +263,7 @@ def make_plan(
 ) -> BuildPlan:
     """Inspect the input files and decide everything the workers will do.
 
-    ``cached_probes``: the files' probes kept from an earlier run (planning.probe_cache).
+    ``cached_probes``: the files' probes kept from an earlier run (planning.inputs.probe_cache).
     """
     decoding = TimeDecoding.of(config.input)
     tolerance = config.input.coord_tolerance

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from planning.contracts import coord_feature, index_feature
+from planning.run.contracts import coord_feature, index_feature
 from planning.sampling import SampleGrid
 
 

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 import numpy as np
 import xarray as xr
 
-from planning.calendars import is_cftime
-from planning.features import VariablePlan
-from planning.selection import Selection
-from planning.slabs import PieceReader, Slabs, read_selected
-from planning.source_index import SourceIndex
+from planning.formats.calendars import is_cftime
+from planning.reads.selection import Selection
+from planning.reads.slabs import PieceReader, Slabs, read_selected
+from planning.reads.source_index import SourceIndex
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 
 Box = dict[str, tuple[int, int]]

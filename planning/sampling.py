@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from planning.limits import MAX_UNITS
+from planning.inputs.limits import MAX_UNITS
 from schemas.errors import UserError
 
 Role = Literal["iterate", "window", "offsets", "keep"]

@@ -18,14 +18,14 @@ import pandas as pd
 import xarray as xr
 
 from planning.config import BuildConfig, CoordValue, SelectRange
-from planning.coords import format_value, json_values
-from planning.direct_reads import plan_direct_reads
-from planning.features import VariablePlan
-from planning.inventory import Inventory
-from planning.metadata import VariableInfo
-from planning.selection import Selection, runs_of
-from planning.source_index import SourceIndex
-from planning.sources import SourceFile
+from planning.formats.sources import SourceFile
+from planning.inputs.coords import format_value, json_values
+from planning.inputs.inventory import Inventory
+from planning.inputs.metadata import VariableInfo
+from planning.reads.direct_reads import plan_direct_reads
+from planning.reads.selection import Selection, runs_of
+from planning.reads.source_index import SourceIndex
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 
 #: How far a typed value may be from a stored one, relative to the coordinate's magnitude.
@@ -78,8 +78,8 @@ class SelectedDataset:
         return [f for f, on_grid in self._files() if on_grid.stop > on_grid.start]
 
     def source_index(self, read: Sequence[VariablePlan] = ()) -> SourceIndex:
-        """The files workers read, as the columns they load (planning.source_index); with where in each file
-        the variables ``read`` may be read by offset (planning.direct_reads)."""
+        """The files workers read, as the columns they load (planning.reads.source_index); with where in each file
+        the variables ``read`` may be read by offset (planning.reads.direct_reads)."""
         members = self.inventory.members
         member_dim = None if members is None else members.dim
         files = self.source_files()

@@ -11,15 +11,15 @@ import dataclasses
 import numpy as np
 
 from planning.config import MAX_SHARD_BYTES
-from planning.features import StackPlan, VariablePlan
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
-from planning.names import join, run_dir, shard_path, temporary_path
 from planning.plan import BuildPlan
 from planning.positions import Positions
 from planning.preprocess import Preprocess
-from planning.selection import Selection
-from planning.source_index import SourceIndex
+from planning.reads.selection import Selection
+from planning.reads.source_index import SourceIndex
+from planning.run.names import join, run_dir, shard_path, temporary_path
+from planning.run.variables import StackPlan, VariablePlan
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
 from schemas.schema import Feature, Schema, default_split
@@ -45,7 +45,7 @@ class CutSpec:
     allow_float32_overflow: bool
     #: what the grid's positions are in the source along the selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
-    zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.zarr_reads)
+    zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.reads.zarr_reads)
     zarr_missing_chunks: str = "error"  # config input.missing_chunks: an absent chunk is an error, or fill values
     #: config input.preprocess: read its inputs, apply it to the slab, cut its outputs (``variables``)
     preprocess: Preprocess | None = None

@@ -13,11 +13,11 @@ import dataclasses
 
 import numpy as np
 
-from planning.calendars import calendar_of, date_index
 from planning.config import BuildConfig
-from planning.coords import format_value, irregular_steps
+from planning.formats.calendars import calendar_of, date_index
+from planning.formats.sources import SourceFile
+from planning.inputs.coords import format_value, irregular_steps
 from planning.sampling import Axis
-from planning.sources import SourceFile
 from schemas.errors import UserError
 
 DEFAULT_SPLIT = "data"

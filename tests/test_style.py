@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 
 LAYERS = ["schemas", "planning", "transforms", "pipelines"]  # each may import only those before it
+#: planning's wings, each importing only those before it; "" is the plan itself (planning/*.py).
+WINGS = ["run", "formats", "inputs", "reads", ""]
+MAX_MODULES_PER_FOLDER = 15
 
 
 @pytest.mark.parametrize("command", [["check", "."], ["format", "--check", "."]])
@@ -24,19 +29,102 @@ def test_ruff(command):
 @pytest.mark.parametrize("layer", LAYERS)
 def test_dependencies_point_one_way(layer):
     allowed = set(LAYERS[: LAYERS.index(layer) + 1])
-    for path in (REPO / layer).glob("*.py"):
+    for path in (REPO / layer).rglob("*.py"):
         tree = ast.parse(path.read_text())
-        assert ast.get_docstring(tree), f"{path.name} has no module docstring"
+        assert ast.get_docstring(tree), f"{path.relative_to(REPO)} has no module docstring"
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert top not in set(LAYERS) - allowed, f"{path.name} imports {name}"
+                assert top not in set(LAYERS) - allowed, f"{path.relative_to(REPO)} imports {name}"
     if layer in ("schemas", "planning"):
-        for path in (REPO / layer).glob("*.py"):
-            assert not re.search(r"^\s*(import|from) apache_beam", path.read_text(), re.M), path.name
+        for path in (REPO / layer).rglob("*.py"):
+            assert not re.search(r"^\s*(import|from) apache_beam", path.read_text(), re.M), path.relative_to(REPO)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def planning_imports(root: Path) -> dict[str, set[str]]:
+    """Each module under ``root`` (a planning tree) -> the modules of that tree it imports, TYPE_CHECKING included."""
+    modules = {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{name} imports relatively: write the full planning.<wing>.<module> path")
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # `from planning.formats import sources` imports the module planning.formats.sources.
+                targets = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+                targets = targets or [node.module]
+            else:
+                continue
+            graph[name] |= {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def wing_of(module: str) -> str:
+    """The wing a planning module lives in: its subpackage, or "" for the plan (planning/*.py)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in WINGS) else ""
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point up or sideways out of a wing: each wing may import only its own and those before it."""
+    assert all(wing_of(module) in WINGS for module in graph), "a planning subpackage is missing from WINGS"
+    return sorted(
+        f"{module} ({wing_of(module) or 'plan'}) imports {target} ({wing_of(target) or 'plan'})"
+        for module, targets in graph.items()
+        for target in targets
+        if WINGS.index(wing_of(target)) > WINGS.index(wing_of(module))
+    )
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return None
+
+
+def test_planning_wings_import_only_those_below():
+    """formats know no archive and no plan; the plan is the only wing that imports reads."""
+    assert wing_violations(planning_imports(REPO / "planning")) == []
+
+
+def test_planning_has_no_import_cycle():
+    assert import_cycle(planning_imports(REPO / "planning")) is None
+
+
+def test_no_planning_folder_over_15_modules():
+    for folder in [REPO / "planning", *(path.parent for path in (REPO / "planning").glob("*/__init__.py"))]:
+        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder.relative_to(REPO)} holds {len(modules)} modules"
+
+
+def test_the_wing_rules_catch_an_upward_import_and_a_cycle_behind_type_checking(tmp_path):
+    planning = tmp_path / "planning"
+    (planning / "formats").mkdir(parents=True)
+    (planning / "formats" / "__init__.py").write_text('"""Bytes."""\n')
+    (planning / "formats" / "reader.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from planning.features import Plan\n"
+    )
+    (planning / "features.py").write_text("from planning.formats import reader\n")
+    graph = planning_imports(planning)
+    assert graph["planning.features"] == {"planning.formats.reader"}
+    assert wing_violations(graph) == ["planning.formats.reader (formats) imports planning.features (plan)"]
+    assert set(import_cycle(graph)) == {"planning.features", "planning.formats.reader"}
+    (planning / "formats" / "relative.py").write_text("from . import reader\n")
+    with pytest.raises(AssertionError, match="relatively"):
+        planning_imports(planning)
 
 
 def _defines_ptransform(tree: ast.Module) -> bool:
@@ -61,8 +149,8 @@ def test_importing_the_packages_changes_nothing_process_wide():
         "coders = dict(beam.coders.registry._coders)\n"
         "before = getattr(auth, '_Credentials', None) and auth._Credentials._credentials_init\n"
         "for package in ('schemas', 'planning', 'transforms', 'pipelines'):\n"
-        "    for path in sorted(pathlib.Path(package).glob('*.py')):\n"
-        "        importlib.import_module(f'{package}.{path.stem}')\n"
+        "    for path in sorted(pathlib.Path(package).rglob('*.py')):\n"
+        "        importlib.import_module('.'.join(path.with_suffix('').parts).removesuffix('.__init__'))\n"
         "assert dict(beam.coders.registry._coders) == coders, 'a coder was registered at import'\n"
         "after = getattr(auth, '_Credentials', None) and auth._Credentials._credentials_init\n"
         "assert before == after, 'credentials were patched at import'\n"

@@ -1,6 +1,6 @@
 """CutSamples: read a unit's slab of the virtual dataset and cut it into a block of samples.
 
-A block (planning.contracts.Block) holds the unit's samples as an ``xr.Dataset`` with a
+A block (planning.run.contracts.Block) holds the unit's samples as an ``xr.Dataset`` with a
 leading ``sample`` dim, and per split how many samples were cut, dropped or filled for NaN.
 """
 
@@ -16,8 +16,12 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
-from planning.cancellation import check_cancelled
-from planning.contracts import (
+from planning.preprocess import read_derived
+from planning.reads.slabs import Slabs, read_selected
+from planning.reads.source_index import SourceIndex
+from planning.reads.zarr_reads import read_store_box
+from planning.run.cancellation import check_cancelled
+from planning.run.contracts import (
     BYTES_READ,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
@@ -30,13 +34,9 @@ from planning.contracts import (
     NonFinite,
     UnitCounts,
 )
-from planning.features import VariablePlan
-from planning.preprocess import read_derived
+from planning.run.variables import VariablePlan
 from planning.sampling import Unit
-from planning.slabs import Slabs, read_selected
-from planning.source_index import SourceIndex
 from planning.specs import CutSpec
-from planning.zarr_reads import read_store_box
 from schemas.errors import UserError
 from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
 
@@ -223,7 +223,7 @@ class _CutUnitFn(beam.DoFn):
 
 @dataclasses.dataclass
 class CutSamples(beam.PTransform):
-    """Units -> blocks of samples (planning.contracts.Block)."""
+    """Units -> blocks of samples (planning.run.contracts.Block)."""
 
     spec: CutSpec
 

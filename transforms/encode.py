@@ -15,9 +15,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from planning.contracts import BYTES_ENCODED, METRICS_NAMESPACE, SAMPLE_ID, SPLIT, Block
-from planning.names import bucket_path
-from planning.progress import mark
+from planning.run.contracts import BYTES_ENCODED, METRICS_NAMESPACE, SAMPLE_ID, SPLIT, Block
+from planning.run.names import bucket_path
+from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.buckets import bucket_pieces, row_dtype
 from schemas.example_codec import ExampleEncoder

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import apache_beam as beam
 import numpy as np
 
-from planning.contracts import NonFinite, ShardResult
-from planning.manifest import Manifest
-from planning.names import MANIFEST_FILE, TMP_DIR, join, shard_path
+from planning.run.contracts import NonFinite, ShardResult
+from planning.run.manifest import Manifest
+from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError

@@ -15,9 +15,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from planning.cancellation import writing
-from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
-from planning.progress import mark
+from planning.run.cancellation import writing
+from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
+from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
 from schemas.tfrecord import frame_parts

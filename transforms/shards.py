@@ -26,10 +26,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from planning.cancellation import check_cancelled, writing
-from planning.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SHARD_BYTES, ShardResult
-from planning.names import join, new_temporary_token, temporary_path
-from planning.progress import mark
+from planning.run.cancellation import check_cancelled, writing
+from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SHARD_BYTES, ShardResult
+from planning.run.names import join, new_temporary_token, temporary_path
+from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.bucket_sort import BufferLedger, SortedBuckets
 from schemas.buckets import row_dtype

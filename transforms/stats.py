@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import apache_beam as beam
 import numpy as np
 
-from planning.contracts import SPLIT, Block, NonFinite
+from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 
 

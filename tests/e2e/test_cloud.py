@@ -18,8 +18,8 @@ from pipelines import runners
 from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from planning.config import parse_config
-from planning.contracts import BYTES_READ
 from planning.plan import make_plan
+from planning.run.contracts import BYTES_READ
 from planning.specs import cut_spec
 from schemas import load_schema
 from transforms.cut import CutSamples

@@ -15,9 +15,9 @@ import transforms.finalize as finalize
 import transforms.shards as shards
 from pipelines.build import main
 from pipelines.output import prepare_output, record_complete, remove_run_files
-from planning.cancellation import allow_writes
-from planning.manifest import FORMAT as MANIFEST_FORMAT
-from planning.manifest import build_manifest
+from planning.run.cancellation import allow_writes
+from planning.run.manifest import FORMAT as MANIFEST_FORMAT
+from planning.run.manifest import build_manifest
 from schemas import load_schema
 from schemas.errors import UserError
 

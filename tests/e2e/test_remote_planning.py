@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from planning.inventory import inspect_files, probe_files
-from planning.metadata import inspect_file
-from planning.probe import END_BYTES
-from planning.probe_cache import load_probes, reuse_or_probe, save_probes
-from planning.sources import list_files
+from planning.formats.sources import list_files
+from planning.inputs.inventory import inspect_files, probe_files
+from planning.inputs.metadata import inspect_file
+from planning.inputs.probe import END_BYTES
+from planning.inputs.probe_cache import load_probes, reuse_or_probe, save_probes
 
 from conftest import BUCKET
 from helpers import split_along_time

@@ -13,9 +13,9 @@ import pytest
 import xarray as xr
 
 from pipelines.demo import ArchiveShape, write_archive
-from planning import slabs
 from planning.config import parse_config
 from planning.plan import make_plan
+from planning.reads import slabs
 from schemas import load_schema
 
 from helpers import build_quietly, expected_feature, load_virtual_dataset, read_all_records, refused

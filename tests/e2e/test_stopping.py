@@ -20,7 +20,7 @@ import logging, os, sys, threading, time, types
 from pathlib import Path
 
 from pipelines import build
-from planning.cancellation import check_cancelled
+from planning.run.cancellation import check_cancelled
 
 scenario, signum, output = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 try:

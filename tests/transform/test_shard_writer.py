@@ -18,7 +18,7 @@ from pipelines.graph import build_pipeline
 from pipelines.output import prepare_output
 from planning import plan as plan_module
 from planning.config import parse_config
-from planning.names import work_dir
+from planning.run.names import work_dir
 from planning.specs import WriteSpec, compile_specs
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy

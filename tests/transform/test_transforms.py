@@ -17,9 +17,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from pipelines.graph import build_pipeline
 from pipelines.output import prepare_output
 from planning.config import parse_config
-from planning.contracts import SAMPLE_ID
-from planning.names import work_dir
 from planning.plan import make_plan
+from planning.run.contracts import SAMPLE_ID
+from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
 from planning.write_strategy import WriteStrategy
 from schemas import load_schema
@@ -179,8 +179,8 @@ def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_
 
     import xarray as xr
 
-    from planning.contracts import Block
-    from planning.features import StackPlan
+    from planning.run.contracts import Block
+    from planning.run.variables import StackPlan
     from schemas.schema import Feature
     from transforms.encode import record_columns
 

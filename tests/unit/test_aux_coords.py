@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from planning.coords import json_scalar
-from planning.metadata import inspect_classic, inspect_file
-from planning.remote_files import RemoteFile
+from planning.formats.remote_files import RemoteFile
+from planning.inputs.coords import json_scalar
+from planning.inputs.metadata import inspect_classic, inspect_file
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planning.byte_ranges import merge_ranges
-from planning.classic_reads import read_box, variable_runs
-from planning.netcdf3 import expected_size, read_header
-from planning.remote_files import HEADER_BYTES, RemoteFile
+from planning.formats.byte_ranges import merge_ranges
+from planning.formats.classic_reads import read_box, variable_runs
+from planning.formats.netcdf3 import expected_size, read_header
+from planning.formats.remote_files import HEADER_BYTES, RemoteFile
 
 FORMATS = {"cdf1": "NETCDF3_CLASSIC", "cdf2": "NETCDF3_64BIT_OFFSET", "cdf5": "NETCDF3_64BIT_DATA"}
 

@@ -242,7 +242,8 @@ def test_select_forms_and_tolerance():
     ],
 )
 def test_nan_mask_names_a_float_feature(names, expected):
-    from planning.features import StackPlan, mask_features
+    from planning.features import mask_features
+    from planning.run.variables import StackPlan
     from schemas.schema import Feature
 
     def variable(name, dtype="float32"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planning.coords import record_values
+from planning.inputs.coords import record_values
 
 
 def test_whole_times_kept_as_numbers_are_stored_exactly_as_int64():

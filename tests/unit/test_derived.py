@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import planning.derived as derived
-from planning.features import VariablePlan
+from planning.run.variables import VariablePlan
 from planning.sampling import Axis, SampleGrid
 from schemas.schema import Feature
 

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from planning import slabs
 from planning.config import parse_config
-from planning.direct_reads import read_direct
-from planning.local_probe import probe_local
+from planning.inputs.local_probe import probe_local
 from planning.plan import make_plan
-from planning.slabs import read_selected
-from planning.source_index import SourceIndex
+from planning.reads import slabs
+from planning.reads.direct_reads import read_direct
+from planning.reads.slabs import read_selected
+from planning.reads.source_index import SourceIndex
 
 
 def _write(path, start: int) -> None:

@@ -12,11 +12,11 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planning.features import VariablePlan
-from planning.hdf5_reads import read_box
-from planning.local_probe import probe_local, probe_local_files
-from planning.slabs import read_slabs
-from planning.sources import SourceFile
+from planning.formats.hdf5_reads import read_box
+from planning.formats.sources import SourceFile
+from planning.inputs.local_probe import probe_local, probe_local_files
+from planning.reads.slabs import read_slabs
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 
 DIMS = ("time", "y", "x")
@@ -203,8 +203,8 @@ def test_a_grouped_file_is_left_to_the_full_look(tmp_path):
 def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
     paths = _steps(tmp_path, 12)
     serial = probe_local_files(paths, "time")
-    monkeypatch.setattr("planning.local_probe.POOL_MIN_FILES", 4)
-    monkeypatch.setattr("planning.local_probe.FILES_PER_TASK", 5)
+    monkeypatch.setattr("planning.inputs.local_probe.POOL_MIN_FILES", 4)
+    monkeypatch.setattr("planning.inputs.local_probe.FILES_PER_TASK", 5)
     pooled = probe_local_files(paths, "time")
     assert len(pooled) == len(serial) == 12
     for one, other in zip(serial, pooled):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from planning.config import NewDimConfig
-from planning.members import group_by_member
-from planning.metadata import FileInfo
+from planning.inputs.input_config import NewDimConfig
+from planning.inputs.members import group_by_member
+from planning.inputs.metadata import FileInfo
 from schemas.errors import UserError
 
 

@@ -12,14 +12,15 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from planning import probe_cache, sources
 from planning.config import parse_config
-from planning.direct_reads import read_direct
-from planning.inventory import probe_files
+from planning.formats import sources
+from planning.formats.sources import SourceFile, list_files, size_and_version
+from planning.inputs import probe_cache
+from planning.inputs.inventory import probe_files
+from planning.inputs.probe_cache import load_probes, reuse_or_probe, save_probes
 from planning.plan import make_plan
-from planning.probe_cache import load_probes, reuse_or_probe, save_probes
-from planning.slabs import _check_unchanged, read_selected
-from planning.sources import SourceFile, list_files, size_and_version
+from planning.reads.direct_reads import read_direct
+from planning.reads.slabs import _check_unchanged, read_selected
 from schemas.errors import UserError
 
 

@@ -6,7 +6,7 @@ import io
 import time
 
 from pipelines.progress import ProgressLine
-from planning.progress import Progress, mark, read_progress
+from planning.run.progress import Progress, mark, read_progress
 
 
 class Terminal(io.StringIO):

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planning.config import SelectRange
+from planning.inputs.tolerance import coordinate_mismatch
+from planning.reads.selection import Selection, runs_of
 from planning.selected import resolve
-from planning.selection import Selection, runs_of
-from planning.tolerance import coordinate_mismatch
 from schemas.errors import UserError
 
 EAST = {"units": "degrees_east"}

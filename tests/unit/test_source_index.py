@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planning.config import parse_config
+from planning.formats.sources import SourceFile
 from planning.plan import make_plan
-from planning.source_index import SourceIndex
-from planning.sources import SourceFile
+from planning.reads.source_index import SourceIndex
 from planning.specs import cut_spec
 
 

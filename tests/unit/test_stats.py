@@ -70,7 +70,7 @@ def test_moments_of_an_all_nan_block():
 
 
 def test_non_finite_values_are_counted_per_split_and_merge_to_the_first_unit():
-    from planning.contracts import NonFinite
+    from planning.run.contracts import NonFinite
     from transforms.cut import count_nonfinite
     from transforms.stats import SplitSummary
 

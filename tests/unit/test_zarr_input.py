@@ -7,11 +7,12 @@ import pytest
 import zarr
 from arco_like import STATIC, arco_like, set_codecs, write_store
 
-from planning import zarr_reads, zarr_store
 from planning.config import BuildConfig
+from planning.formats import zarr_store
+from planning.formats.zarr_store import is_store, store_input
 from planning.plan import make_plan
+from planning.reads import zarr_reads
 from planning.specs import cut_spec
-from planning.zarr_store import is_store, store_input
 from schemas.errors import UserError
 from transforms.cut import read_unit
 

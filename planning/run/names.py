@@ -26,7 +26,7 @@ _RUN_ID = re.compile(r"[0-9a-f]{12}")
 _TEMPORARY_TOKEN = re.compile(r"[0-9a-f]{8}|[0-9a-f]{12}")
 #: The probes of the input files, kept so that a rerun reads no file's metadata again.
 INVENTORY_FILE = "_inventory.json"
-#: What builds wrote into this output (planning.manifest): what --overwrite may delete.
+#: What builds wrote into this output (planning.run.manifest): what --overwrite may delete.
 MANIFEST_FILE = "_manifest.json"
 
 

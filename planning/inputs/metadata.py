@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from planning.classic_reads import read_raw
-from planning.coords import json_scalar
-from planning.limits import check_dim_sizes
-from planning.netcdf3 import ClassicHeader
-from planning.remote_files import RemoteFile
-from planning.sources import check_not_truncated, open_netcdf, refuse_truncated
-from planning.time_decoding import AS_STATED, TimeDecoding
+from planning.formats.classic_reads import read_raw
+from planning.formats.netcdf3 import ClassicHeader
+from planning.formats.remote_files import RemoteFile
+from planning.formats.sources import check_not_truncated, open_netcdf, refuse_truncated
+from planning.inputs.coords import json_scalar
+from planning.inputs.limits import check_dim_sizes
+from planning.inputs.time_decoding import AS_STATED, TimeDecoding
 from schemas.urls import is_remote
 
 
@@ -41,7 +41,7 @@ class FileInfo:
     variables: dict[str, VariableInfo]
     #: coordinates other than dim coordinates (2-D lat/lon of a curvilinear grid, scalars), as xarray opens them
     coordinates: dict[str, VariableInfo] = dataclasses.field(default_factory=dict)
-    #: the values of the scalar ones, as schema.json holds them (planning.coords.json_scalar)
+    #: the values of the scalar ones, as schema.json holds them (planning.inputs.coords.json_scalar)
     scalar_values: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

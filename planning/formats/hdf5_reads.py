@@ -17,20 +17,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 import xarray as xr
 
-from planning.byte_ranges import Box, box_runs, merge_ranges
-from planning.cf_decoding import decode_values
-from planning.remote_files import BlockReader, RemoteFile
-from planning.sources import NETCDF_LOCK, open_locked
+from planning.formats.byte_ranges import Box, box_runs, merge_ranges
+from planning.formats.cf_decoding import decode_values
+from planning.formats.remote_files import BlockReader, RemoteFile
+from planning.formats.sources import NETCDF_LOCK, open_locked
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
-
-if TYPE_CHECKING:  # planning.features imports the inventory, which probes through this module
-    from planning.features import VariablePlan
 
 
 def _chunk_ranges(dataset: h5py.Dataset, box: Box) -> list[tuple[int, int]]:

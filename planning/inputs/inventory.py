@@ -12,18 +12,18 @@ from collections.abc import Iterable, Mapping
 import fsspec
 import numpy as np
 
-from planning.calendars import GREGORIAN, as_cftime, calendar_of
-from planning.config import NewDimConfig
-from planning.coords import format_value
-from planning.local_probe import probe_local_files
-from planning.members import Members, check_same_steps, group_by_member, make_members
-from planning.metadata import FileInfo, VariableInfo, inspect_file
-from planning.probe import FileProbe, decode_concat_values, probe_remote
-from planning.probe_cache import reuse_or_probe
-from planning.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
-from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing, is_time
-from planning.tolerance import coordinate_mismatch, describe_tolerance
-from planning.zarr_store import StoreLayout
+from planning.formats.calendars import GREGORIAN, as_cftime, calendar_of
+from planning.formats.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
+from planning.formats.zarr_store import StoreLayout
+from planning.inputs.coords import format_value
+from planning.inputs.input_config import NewDimConfig
+from planning.inputs.local_probe import probe_local_files
+from planning.inputs.members import Members, check_same_steps, group_by_member, make_members
+from planning.inputs.metadata import FileInfo, VariableInfo, inspect_file
+from planning.inputs.probe import FileProbe, decode_concat_values, probe_remote
+from planning.inputs.probe_cache import reuse_or_probe
+from planning.inputs.time_decoding import AS_STATED, TimeDecoding, check_no_missing, is_time
+from planning.inputs.tolerance import coordinate_mismatch, describe_tolerance
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -34,11 +34,12 @@ class Inventory:
     files: tuple[FileInfo, ...]  # files along the concat dim, in coordinate order
     static_files: tuple[FileInfo, ...]  # files without the concat dim
     concat_values: np.ndarray  # the virtual dataset's concat coordinate
-    #: every probed file's probe, as listed: what planning.probe_cache keeps for the next run
+    #: every probed file's probe, as listed: what planning.inputs.probe_cache keeps for the next run
     probes: tuple[tuple[ListedFile, FileProbe], ...] = ()
-    #: each file's version as listed (planning.sources: times and inode, or generation): workers check it is unchanged
+    #: each file's version as listed (planning.formats.sources: times and inode, or generation): workers check
+    #: it is unchanged
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: a Zarr store's chunking, when the input is one store (planning.zarr_inventory) rather than files
+    #: a Zarr store's chunking, when the input is one store (planning.inputs.zarr_inventory) rather than files
     zarr: StoreLayout | None = None
     #: input.new_dim: the members and their files (``files`` are the first member's)
     members: Members | None = None
@@ -117,12 +118,12 @@ def take_inventory(
     new_dim: NewDimConfig | None = None,
     wanted: frozenset[str] | None = None,
 ) -> Inventory:
-    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.probe_cache).
+    """List, inspect and order the files; ``cached``: probes kept from an earlier run (planning.inputs.probe_cache).
 
     ``decoding``: how times are decoded (input.decode_times, input.calendar); ``tolerance``:
     input.coord_tolerance, how far static files' grids may differ from the first file's;
     ``new_dim``: input.new_dim, the files grouped into members by their names; ``wanted``: the
-    variables whose byte layouts probes record (planning.direct_reads; None: every one).
+    variables whose byte layouts probes record (planning.reads.direct_reads; None: every one).
     """
     listed = list_files(patterns)
     probes = reuse_or_probe(listed, cached or {}, lambda missing: probe_files(missing, concat_dim, wanted))

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 
-from planning.cancellation import writing
+from planning.run.cancellation import writing
 
 
 def mark(directory: str | None, kind: str, index: int, **numbers: int) -> None:

@@ -10,7 +10,7 @@ import math
 import fsspec
 from fsspec.asyn import AsyncFileSystem
 
-from planning.netcdf3 import ClassicHeader, read_header
+from planning.formats.netcdf3 import ClassicHeader, read_header
 from schemas.errors import UserError
 
 #: First read of a file: its format and, for classic files, the whole header in most files

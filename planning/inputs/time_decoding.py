@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from planning.calendars import check_calendar
-from planning.cf_decoding import decoded
-from planning.config import InputConfig
-from planning.sources import NETCDF_LOCK
+from planning.formats.calendars import check_calendar
+from planning.formats.cf_decoding import decoded
+from planning.formats.sources import NETCDF_LOCK
+from planning.inputs.input_config import InputConfig
 from schemas.errors import UserError
 
 #: What decoding a time can raise: xarray's ValueError for units or a calendar it cannot use,

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import regex
 
-from planning.config import NewDimConfig
-from planning.coords import format_value
-from planning.metadata import FileInfo
+from planning.inputs.coords import format_value
+from planning.inputs.input_config import NewDimConfig
+from planning.inputs.metadata import FileInfo
 from schemas.errors import UserError
 
 

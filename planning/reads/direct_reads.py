@@ -2,13 +2,13 @@
 
 Opening a file and each dataset through HDF5 costs about 0.2 ms a small file, most of a build
 over thousands of them, while the values of a contiguous dataset are one run of bytes at an
-offset. The probe records that offset (planning.local_probe) for datasets whose bytes are their
+offset. The probe records that offset (planning.inputs.local_probe) for datasets whose bytes are their
 values as xarray decodes them: contiguous, plain numbers in this machine's byte order, no
 attribute that decoding would apply (NaN fill values aside). Planning keeps an offset only where
 the file's shape and dtype for the variable are the plan's; a worker reads by offset only a box
 that spans every dim but the concat dim (the first dim) whole, after checking that the file's
 size and version are those planned, and that a few of the variable's bytes hash with its name
-and offset to the check its probe recorded (planning.local_probe.layout_check): neither a file
+and offset to the check its probe recorded (planning.inputs.local_probe.layout_check): neither a file
 replaced under the same size and times nor an edited probe cache makes it read another
 variable's bytes. Everything else goes through HDF5 as before.
 """
@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from planning.features import VariablePlan
-from planning.local_probe import check_window, layout_check
-from planning.probe import FileProbe
-from planning.sources import SourceFile
+from planning.formats.sources import SourceFile
+from planning.inputs.local_probe import check_window, layout_check
+from planning.inputs.probe import FileProbe
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -34,7 +34,7 @@ from schemas.urls import is_remote
 class DirectReads:
     """Per variable read by offset: its stored shape with the concat dim first (its length there is 0:
     each file's own), and per file the variable's byte offset (-1: read it through HDF5) and its
-    layout's check (planning.local_probe.layout_check)."""
+    layout's check (planning.inputs.local_probe.layout_check)."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]

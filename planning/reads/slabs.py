@@ -1,9 +1,9 @@
 """Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset.
 
 Only the box is read. Classic NetCDF files are read by the byte ranges their header locates
-(planning.classic_reads); NetCDF-4 files by the offsets their probe found where the values are
-plainly stored (planning.direct_reads), else through h5py, in place when local, the box's bytes
-prefetched when remote (planning.hdf5_reads); what those leave (unusual files) through xarray.
+(planning.formats.classic_reads); NetCDF-4 files by the offsets their probe found where the values are
+plainly stored (planning.reads.direct_reads), else through h5py, in place when local, the box's bytes
+prefetched when remote (planning.formats.hdf5_reads); what those leave (unusual files) through xarray.
 Every value is decoded by xarray's CF rules, so each route gives the values
 ``xr.open_dataset`` gives.
 """
@@ -17,15 +17,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import xarray as xr
 
-from planning.classic_reads import read_box
-from planning.direct_reads import read_direct
-from planning.features import VariablePlan
-from planning.hdf5_reads import open_with_xarray, prefetched
-from planning.hdf5_reads import read_box as read_hdf5_box
-from planning.remote_files import RemoteFile
-from planning.selection import Selection
-from planning.source_index import SourceIndex
-from planning.sources import NETCDF_LOCK, SourceFile, is_hdf5, open_netcdf, size_and_version
+from planning.formats.classic_reads import read_box
+from planning.formats.hdf5_reads import open_with_xarray, prefetched
+from planning.formats.hdf5_reads import read_box as read_hdf5_box
+from planning.formats.remote_files import RemoteFile
+from planning.formats.sources import NETCDF_LOCK, SourceFile, is_hdf5, open_netcdf, size_and_version
+from planning.reads.direct_reads import read_direct
+from planning.reads.selection import Selection
+from planning.reads.source_index import SourceIndex
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -110,7 +110,7 @@ def _read_file(
 def _checked(path: str, variable: VariablePlan, values: np.ndarray, box: Box) -> np.ndarray:
     """The values read from one file, refused if the file's variable is not like the reference file's.
 
-    Planning probes only the files' coordinates (planning.local_probe); this is where each
+    Planning probes only the files' coordinates (planning.inputs.local_probe); this is where each
     file's variables are held to the reference's dims and decoded dtype.
     """
     expected = tuple(box[d][1] - box[d][0] for d in variable.dims)
@@ -149,7 +149,7 @@ def _comparable(version: str) -> str:
     return ";".join(part for part in version.split(";") if not part.startswith("ino="))
 
 
-#: The parts of a version (planning.sources._version) by what a user knows them as.
+#: The parts of a version (planning.formats.sources._version) by what a user knows them as.
 _VERSION_PARTS = {"mtime_ns": "modification time", "ctime_ns": "change time", "ino": "inode"}
 
 
@@ -225,7 +225,7 @@ def read_members(sources: SourceIndex, concat_dim: str, variables: Sequence[Vari
     return slabs
 
 
-#: Reads some variables' values over a box of the source: a Zarr store's reader (planning.zarr_reads).
+#: Reads some variables' values over a box of the source: a Zarr store's reader (planning.reads.zarr_reads).
 PieceReader = Callable[[Sequence[VariablePlan], Box], Slabs]
 
 
@@ -237,7 +237,7 @@ def read_selected(
     selection: Selection,
     read_piece: PieceReader | None = None,
 ) -> Slabs:
-    """Each variable's values over ``box``, index ranges on the selected grid (planning.selection).
+    """Each variable's values over ``box``, index ranges on the selected grid (planning.reads.selection).
 
     The box maps to one piece of the source per combination of the selected runs it spans
     (a seam-crossing longitude range: two); each piece is read and put in its place, so only

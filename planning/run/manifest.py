@@ -18,7 +18,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from planning.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
+from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
 from schemas.errors import UserError
 from schemas.schema import FORMAT as SCHEMA_FORMAT
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE

@@ -7,10 +7,10 @@ dimension scales (the concat coordinate, raw, with the attributes that decide it
 the grid coordinates, hashed into the fingerprint) and so its dim sizes: 0.3 ms. Files of one
 archive list the same names, so the dimension scales found in one file are looked up directly
 in the next. What the probe leaves out (each data variable's dims, dtype and decoding
-attributes) the workers check as they read (planning.slabs): a variable of another rank, shape
+attributes) the workers check as they read (planning.reads.slabs): a variable of another rank, shape
 or decoded dtype than the reference file's is refused there, in one line. For the variables
 the config names, the probe also records where each lies in the file when its bytes are its
-values (0.08 ms a variable), so workers can read it without HDF5 (planning.direct_reads).
+values (0.08 ms a variable), so workers can read it without HDF5 (planning.reads.direct_reads).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from planning.cancellation import check_cancelled
-from planning.cf_decoding import unchanged_by_decoding
-from planning.hdf5_reads import decoding_attributes, read_attribute
-from planning.netcdf3 import read_header
-from planning.probe import FileProbe, _plain, probe_classic
-from planning.remote_files import RemoteFile
-from planning.sources import NETCDF_LOCK, is_hdf5
+from planning.formats.cf_decoding import unchanged_by_decoding
+from planning.formats.hdf5_reads import decoding_attributes, read_attribute
+from planning.formats.netcdf3 import read_header
+from planning.formats.remote_files import RemoteFile
+from planning.formats.sources import NETCDF_LOCK, is_hdf5
+from planning.inputs.probe import FileProbe, _plain, probe_classic
+from planning.run.cancellation import check_cancelled
 
 #: Attributes of the concat coordinate that xarray's decoding of it reads.
 _CONCAT_ATTRS = (b"units", b"calendar", b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"dtype")
@@ -55,7 +55,7 @@ def check_window(offset: int, nbytes: int) -> tuple[int, int]:
 
 def layout_check(name: str, offset: int, window: bytes) -> int:
     """A variable's layout check, an int64: a worker that reads it by offset recomputes it first, so values
-    are never read at an offset that is not this variable's in this file as probed (planning.direct_reads)."""
+    are never read at an offset that is not this variable's in this file as probed (planning.reads.direct_reads)."""
     digest = hashlib.blake2b(f"{name}\0{offset}\0".encode() + window, digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
@@ -65,7 +65,7 @@ def probe_local(
 ) -> FileProbe:
     """Probe a local file; raises for anything unusual (groups, other formats): the full look reads those.
 
-    ``wanted``: the variables whose layouts to record (planning.direct_reads); None: every one.
+    ``wanted``: the variables whose layouts to record (planning.reads.direct_reads); None: every one.
     """
     if is_hdf5(path):
         with NETCDF_LOCK:

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import xarray as xr
 
-from planning.coords import format_value
-from planning.inventory import Inventory
-from planning.limits import check_dim_sizes
-from planning.metadata import dataset_info
-from planning.time_decoding import AS_STATED, TimeDecoding, check_no_missing
-from planning.zarr_store import RecordingStore, StoreLayout, check_codecs, open_store, open_store_dataset
+from planning.formats.zarr_store import RecordingStore, StoreLayout, check_codecs, open_store, open_store_dataset
+from planning.inputs.coords import format_value
+from planning.inputs.inventory import Inventory
+from planning.inputs.limits import check_dim_sizes
+from planning.inputs.metadata import dataset_info
+from planning.inputs.time_decoding import AS_STATED, TimeDecoding, check_no_missing
 from schemas.errors import UserError
 
 

@@ -1,6 +1,6 @@
 """Classic NetCDF (CDF-1, CDF-2, CDF-5) headers: where each variable's bytes are, and the size the file must have.
 
-Workers read remote classic files by byte ranges computed from the header (planning.classic_reads).
+Workers read remote classic files by byte ranges computed from the header (planning.formats.classic_reads).
 The netCDF library also reads the missing tail of a truncated classic file as zeros, without an
 error; comparing the real size with the size the header implies catches that before a worker
 turns the zeros into training data. (HDF5-based NetCDF-4 files fail to open instead.)

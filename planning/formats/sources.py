@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import fsspec
 import xarray as xr
 
-from planning.netcdf3 import expected_size
+from planning.formats.netcdf3 import expected_size
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -136,7 +136,7 @@ def size_and_version(path: str) -> tuple[int, str]:
 def check_not_truncated(path: str) -> int:
     """A local file's size, after checking a classic NetCDF file holds all the bytes its header declares.
 
-    (Remote classic files are checked from the header planning reads anyway: planning.metadata.)
+    (Remote classic files are checked from the header planning reads anyway: planning.inputs.metadata.)
     """
     size = os.path.getsize(path)
     with open(path, "rb") as stream:
@@ -159,7 +159,7 @@ def refuse_truncated(path: str, size: int, expected: int | None) -> None:
 
 #: The netCDF and HDF5 C libraries are not thread-safe (concurrent opens crash the process), and
 #: Beam's multi_threading mode runs several units at once: one file is open at a time per process.
-#: Reentrant: a worker holds it across a run of small local files (planning.slabs).
+#: Reentrant: a worker holds it across a run of small local files (planning.reads.slabs).
 NETCDF_LOCK = threading.RLock()
 
 
@@ -185,7 +185,7 @@ def _open_any(path: str, decode_times: bool) -> Iterator[xr.Dataset]:
             yield dataset
     else:
         # Planning reads only metadata and coordinates: HDF5 reads them with range requests.
-        # (Remote classic files are read from their header instead: planning.metadata.)
+        # (Remote classic files are read from their header instead: planning.inputs.metadata.)
         with (
             fsspec.open(path, "rb", cache_type="blockcache", block_size=2**20) as stream,
             open_locked(stream, engine="h5netcdf", decode_times=decode_times) as dataset,
@@ -198,8 +198,8 @@ def open_netcdf(path: str, decode_times: bool = True) -> Iterator[xr.Dataset]:
     """Open one NetCDF file lazily (nothing is read until a variable's values are asked for).
 
     Local paths open in place; remote NetCDF-4 files (gs://, any fsspec URL) through h5netcdf with
-    range requests. (Remote classic files are never opened this way: planning.metadata reads their
-    header, planning.slabs their byte ranges.)
+    range requests. (Remote classic files are never opened this way: planning.inputs.metadata reads their
+    header, planning.reads.slabs their byte ranges.)
     """
     with contextlib.ExitStack() as stack:
         try:
@@ -224,7 +224,7 @@ class SourceFile:
     start: int
     stop: int
     nbytes: int
-    version: str = ""  # its version when listed (planning.sources._version; "" when the filesystem gives none)
+    version: str = ""  # its version when listed (planning.formats.sources._version; "" when the filesystem gives none)
     member: int = 0  # its index along input.new_dim (its member's range along the concat dim is its own)
-    #: variables a worker may read by offset (planning.direct_reads): name -> (byte offset, stored shape, check)
+    #: variables a worker may read by offset (planning.reads.direct_reads): name -> (byte offset, stored shape, check)
     layouts: Mapping[str, tuple[int, tuple[int, ...], int]] | None = None

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from planning.calendars import calendar_of, is_cftime, iso
-from planning.time_decoding import is_time
+from planning.formats.calendars import calendar_of, is_cftime, iso
+from planning.inputs.time_decoding import is_time
 
 TIME_UNITS = "seconds since 1970-01-01T00:00:00Z"
 

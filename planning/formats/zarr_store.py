@@ -18,7 +18,7 @@ import xarray as xr
 import zarr.errors
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from planning.sources import NETCDF_LOCK
+from planning.formats.sources import NETCDF_LOCK
 from schemas.errors import UserError
 from schemas.urls import is_remote
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planning.byte_ranges import Box, box_runs, merge_ranges
-from planning.cf_decoding import decode_values
-from planning.netcdf3 import ClassicVariable
+from planning.formats.byte_ranges import Box, box_runs, merge_ranges
+from planning.formats.cf_decoding import decode_values
+from planning.formats.netcdf3 import ClassicVariable
 
 #: Fetches byte ranges [start, stop) of the file, in order.
 Fetch = Callable[[list[tuple[int, int]]], list[bytes]]

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from planning.direct_reads import DirectReads
-from planning.sources import SourceFile
+from planning.formats.sources import SourceFile
+from planning.reads.direct_reads import DirectReads
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -30,7 +30,9 @@ class SourceIndex:
     starts: np.ndarray  # int64
     stops: np.ndarray
     nbytes: np.ndarray
-    versions: tuple[str, ...] = ()  # as listed (planning.sources: times and inode, or generation); workers check them
+    versions: tuple[
+        str, ...
+    ] = ()  # as listed (planning.formats.sources: times and inode, or generation); workers check them
     members: np.ndarray | None = None  # int64, ascending; None: no new dim
     member_dim: str | None = None  # input.new_dim's name
     direct: DirectReads | None = None  # variables workers may read by offset, and where in each file

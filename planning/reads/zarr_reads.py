@@ -16,9 +16,9 @@ import numpy as np
 import xarray as xr
 import zarr.errors
 
-from planning.features import VariablePlan
-from planning.slabs import Box, Slabs
-from planning.zarr_store import RecordingStore, codec_error, open_store, open_store_dataset
+from planning.formats.zarr_store import RecordingStore, codec_error, open_store, open_store_dataset
+from planning.reads.slabs import Box, Slabs
+from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 
 #: Each worker process opens a store once (its metadata: with consolidated metadata one request)
@@ -96,7 +96,7 @@ def read_store_box(
     slabs = Slabs({})
     for variable in variables:
         slabs.values[variable.name] = _values(url, ds, variable, box)
-        # Checked after the read: the store notes each key it found absent (planning.zarr_store).
+        # Checked after the read: the store notes each key it found absent (planning.formats.zarr_store).
         missing = store.missing_chunk(variable.name)
         if missing is not None and variable.feature.role == "aux_coord":  # a coordinate of config coords:
             raise _missing_coordinate_chunk(url, variable.name, missing)

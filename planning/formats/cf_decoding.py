@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from planning.sources import NETCDF_LOCK
+from planning.formats.sources import NETCDF_LOCK
 
 
 def decoded(name: str, dims, raw: np.ndarray, attrs: dict, decode_times: bool = True) -> xr.Variable:

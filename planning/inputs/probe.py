@@ -1,7 +1,7 @@
 """A quick look at one input file: its structure's fingerprint, its dim sizes and its concat coordinate.
 
 Planning reads full metadata (through xarray) from one file per distinct structure only; every
-other file is probed (local files: planning.local_probe; remote ones here, from bytes fetched
+other file is probed (local files: planning.inputs.local_probe; remote ones here, from bytes fetched
 for all files at once). Files whose fingerprint equals
 the reference's have the reference's variables, grid and attributes; their own concat
 coordinate is decoded exactly as xarray decodes it (``decode_cf_variable``, the file's own
@@ -20,11 +20,11 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from planning.classic_reads import read_raw
-from planning.netcdf3 import ClassicHeader, read_header
-from planning.remote_files import BlockReader, RemoteFile
-from planning.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
-from planning.time_decoding import AS_STATED, MissingValue, TimeDecoding
+from planning.formats.classic_reads import read_raw
+from planning.formats.netcdf3 import ClassicHeader, read_header
+from planning.formats.remote_files import BlockReader, RemoteFile
+from planning.formats.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
+from planning.inputs.time_decoding import AS_STATED, MissingValue, TimeDecoding
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -42,7 +42,7 @@ class FileProbe:
     concat_raw: np.ndarray | None  # the concat coordinate's stored values (None: the file has none)
     concat_attrs: dict[str, Any]
     bytes_read: int | None = None  # what probing a remote file fetched
-    #: local NetCDF-4 files: variables workers may read straight from the file's bytes (planning.direct_reads),
+    #: local NetCDF-4 files: variables workers may read straight from the file's bytes (planning.reads.direct_reads),
     #: by name: [byte offset, shape, dtype]
     layouts: dict[str, list] = dataclasses.field(default_factory=dict)
 

@@ -1,11 +1,11 @@
 """The probes of a build's input files, kept beside its output so that a rerun reads no file's metadata again.
 
-A probe is reused only for a file whose path, size and version (planning.sources: modification
+A probe is reused only for a file whose path, size and version (planning.formats.sources: modification
 time, inode and change time locally; generation and checksums on GCS) are those it was made
 from; anything else is probed again. The cache is a help, never a source of truth: one that
 cannot be read or written, is malformed, or whose content no longer hashes to the digest written
 with it (edited by hand or by another program), is ignored with a warning naming it, and every
-file probed again. Its offsets are checked once more where they are read (planning.direct_reads).
+file probed again. Its offsets are checked once more where they are read (planning.reads.direct_reads).
 """
 
 from __future__ import annotations
@@ -24,21 +24,21 @@ import numpy as np
 from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-from planning.names import new_temporary_token, temporary_path
-from planning.probe import FileProbe
-from planning.sources import ListedFile
+from planning.formats.sources import ListedFile
+from planning.inputs.probe import FileProbe
+from planning.run.names import new_temporary_token, temporary_path
 
 logger = logging.getLogger(__name__)
 
-#: Version 2: local NetCDF-4 probes fingerprint names and dimension scales (planning.local_probe);
-#: 3: and record where plainly stored variables lie (planning.direct_reads); 4: with a check of each
+#: Version 2: local NetCDF-4 probes fingerprint names and dimension scales (planning.inputs.local_probe);
+#: 3: and record where plainly stored variables lie (planning.reads.direct_reads); 4: with a check of each
 #: such layout, a digest of the files' entries, and local versions that include inode and change time.
 #: Another version's cache is ignored (probed again), so older and newer versions never misread each other's.
 FORMAT = "xarray-tfrecords-inventory/4"
 _FIELDS = dataclasses.fields(FileProbe)
 
 _Count = Annotated[int, Strict(), Field(ge=0)]
-_Check = Annotated[int, Strict(), Field(ge=-(2**63), lt=2**63)]  # an int64 (planning.local_probe.layout_check)
+_Check = Annotated[int, Strict(), Field(ge=-(2**63), lt=2**63)]  # an int64 (planning.inputs.local_probe.layout_check)
 _Text = Annotated[str, Strict()]
 #: Kinds of numbers a concat coordinate is stored as (bool, int, unsigned, float).
 _RAW_KINDS = "biuf"

@@ -1,0 +1,1 @@
+"""What a run shares between driver and workers: contracts, names, manifest, progress, cancellation, variables."""
