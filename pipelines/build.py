@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
 from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
-from planning.run.cancellation import allow_writes
+from planning.run.cancellation import reset as reset_cancellation
 from schemas.schema import default_split
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         # which is reported below in one line.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     started = time.monotonic()
-    allow_writes()  # a build before this one in the process may have been stopped
+    reset_cancellation()  # a build before this one in the process may have been stopped or have failed
     # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.
     # Ctrl-C too, unless ignored from the start (a script's background job), as Python leaves it then.
     stopping = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])

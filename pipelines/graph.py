@@ -36,7 +36,7 @@ from planning.config import BuildConfig, with_absolute_paths
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
-from planning.run.cancellation import cancel_writes, check_cancelled
+from planning.run.cancellation import allow_writes, cancel_writes, check_cancelled
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
@@ -88,6 +88,7 @@ def run_build(
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
     shared parallel filesystem); local runs always do.
     """
+    allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     check_cancelled()  # stopped while Beam was being imported
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 
 _cancelled = threading.Event()
+#: A stop was asked (Ctrl-C, SIGTERM): unlike a failed build's cancelled writes, it ends the command.
+_stopped = threading.Event()
 _in_flight = 0
 _lock = threading.Condition()
 
@@ -44,13 +46,14 @@ def writing() -> Iterator[None]:
 
 
 def cancel() -> None:
-    """Refuse every write from now on, and make ``check_cancelled`` raise (a stop: Ctrl-C, SIGTERM)."""
+    """A stop: refuse every write from now on and make ``check_cancelled`` raise, until ``reset``."""
+    _stopped.set()
     _cancelled.set()
 
 
 def cancel_writes(timeout: float = 30.0) -> bool:
     """Refuse every write from now on and wait for those in flight; False if some still run after ``timeout``."""
-    cancel()
+    _cancelled.set()
     deadline = time.monotonic() + timeout
     with _lock:
         while _in_flight:
@@ -62,5 +65,13 @@ def cancel_writes(timeout: float = 30.0) -> bool:
 
 
 def allow_writes() -> None:
-    """Allow writes again (a new build in this process)."""
+    """Allow writes again for a new build in this process (an earlier one that failed refused them), unless a
+    stop was asked: a signal that came before the build started must still stop it."""
+    if not _stopped.is_set():
+        _cancelled.clear()
+
+
+def reset() -> None:
+    """A new command in this process: no stop asked, writes allowed."""
+    _stopped.clear()
     _cancelled.clear()

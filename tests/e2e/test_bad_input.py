@@ -394,3 +394,22 @@ def test_a_sample_over_two_gigabytes_is_refused_at_planning(tmp_path, capsys):
         nc.createVariable("v", "f4", ("time", "y", "x"), chunksizes=(1, 1000, 1000), zlib=True)
     config = {"input": {"paths": str(path)}, "sample": {"keep": ["y", "x"]}, "output": {"path": str(tmp_path / "o")}}
     assert_fails(config, tmp_path, capsys, "a sample's record may take 2,304 MB", "cut smaller samples")
+
+
+def test_a_build_after_a_failed_one_in_the_same_process_writes(archive, tmp_path, monkeypatch):
+    """A failed build refuses its stray threads' writes; the next build in the process (a notebook) still writes."""
+    from planning.config import parse_config
+
+    plan_then_change = graph.make_plan
+
+    def make_plan(config, **options):
+        plan = plan_then_change(config, **options)
+        make_file(archive / "b.nc", "2020-01-02T00", 3)  # rewritten mid-build: this build fails on a worker
+        return plan
+
+    monkeypatch.setattr(graph, "make_plan", make_plan)
+    with pytest.raises(Exception, match="changed since the build was planned"):
+        graph.run_build(parse_config(config_for([archive / "*.nc"], tmp_path / "failed")), [])
+    monkeypatch.setattr(graph, "make_plan", plan_then_change)
+    plan, schema = graph.run_build(parse_config(config_for([archive / "*.nc"], tmp_path / "next")), [])
+    assert schema is not None and schema.num_examples() == plan.num_samples > 0
