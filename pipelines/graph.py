@@ -36,7 +36,7 @@ from planning.config import BuildConfig, with_absolute_paths
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
-from planning.run.cancellation import allow_writes, cancel_writes, check_cancelled
+from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
@@ -89,7 +89,7 @@ def run_build(
     shared parallel filesystem); local runs always do.
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
-    check_cancelled()  # stopped while Beam was being imported
+    check_stopped()  # stopped while Beam was being imported
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
@@ -105,7 +105,7 @@ def run_build(
     with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
         inventory = join(config.output.path, INVENTORY_FILE)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
-        check_cancelled()
+        check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
         shared = local or (shared_filesystem and not is_remote(plan.output))
@@ -126,14 +126,14 @@ def run_build(
                 build_pipeline(pipeline, list(plan.units), specs)
             return plan, None
         manifest = plan.manifest()
-        check_cancelled()  # a stop during planning: nothing written yet
+        check_stopped()  # a stop during planning: nothing written yet
         prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
         cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
         clean_up_on_stop(cleanup)
         try:
-            check_cancelled()
+            check_stopped()
             layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
             specs = compile_specs(plan, strategy, work, layout, sources)
             write_atomically(sources, [plan.sources.to_bytes()])
@@ -147,7 +147,7 @@ def run_build(
                 try:
                     with pipeline:
                         build_pipeline(pipeline, list(plan.units), specs)
-                        check_cancelled()  # stopped while the graph was built: the pipeline does not start
+                        check_stopped()  # stopped while the graph was built: the pipeline does not start
                 finally:
                     close_run(pipeline)
             record_complete(plan.output, manifest)

@@ -20,7 +20,7 @@ from planning.preprocess import read_derived
 from planning.reads.slabs import Slabs, read_selected
 from planning.reads.source_index import SourceIndex
 from planning.reads.zarr_reads import read_store_box
-from planning.run.cancellation import check_cancelled
+from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
     METRICS_NAMESPACE,
@@ -211,7 +211,7 @@ class _CutUnitFn(beam.DoFn):
         self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
 
     def process(self, unit: Unit):
-        check_cancelled()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
+        check_stopped()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
         slabs = read_unit(self._spec, self._sources, unit)
         self._bytes_read.inc(slabs.bytes_read)
         block = cut_slabs(self._spec, unit, slabs)

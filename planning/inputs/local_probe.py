@@ -32,7 +32,7 @@ from planning.formats.netcdf3 import read_header
 from planning.formats.remote_files import RemoteFile
 from planning.formats.sources import NETCDF_LOCK, is_hdf5
 from planning.inputs.probe import FileProbe, _plain, probe_classic
-from planning.run.cancellation import check_cancelled
+from planning.run.cancellation import check_stopped
 
 #: Attributes of the concat coordinate that xarray's decoding of it reads.
 _CONCAT_ATTRS = (b"units", b"calendar", b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"dtype")
@@ -163,7 +163,7 @@ def _probe_serially(
     scales: Scales = {}
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
-        check_cancelled()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
+        check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
         try:
             probes.append(probe_local(path, nbytes, concat_dim, scales, wanted))
         except Exception:  # the full look reads it through xarray, and names the problem if there is one

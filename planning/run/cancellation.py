@@ -25,8 +25,17 @@ class Cancelled(KeyboardInterrupt):
 
 
 def check_cancelled() -> None:
-    """Raise Cancelled if the build was stopped: called where the caller holds no lock."""
+    """Raise Cancelled if writes are refused (a stop, or a failed build cleaning up): called holding no lock."""
     if _cancelled.is_set():
+        raise Cancelled("the build was interrupted")
+
+
+def check_stopped() -> None:
+    """Raise Cancelled if a stop was asked (Ctrl-C, SIGTERM): the checkpoints where a stopped build unwinds.
+
+    Not after a failed build: its refused writes must not stop planning or a next build in the process.
+    """
+    if _stopped.is_set():
         raise Cancelled("the build was interrupted")
 
 
@@ -46,7 +55,7 @@ def writing() -> Iterator[None]:
 
 
 def cancel() -> None:
-    """A stop: refuse every write from now on and make ``check_cancelled`` raise, until ``reset``."""
+    """A stop: refuse every write from now on and make ``check_stopped`` raise, until ``reset``."""
     _stopped.set()
     _cancelled.set()
 

@@ -20,7 +20,7 @@ import logging, os, sys, threading, time, types
 from pathlib import Path
 
 from pipelines import build
-from planning.run.cancellation import check_cancelled
+from planning.run.cancellation import check_stopped
 
 scenario, signum, output = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 try:
@@ -42,7 +42,7 @@ def run_build(config, beam_args, *rest):
         finally:
             worker.join()  # as Beam's runner waits for its threads when it unwinds
         while True:  # working on, up to its next checkpoint
-            check_cancelled()
+            check_stopped()
             time.sleep(0.01)
     (output / "shard.tfrecord").write_bytes(b"half")
     never = threading.Event()
