@@ -86,7 +86,7 @@ class InputConfig(_Strict):
     )
     coord_tolerance: Literal["float32"] | NonNegativeFloat = Field(
         "float32",
-        json_schema_extra={"reference_type": '"float32" or float ≥ 0'},
+        json_schema_extra={"reference_type": '"float32" or a finite float ≥ 0'},
         description=(
             "how far the files' coordinates (other than concat_dim) may differ and the files still join: "
             "`float32`: by float32 rounding (about 1.2e-7 times the value); a number: by that much; "
