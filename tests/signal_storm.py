@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pipelines.graph  # noqa: F401  (imported once, before forking)
 from pipelines.build import main
-from planning import local_probe
+from planning.inputs import local_probe
 
 TIME_LIMIT = 30.0
 PARALLEL = 3
