@@ -57,11 +57,9 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def nonfinite_lines(output: str) -> list[str]:
+def nonfinite_lines(stats: dict) -> list[str]:
     """'  <function> returned non-finite values: ...' per derived variable holding NaN or inf (from stats.json)."""
-    from schemas.dataset import load_stats
-
-    derived = load_stats(output).get("preprocess") or {}
+    derived = stats.get("preprocess") or {}
     lines = []
     for name, n in (derived.get("variables") or {}).items():
         if n.get("nan") or n.get("inf"):
@@ -114,11 +112,15 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     if dropped:
         print(dropped)
     with_nan = counts.get("samples_with_nan", 0)
-    if with_nan and plan.config.nan_policy == "fill":
-        print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+    filled = with_nan and plan.config.nan_policy == "fill"
+    stats = {}
+    if filled or plan.preprocess is not None:  # read once, only when a line below needs it
         from schemas.dataset import load_stats
 
-        unmarked = unmarked_fills(schema, load_stats(plan.output))
+        stats = load_stats(plan.output)
+    if filled:
+        print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+        unmarked = unmarked_fills(schema, stats)
         if unmarked:
             print(
                 f"  normalize=True cannot tell the filled points of {', '.join(unmarked)} from data (fill_value "
@@ -128,7 +130,7 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
     elif with_nan and plan.config.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
     if plan.preprocess is not None:
-        for line in nonfinite_lines(plan.output):
+        for line in nonfinite_lines(stats):
             print(line)
     split = default_split(list(schema.splits))
     # find_spec looks TensorFlow up without importing it (that would take seconds).
