@@ -31,7 +31,7 @@ from transforms.shards import (
     use_anonymous_credentials_for_emulator,
     write_atomically,
 )
-from transforms.stats import Moments, SplitSummary, merge_summaries, per_axes
+from transforms.stats import Moments, SplitSummary, merge_by_name, per_axes
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +141,7 @@ def normalization(
 
 def derived_nonfinite(spec: FinalizeSpec, summaries: dict[str, SplitSummary]) -> dict[str, NonFinite]:
     """Each derived variable's NaN and inf values over every split; refuses one without a finite value."""
-    totals: dict[str, NonFinite] = {}
-    for summary in summaries.values():
-        for name, counts in summary.nonfinite.items():
-            totals[name] = totals[name].merge(counts) if name in totals else counts
+    totals = merge_by_name(summary.nonfinite for summary in summaries.values())
     for variable in spec.variables:
         n = totals.get(variable.name)
         if n is not None and n.values and n.nan + n.inf == n.values:
@@ -169,14 +166,6 @@ def _nonfinite_json(spec: FinalizeSpec, totals: dict[str, NonFinite]) -> dict:
     }
 
 
-def _merged_over_splits(summaries: dict[str, SplitSummary]) -> dict[str, Moments]:
-    merged: dict[str, Moments] = {}
-    for summary in summaries.values():
-        for name, m in summary.moments.items():
-            merged[name] = merged[name].merge(m) if name in merged else m
-    return merged
-
-
 def stats_document(
     spec: FinalizeSpec, summaries: dict[str, SplitSummary], nonfinite: dict[str, NonFinite] | None = None
 ) -> dict:
@@ -196,7 +185,7 @@ def stats_document(
             name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(spec, s.moments)}
             for name, s in summaries.items()
         },
-        "normalization": normalization(spec, moments, _merged_over_splits(summaries)),
+        "normalization": normalization(spec, moments, merge_by_name(s.moments for s in summaries.values())),
     }
     if nonfinite:
         document["preprocess"] = _nonfinite_json(spec, nonfinite)
@@ -293,12 +282,12 @@ class _CollectFn(beam.CombineFn):
         if tag == SHARD:
             results.append(value)
             return results, summaries
-        return results, merge_summaries([summaries, value])
+        return results, merge_by_name([summaries, value])
 
     def merge_accumulators(self, accumulators):
         accumulators = list(accumulators)
         results = [r for part, _ in accumulators for r in part]
-        return results, merge_summaries(summaries for _, summaries in accumulators)
+        return results, merge_by_name(summaries for _, summaries in accumulators)
 
     def extract_output(self, accumulator):
         return accumulator

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import apache_beam as beam
 import numpy as np
@@ -147,6 +148,19 @@ def _plain(values: np.ndarray) -> float | list | None:
     return [_plain(v) for v in values]
 
 
+#: An accumulator that merges with another of its kind.
+M = TypeVar("M", Moments, NonFinite, "SplitSummary")
+
+
+def merge_by_name(parts: Iterable[Mapping[str, M]]) -> dict[str, M]:
+    """One accumulator per name: those of the same name merged (each has ``merge``)."""
+    merged: dict[str, M] = {}
+    for part in parts:
+        for name, value in part.items():
+            merged[name] = merged[name].merge(value) if name in merged else value
+    return merged
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
     """What one split's samples in some blocks add up to: statistics and sample counts."""
@@ -159,12 +173,8 @@ class SplitSummary:
     nonfinite: dict[str, NonFinite] = dataclasses.field(default_factory=dict)
 
     def merge(self, other: SplitSummary) -> SplitSummary:
-        moments = dict(self.moments)
-        for name, m in other.moments.items():
-            moments[name] = moments[name].merge(m) if name in moments else m
-        nonfinite = dict(self.nonfinite)
-        for name, n in other.nonfinite.items():
-            nonfinite[name] = nonfinite[name].merge(n) if name in nonfinite else n
+        moments = merge_by_name([self.moments, other.moments])
+        nonfinite = merge_by_name([self.nonfinite, other.nonfinite])
         return SplitSummary(
             moments,
             self.cut + other.cut,
@@ -203,14 +213,6 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
     return out
 
 
-def merge_summaries(parts: Iterable[Mapping[str, SplitSummary]]) -> dict[str, SplitSummary]:
-    merged: dict[str, SplitSummary] = {}
-    for part in parts:
-        for name, summary in part.items():
-            merged[name] = merged[name].merge(summary) if name in merged else summary
-    return merged
-
-
 #: Units whose summaries are merged together, in unit order, before the groups are merged in
 #: group order: a fixed order of float additions, so the statistics are the same to the last bit
 #: whatever order the runner delivers the blocks in, with a bounded number held at once.
@@ -222,7 +224,7 @@ def _keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str])
 
 
 def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]]):
-    return group, merge_summaries(summary for _, summary in sorted(parts, key=lambda part: part[0]))
+    return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
 
 
 class _MergeGroupsInOrderFn(beam.CombineFn):
@@ -243,7 +245,7 @@ class _MergeGroupsInOrderFn(beam.CombineFn):
         return merged
 
     def extract_output(self, accumulator):
-        return merge_summaries(accumulator[group] for group in sorted(accumulator))
+        return merge_by_name(accumulator[group] for group in sorted(accumulator))
 
 
 @dataclasses.dataclass
