@@ -20,6 +20,7 @@ from pipelines.output import prepare_output, record_complete, remove_run_files
 from pipelines.output_lock import open_private_folder, output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
+from pipelines.remote_job import RemoteJob
 from pipelines.runners import (
     DATAFLOW_RUNNER,
     close_run,
@@ -31,7 +32,7 @@ from pipelines.runners import (
     runner_name,
     with_runner_defaults,
 )
-from pipelines.stopping import RunCleanup, clean_up_on_stop
+from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
@@ -89,6 +90,7 @@ def run_build(
     shared parallel filesystem); local runs always do.
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
+    watch_job(None)  # nor is an earlier build's job this one's
     check_stopped()  # stopped while Beam was being imported
     beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
@@ -144,12 +146,9 @@ def run_build(
                 if progress is not None and specs.write.progress_dir is not None:
                     counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
-                try:
-                    with pipeline:
-                        build_pipeline(pipeline, list(plan.units), specs)
-                        check_stopped()  # stopped while the graph was built: the pipeline does not start
-                finally:
-                    close_run(pipeline)
+                build_pipeline(pipeline, list(plan.units), specs)
+                check_stopped()  # stopped while the graph was built: the pipeline does not start
+                _run_and_wait(pipeline, options, local)
             record_complete(plan.output, manifest)
         except BaseException as error:
             owned = cleanup()
@@ -159,7 +158,19 @@ def run_build(
             raise
         finally:
             clean_up_on_stop(None)
+            job = watched_job()
+            close_run(job.result if job is not None else None)
         return plan, load_schema(plan.output)
+
+
+def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> None:
+    """Run the pipeline and wait for it to end; a remote job is watched: a stop, or the clean-up, cancels it first."""
+    result = pipeline.run()
+    if not local:
+        # Closed (a Dask client) only after the clean-up, which may have to cancel the job first.
+        watch_job(RemoteJob(result, runner_name(options).rsplit(".", 1)[-1]))
+        check_stopped()  # stopped while the job was submitted: it is cancelled as the run's files are removed
+    result.wait_until_finish()
 
 
 def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:
@@ -168,6 +179,11 @@ def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool
     # into what is being removed.
     if not cancel_writes():
         logger.warning("writes still running after the wait; what they leave, --overwrite removes")
+    job = watched_job()
+    if job is not None and not job.stop():
+        # A job that still runs would write again into what is removed, or commit shards that are gone.
+        logger.warning("%s; its files were left (--overwrite removes them once it has stopped)", job.problem)
+        return True
     return remove_run_files(output, manifest, work)
 
 

@@ -7,7 +7,7 @@ import os
 import re
 import uuid
 
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import create_runner
 
 from pipelines.runners import DATAFLOW_RUNNER, is_dask_runner, is_local_runner, runner_name, ships_code
@@ -76,6 +76,12 @@ def check_remote_setup(options: PipelineOptions, config: BuildConfig, shared_fil
     ``shared_filesystem``: the workers see this machine's filesystem (a cluster on a shared
     parallel filesystem), so local paths are allowed.
     """
+    if options.view_as(StandardOptions).no_wait_until_finish:
+        # The launcher commits the output (its manifest) and removes the run's working files when the job ends.
+        raise UserError(
+            "--no_wait_until_finish: the build commits its output when the job ends, so the launcher waits for it; "
+            "to keep your terminal, run the command in the background (nohup python -m pipelines.build ... &)"
+        )
     if is_local_runner(options):
         return
     runner = runner_name(options)

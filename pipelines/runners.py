@@ -210,13 +210,13 @@ def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManage
     return dask.config.set({"dataframe.shuffle.method": "tasks"})
 
 
-def close_run(pipeline) -> None:
+def close_run(result) -> None:
     """Close what a run leaves open: the Dask runner's client (its result's), after success or failure.
 
     Beam's DaskRunner opens a client per run and never closes it; the client's tasks still
     running on the cluster are released with it.
     """
-    client = getattr(getattr(pipeline, "result", None), "client", None)
+    client = getattr(result, "client", None)
     if client is None:
         return
     try:

@@ -7,7 +7,8 @@ handler raises nothing. The signal reaches a thread of this module through a pip
 (``signal.set_wakeup_fd``: written even while the main thread is stuck in C code), which:
 
 1. cancels the run (planning.run.cancellation): no write starts any more, and the main thread's
-   checkpoints raise where it holds nothing;
+   checkpoints raise where it holds nothing; a job running on other machines (Dataflow, a Dask
+   cluster: ``watch_job``) is cancelled and waited for first, and its files are left if it cannot be;
 2. kills this process's child processes (Beam's worker processes ignore the signal; the
    probing pool's would keep the main thread waiting);
 3. waits for the main thread to unwind and clean up (the orderly stop, ``GRACE`` seconds; no
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
 from planning.run.cancellation import cancel, cancel_writes
@@ -43,9 +44,42 @@ BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 
 
+class Job(Protocol):
+    """A job on other machines, as a stop handles it (pipelines.remote_job.RemoteJob)."""
+
+    name: str
+    problem: str | None  # why it could not be stopped, once a stop failed
+
+    def stop(self) -> bool: ...
+
+
+_job: Job | None = None
+
+
+def watch_job(job: Job | None) -> None:
+    """The job a stop must cancel, and wait for, before the run's files are removed (None: none)."""
+    global _job
+    _job = job
+
+
+def watched_job() -> Job | None:
+    return _job
+
+
+#: Seconds a stop may spend on a remote job before the clean-up's own limits start (remote_job.STOP_WAIT and more).
+JOB_LIMIT = 330.0
+
+
 def stopped_line(signum: int) -> str:
     what = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted"
-    return f"error: {what}; the run's files were removed and the output is not complete"
+    job = _job
+    if job is not None and job.problem is not None:
+        return (
+            f"error: {what}; {job.problem}: cancel it yourself; its files were left, and the output is not "
+            "complete (--overwrite removes them once it has stopped)"
+        )
+    cancelled = f"{job.name} was cancelled, " if job is not None else ""
+    return f"error: {what}; {cancelled}the run's files were removed and the output is not complete"
 
 
 class RunCleanup:
@@ -177,8 +211,14 @@ class StopOnSignal:
     def _stop(self) -> None:
         signum = self.requested
         code = EXIT_CODES.get(signum, 128 + signum)
-        threading.Thread(target=self._last_resort, args=(code,), name="stop-last-resort", daemon=True).start()
+        job = _job
+        limit = GRACE + CLEANUP_LIMIT + (JOB_LIMIT if job is not None else 0.0)
+        threading.Thread(target=self._last_resort, args=(code, limit), name="stop-last-resort", daemon=True).start()
         cancel()
+        if job is not None and not self._stop_job(job):
+            # Removing files a running job writes would only make it commit a broken output.
+            self._end(signum, code, cleanup=False)
+            return
         deadline = time.monotonic() + GRACE
         while True:
             # Again and again: Beam starts each worker process from a thread of its own, some late.
@@ -187,21 +227,32 @@ class StopOnSignal:
             beam_killed = any(beam for _, beam in kill_children(reap=False))
             if beam_killed or time.monotonic() >= deadline or self._returned.wait(0.05):
                 break
+        self._end(signum, code, cleanup=True)
+
+    def _stop_job(self, job: Job) -> bool:
+        """Cancel the remote job, waiting until none of it runs; whether it stopped."""
+        with contextlib.suppress(Exception):
+            self._stream.write(f"stopping: cancelling {job.name} and waiting for it to end\n")
+            self._stream.flush()
+        return job.stop()
+
+    def _end(self, signum: int, code: int, cleanup: bool) -> None:
+        """End the process for a main thread that did not unwind in time (unless it is ending it itself)."""
         if self._returned.is_set() or not self._ending.acquire(blocking=False):
             return  # the main thread ended, or is ending, the build itself
         cancel_writes(WRITES_WAIT)
-        cleanup = _run_cleanup
-        if cleanup is not None:
+        remove = _run_cleanup if cleanup else None
+        if remove is not None:
             with contextlib.suppress(Exception):
-                cleanup()
+                remove()
         kill_children(reap=True)
         with contextlib.suppress(Exception):
             self._stream.write(stopped_line(signum) + "\n")
             self._stream.flush()
         os._exit(code)
 
-    def _last_resort(self, code: int) -> None:
-        if self._returned.wait(GRACE + CLEANUP_LIMIT):
+    def _last_resort(self, code: int, limit: float) -> None:
+        if self._returned.wait(limit):
             return
         kill_children(reap=True)
         what = "stopped by SIGTERM" if code == EXIT_CODES[signal.SIGTERM] else "interrupted"

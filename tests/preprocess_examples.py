@@ -113,3 +113,11 @@ def overflows_late(ds: xr.Dataset) -> xr.Dataset:
 def overflows(ds: xr.Dataset) -> xr.Dataset:
     """t x 1e300 computed in float32, then cast: inf everywhere, though float64 could hold it."""
     return xr.Dataset({"t_big": (ds.t * 1e300).astype("float64"), "u": ds.u})
+
+
+def slow(ds: xr.Dataset) -> xr.Dataset:
+    """Every slab as it is, after a while: a job long enough to be stopped while its tasks run."""
+    import time
+
+    time.sleep(1.0)
+    return ds

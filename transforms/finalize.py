@@ -11,10 +11,12 @@ import dataclasses
 import json
 import logging
 import os
+import posixpath
 from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.io.filesystems import FileSystems
 
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.manifest import Manifest
@@ -220,6 +222,25 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
     return counts
 
 
+def _check_shards_exist(output: str, shards: list[Shard]) -> None:
+    """UserError unless every shard is in the output with the size its writer reported: none is committed missing.
+
+    (A launcher stopped while its job ran removed the run's files; the job must not then commit
+    a schema naming shards that are gone.)
+    """
+    found = {
+        posixpath.basename(m.path): m.size_in_bytes for m in FileSystems.match([join(output, "*")])[0].metadata_list
+    }
+    for shard in shards:
+        size = found.get(shard.file)
+        if size != shard.bytes:
+            state = "is missing" if size is None else f"holds {size:,} bytes where {shard.bytes:,} were written"
+            raise UserError(
+                f"output: shard {join(output, shard.file)} {state} (its files were removed or changed while the "
+                "build ran), so schema.json was not written; build again with --overwrite"
+            )
+
+
 def owns_output(output: str, run_id: str) -> bool:
     """Whether the output's manifest still names this run (no other build has cleared the output since)."""
     try:
@@ -243,6 +264,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
     nonfinite = derived_nonfinite(spec, summaries)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
+    _check_shards_exist(spec.output, [shard for split in shards.values() for shard in split])
     counts = _check_counts(spec, shards, summaries)
     schema = dataclasses.replace(spec.schema, splits=shards, counts=counts)
     stats = stats_document(spec, summaries, nonfinite)

@@ -289,6 +289,8 @@ def test_float64_beyond_float32_fails_unless_allowed(tmp_path, capsys):
         (("stray",), ["unknown argument 'stray'"]),
         (("--direct_num_workers=two",), ["Beam options: argument --direct_num_workers: invalid int value: 'two'"]),
         (("--runner=DataflowRuner",), ["--runner=DataflowRuner is not a runner Beam knows", "DataflowRunner"]),
+        # The launcher commits the output when the job ends: a launcher that does not wait would never commit it.
+        (("--no_wait_until_finish",), ["--no_wait_until_finish: the build commits its output when the job ends"]),
     ],
 )
 def test_a_mistyped_flag_is_refused(archive, tmp_path, capsys, flags, expected):

@@ -7,6 +7,9 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +243,52 @@ def test_dataflow_workers_share_no_filesystem(small_archive, tmp_path, capsys):
     assert main(["--config", str(config), "--runner=DataflowRunner", "--shared_filesystem"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Dataflow workers never see this machine's filesystem" in err, err
+
+
+#: The launcher, with units small enough that the small archive makes a job of many tasks.
+LAUNCHER = f"""
+import functools, sys
+from pipelines import build, graph
+from planning.plan import make_plan
+graph.make_plan = functools.partial(make_plan, unit_budget_bytes={UNIT_BUDGET_BYTES})
+sys.exit(build.main(sys.argv[1:]))
+"""
+
+
+def _tasks_on_cluster(client: Client) -> int:
+    """Tasks the scheduler knows plus those the workers still execute."""
+    known = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    return known + sum(client.run(lambda dask_worker: len(dask_worker.state.executing)).values())
+
+
+def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_archive, tmp_path, client):
+    """Ctrl-C on the launcher: the job is cancelled and its last tasks end first; then nothing of the run is left."""
+    output = tmp_path / "out"
+    config = yaml.safe_load(write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(output)).read_text())
+    config["input"]["preprocess"] = "preprocess_examples:slow"  # a second a slab: the job runs for a while
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(config))
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-c", LAUNCHER, "--config", str(path), "--quiet", "--shared_filesystem"]
+    launcher = subprocess.Popen([*command, *dask_flags(client)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _tasks_on_cluster(client) == 0:  # the job is submitted and runs
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.2)
+        time.sleep(1.5)  # some tasks done, some running, most waiting
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[0] == "stopping: cancelling the DaskRunner job and waiting for it to end", err
+    assert lines[-1] == (
+        "error: interrupted; the DaskRunner job was cancelled, the run's files were removed and the output is not complete"
+    ), err
+    assert _tasks_on_cluster(client) == 0  # nothing of the job runs any more ...
+    time.sleep(2.5)  # ... so nothing writes into the output after the clean-up (a task takes a second and more)
+    left = sorted(str(p.relative_to(output)) for p in output.rglob("*"))
+    assert left == ["_inventory.json", "_manifest.json"], left
