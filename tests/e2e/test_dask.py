@@ -286,7 +286,8 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     lines = err.strip().splitlines()
     assert lines[0] == "stopping: cancelling the DaskRunner job and waiting for it to end", err
     assert lines[-1] == (
-        "error: interrupted; the DaskRunner job was cancelled, the run's files were removed and the output is not complete"
+        "error: interrupted; the DaskRunner job was cancelled, "
+        "the run's files were removed and the output is not complete"
     ), err
     assert _tasks_on_cluster(client) == 0  # nothing of the job runs any more ...
     time.sleep(2.5)  # ... so nothing writes into the output after the clean-up (a task takes a second and more)

@@ -1,4 +1,4 @@
-"""A stopped launcher cancels its remote job and waits for it before removing files; Finalize commits no missing shard."""
+"""A stopped launcher cancels its remote job, and waits for it, before removing files; no missing shard is committed."""
 
 from __future__ import annotations
 
