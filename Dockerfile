@@ -12,5 +12,7 @@ COPY pipelines/ pipelines/
 COPY transforms/ transforms/
 COPY planning/ planning/
 COPY schemas/ schemas/
+# A Dask cluster's workers run dask and distributed too: docker build --build-arg EXTRAS=dask ...
+ARG EXTRAS=worker
 # Import from / (not this folder) so a package missing from setup.py fails the build, not a job.
-RUN pip install --no-cache-dir -c constraints.txt ".[worker]" && cd / && python -c "import pipelines.build, transforms.cut, planning.plan, schemas.reader"
+RUN pip install --no-cache-dir -c constraints.txt ".[${EXTRAS}]" && cd / && python -c "import pipelines.build, transforms.cut, planning.plan, schemas.reader"

@@ -9,6 +9,7 @@ from setuptools import setup
 #   pip install .             the readers (schemas: Reader, load_dataset, verify): no Beam, no xarray
 #   pip install ".[build]"    building outputs on this machine, or launching a build on Dataflow or Dask
 #   ".[worker]"               what a Beam worker runs: the Dockerfile's image, and worker-requirements.txt
+#   ".[dask]"                 what a Dask cluster's worker runs (the worker set, dask and distributed)
 # Dataflow's workers install the --setup_file package without extras (Beam builds an sdist and
 # pip-installs it as is), so the build sends them worker-requirements.txt (--requirements_file) with
 # it; tests/test_packaging.py keeps that file equal to WORKER.
@@ -41,11 +42,10 @@ LAUNCHER = [
     "build>=1.2",
     "setuptools>=68",
     "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
-    # --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud); dask and
-    # distributed release together (constraints.txt pins both to one version)
-    "dask>=2025.1",
-    "distributed>=2025.1",
 ]
+# --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud): the launcher and
+# the cluster's workers run them. They release together (constraints.txt pins both to one version).
+DASK = ["dask>=2025.1", "distributed>=2025.1"]
 
 setup(
     name="xarray-tfrecords",
@@ -67,13 +67,15 @@ setup(
     extras_require={
         "gcs": [GCSFS],  # the readers on gs:// outputs
         "worker": WORKER,
-        "build": WORKER + LAUNCHER,
+        "dask": WORKER + DASK,  # a Dask cluster's workers
+        "build": WORKER + DASK + LAUNCHER,
         "tf": [TENSORFLOW],
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
         # (pip install torch --index-url https://download.pytorch.org/whl/cpu) to avoid the CUDA wheels.
         "torch": ["torch>=2.4"],
         "test": [
             *WORKER,
+            *DASK,
             *LAUNCHER,
             TENSORFLOW,
             "pytest>=8",

@@ -109,7 +109,8 @@ def test_the_dockerfile_installs_the_tested_set():
     assert image and image.group(2) == next(iter(beam.specifier)).version
     assert image.group(1) == "3.11"  # the Python CI runs the whole suite on
     # The worker set (setup.py's "worker" extra), with the tested versions; nothing a worker never runs.
-    assert re.search(r'^RUN pip install [^&]*-c constraints\.txt "\.\[worker\]"', dockerfile, re.M), dockerfile
+    assert re.search(r"^ARG EXTRAS=worker$", dockerfile, re.M), dockerfile  # EXTRAS=dask for Dask's workers
+    assert re.search(r'^RUN pip install [^&]*-c constraints\.txt "\.\[\$\{EXTRAS\}\]"', dockerfile, re.M), dockerfile
     assert re.search(r"^COPY .*constraints\.txt", dockerfile, re.M)
 
 
@@ -128,6 +129,7 @@ def test_each_install_asks_for_what_its_users_run(source, dists):
     worker = _names(asked, "worker")
     assert worker >= BUILD_ONLY and not worker & LAUNCHER_ONLY, worker
     assert _names(asked, "build") == worker | LAUNCHER_ONLY
+    assert _names(asked, "dask") == worker | {"dask", "distributed"}
     assert _names(asked, "build") | {"tensorflow-cpu", "pytest"} <= _names(asked, "test")
     assert _names(asked, "gcs") == {"gcsfs"} and _names(asked, "tf") == {"tensorflow-cpu"}
     # worker-requirements.txt, sent with --setup_file (--requirements_file), is the worker extra line for line.
