@@ -14,6 +14,7 @@ from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.output import prepare_output, record_complete, remove_run_files
@@ -37,6 +38,7 @@ from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
+from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
@@ -79,6 +81,7 @@ def run_build(
     overwrite: bool = False,
     progress: TextIO | None = None,
     shared_filesystem: bool = False,
+    counters: dict[str, int] | None = None,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
@@ -86,7 +89,8 @@ def run_build(
     returns no schema, on any runner (Beam's runners other than Dataflow's have no dry run). ``progress``: a
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
-    shared parallel filesystem); local runs always do.
+    shared parallel filesystem); local runs always do. ``counters``: filled with the run's Beam counters, by
+    name, where the runner reports them.
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     check_stopped()  # stopped while Beam was being imported
@@ -150,6 +154,8 @@ def run_build(
                         check_stopped()  # stopped while the graph was built: the pipeline does not start
                 finally:
                     close_run(pipeline)
+                if counters is not None:
+                    counters.update(run_counters(pipeline))
             record_complete(plan.output, manifest)
         except BaseException as error:
             owned = cleanup()
@@ -160,6 +166,19 @@ def run_build(
         finally:
             clean_up_on_stop(None)
         return plan, load_schema(plan.output)
+
+
+def run_counters(pipeline: beam.Pipeline) -> dict[str, int]:
+    """The finished run's counters of ours, by name (committed values; none where the runner keeps none)."""
+    try:
+        found = pipeline.result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    except Exception:  # a runner without metrics (Beam's DaskRunner): the summary goes without
+        return {}
+    out: dict[str, int] = {}
+    for result in found:
+        value = result.committed if result.committed is not None else result.attempted
+        out[result.key.metric.name] = out.get(result.key.metric.name, 0) + int(value or 0)
+    return out
 
 
 def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -23,6 +24,7 @@ from planning.reads.zarr_reads import read_store_box
 from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
+    CHUNK_BYTES,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
     SAMPLE_ID,
@@ -35,7 +37,7 @@ from planning.run.contracts import (
     UnitCounts,
 )
 from planning.run.variables import VariablePlan
-from planning.sampling import Unit
+from planning.sampling import Unit, unit_pieces
 from planning.specs import CutSpec
 from schemas.errors import UserError
 from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
@@ -108,6 +110,19 @@ def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int
     return out
 
 
+def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
+    """Per grid dim, the source indices of the first elements of the unit's samples; and whether the unit is the
+    first along the concat dim (zarr_reads: the chunks a unit owns)."""
+    grid, own, first = spec.positions.grid, {}, True
+    for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
+        taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
+        positions = np.arange(start, stop) * axis.stride
+        own[axis.dim] = positions if taken is None else taken[positions]
+        if axis.dim == spec.positions.concat_dim:
+            first = start == 0
+    return own, first
+
+
 def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """Every variable's values over the unit's box of the selected grid (its samples' elements, halos included).
 
@@ -116,6 +131,11 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     box = spec.positions.grid.source_box(unit)
     concat_dim = spec.positions.concat_dim
     store = spec.zarr_store
+    if store is not None and spec.preprocess is None:
+        # One read of every variable over the whole box: each chunk fetched and decoded once.
+        own, first = _own(spec, unit)
+        variables = (*spec.variables, *spec.coords)
+        return read_store_box(store, concat_dim, variables, box, spec.zarr_missing_chunks, spec.selection, own, first)
     reader = None
     if store is not None:
         reader = functools.partial(read_store_box, store, concat_dim, missing_chunks=spec.zarr_missing_chunks)
@@ -127,6 +147,29 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
         return slabs
     variables = (*spec.variables, *spec.coords)  # the coordinates of config `coords` are read like variables
     return read_selected(sources, concat_dim, variables, box, spec.selection, reader)
+
+
+def _piece_slabs(spec: CutSpec, unit: Unit, piece: Unit, slabs: Slabs) -> Slabs:
+    """The part of the unit's slabs a piece of it reads (views: nothing is copied)."""
+    grid = spec.positions.grid
+    outer, inner = grid.source_box(unit), grid.source_box(piece)
+    values = {}
+    for variable in (*spec.variables, *spec.coords):
+        where = tuple(slice(inner[d][0] - outer[d][0], inner[d][1] - outer[d][0]) for d in variable.dims)
+        values[variable.name] = slabs.values[variable.name][where]
+    return Slabs(values)
+
+
+def cut_pieces(spec: CutSpec, unit: Unit, slabs: Slabs) -> Iterator[Block]:
+    """The unit's blocks, a piece at a time (planning.sampling.unit_pieces), so the samples held at once stay
+    within the unit budget however many whole chunks the unit read; one block for a unit of one piece."""
+    pieces = unit_pieces(unit, spec.pieces)
+    if len(pieces) == 1:
+        yield cut_slabs(spec, unit, slabs)
+        return
+    for number, piece in enumerate(pieces):
+        block = cut_slabs(spec, piece, _piece_slabs(spec, unit, piece, slabs))
+        yield dataclasses.replace(block, piece=number, pieces=len(pieces))
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
@@ -172,7 +215,8 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
 
 
 def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
-    """The block of samples of one unit, in sample-id order; ``sources``: the files along the concat dim."""
+    """The block of samples of one unit, whole (not in pieces), in sample-id order; ``sources``: the files along
+    the concat dim."""
     return cut_slabs(spec, unit, read_unit(spec, sources, unit))
 
 
@@ -203,6 +247,7 @@ class _CutUnitFn(beam.DoFn):
         self._samples = Metrics.counter(METRICS_NAMESPACE, SAMPLES_CUT)
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, BYTES_READ)
+        self._chunk_bytes = Metrics.counter(METRICS_NAMESPACE, CHUNK_BYTES)
 
     def setup(self):
         spec = self._spec
@@ -214,11 +259,14 @@ class _CutUnitFn(beam.DoFn):
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
         slabs = read_unit(self._spec, self._sources, unit)
         self._bytes_read.inc(slabs.bytes_read)
-        block = cut_slabs(self._spec, unit, slabs)
-        self._samples.inc(block.num_samples)
-        self._dropped.inc(unit.num_samples - block.num_samples)
+        self._chunk_bytes.inc(slabs.chunk_bytes)
+        cut = 0
+        for block in cut_pieces(self._spec, unit, slabs):
+            cut += block.num_samples
+            self._samples.inc(block.num_samples)
+            yield block
+        self._dropped.inc(unit.num_samples - cut)
         self._units.inc()
-        yield block
 
 
 @dataclasses.dataclass

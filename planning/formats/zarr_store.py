@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import glob
 import math
@@ -78,14 +79,18 @@ class StoreLayout:
         return math.lcm(*lengths) if lengths else 1
 
 
+#: Where a read wants each key the store returns noted, as (key, bytes): a context variable, as zarr
+#: fetches on its own event loop's thread, in tasks that copy the reading thread's context.
+FETCHED: contextvars.ContextVar[list[tuple[str, int]] | None] = contextvars.ContextVar("FETCHED", default=None)
+
+
 class RecordingStore(WrapperStore):
     """A store that remembers the chunk keys it found missing (zarr reads them as fill values, silently)
-    and counts the bytes it returned."""
+    and notes the keys it returned, with their sizes, in FETCHED where a read sets it."""
 
     def __init__(self, store):
         super().__init__(store)
         self.missing: set[str] = set()
-        self._bytes = 0
         self._lock = threading.Lock()
 
     def _with_store(self, store):
@@ -97,7 +102,9 @@ class RecordingStore(WrapperStore):
                 if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
                     self.missing.add(key)
             else:
-                self._bytes += len(buffer)
+                fetched = FETCHED.get()
+                if fetched is not None:
+                    fetched.append((key, len(buffer)))
 
     async def get(self, key, prototype, byte_range=None):
         buffer = await self._store.get(key, prototype, byte_range)
@@ -110,12 +117,6 @@ class RecordingStore(WrapperStore):
         for (key, _), buffer in zip(key_ranges, buffers):
             self._note(key, buffer)
         return buffers
-
-    def take_bytes(self) -> int:
-        """Bytes returned since the last call (so the calls' sum counts each byte once)."""
-        with self._lock:
-            taken, self._bytes = self._bytes, 0
-            return taken
 
     def missing_chunk(self, variable: str) -> str | None:
         """A missing chunk key of ``variable`` seen so far, if any."""

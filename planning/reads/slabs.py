@@ -34,12 +34,14 @@ Box = dict[str, tuple[int, int]]
 
 @dataclasses.dataclass
 class Slabs:
-    """Each variable's values over the box, and what was fetched from remote files: bytes, requests, round trips."""
+    """Each variable's values over the box, and what was fetched from remote files (or a Zarr store): bytes,
+    requests, round trips; and of a store, the stored bytes of the chunks the read owns (zarr_reads)."""
 
     values: dict[str, np.ndarray]
     bytes_read: int = 0
     requests: int = 0
     round_trips: int = 0
+    chunk_bytes: int = 0
 
 
 def _failed(path: str, name: str, error: Exception) -> UserError:
