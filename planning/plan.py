@@ -318,7 +318,15 @@ def make_plan(
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
     units, pieces = _plan_units(
-        grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, making, held, dataset.selection
+        grid,
+        [*chosen, *coordinates],
+        inventory,
+        files,
+        record_bytes,
+        unit_budget_bytes,
+        making,
+        held,
+        dataset.selection,
     )
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])

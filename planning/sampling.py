@@ -236,7 +236,9 @@ def _largest_fitting(fits, count: int) -> int:
     return low
 
 
-def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int], least: Sequence[int]) -> list[int]:
+def _chunks(
+    grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int], least: Sequence[int]
+) -> list[int]:
     """Positions per unit along each grid dim: whole dims, except along ``order``'s first dims.
 
     The dims in ``order`` are narrowed one after another: each to the most positions that fit
@@ -269,7 +271,9 @@ def _order(grid: SampleGrid, first_dim: str | None) -> list[int]:
     return order
 
 
-def piece_positions(grid: SampleGrid, cost: UnitCost, budget_bytes: float, first_dim: str | None = None) -> tuple[int, ...]:
+def piece_positions(
+    grid: SampleGrid, cost: UnitCost, budget_bytes: float, first_dim: str | None = None
+) -> tuple[int, ...]:
     """Positions per piece along each grid dim: a unit over the budget (whole chunks of a Zarr store) is cut in
     pieces of at most this many on its worker, one block each, so the samples it holds at once fit the budget."""
     if grid.num_samples == 0:

@@ -7,7 +7,6 @@ leading ``sample`` dim, and per split how many samples were cut, dropped or fill
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pickle
 from collections.abc import Iterator
 
@@ -18,9 +17,9 @@ from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
 from planning.preprocess import read_derived
-from planning.reads.slabs import Slabs, read_selected
+from planning.reads.slabs import Reader, SelectionReader, Slabs, files_reader
 from planning.reads.source_index import SourceIndex
-from planning.reads.zarr_reads import read_store_box
+from planning.reads.zarr_reads import StoreReader
 from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
@@ -123,30 +122,31 @@ def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
     return own, first
 
 
+def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
+    """How the unit's box is read (planning.reads.slabs.Reader): a Zarr store's chunks, each once; or the box of
+    the selected grid mapped to pieces of the files (of each member, with input.new_dim)."""
+    concat_dim = spec.positions.concat_dim
+    if spec.zarr_store is not None:
+        own, first = _own(spec, unit)
+        return StoreReader(spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first)
+    return SelectionReader(files_reader(sources, concat_dim), spec.selection)
+
+
 def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """Every variable's values over the unit's box of the selected grid (its samples' elements, halos included).
 
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    concat_dim = spec.positions.concat_dim
-    store = spec.zarr_store
-    if store is not None and spec.preprocess is None:
-        # One read of every variable over the whole box: each chunk fetched and decoded once.
-        own, first = _own(spec, unit)
-        variables = (*spec.variables, *spec.coords)
-        return read_store_box(store, concat_dim, variables, box, spec.zarr_missing_chunks, spec.selection, own, first)
-    reader = None
-    if store is not None:
-        reader = functools.partial(read_store_box, store, concat_dim, missing_chunks=spec.zarr_missing_chunks)
-    if spec.preprocess is not None:
+    reader = unit_reader(spec, sources, unit)
+    if spec.preprocess is not None:  # (never with a store: planning refuses it)
         where = f"unit {unit.index}"
-        slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)
+        concat_dim = spec.positions.concat_dim
+        slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where)
         if spec.coords:  # the coordinates of config `coords` are read as they are, not derived
-            slabs.values.update(read_selected(sources, concat_dim, spec.coords, box, spec.selection, reader).values)
+            slabs.values.update(reader.read(spec.coords, box).values)
         return slabs
-    variables = (*spec.variables, *spec.coords)  # the coordinates of config `coords` are read like variables
-    return read_selected(sources, concat_dim, variables, box, spec.selection, reader)
+    return reader.read((*spec.variables, *spec.coords), box)  # config `coords` are read like variables
 
 
 def _piece_slabs(spec: CutSpec, unit: Unit, piece: Unit, slabs: Slabs) -> Slabs:

@@ -7,6 +7,7 @@ the same encodings, so the same data gives the same values either way.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Sequence
@@ -184,3 +185,21 @@ def read_store_box(
     if own is not None:
         slabs.chunk_bytes = _needed_bytes(ds, variables, fetched, own, concat_dim, first)
     return slabs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StoreReader:
+    """A Zarr store's Reader (planning.reads.slabs.Reader): boxes of the selected grid, each read once
+    (read_store_box); ``own`` and ``first``: what the unit reading owns, for Slabs.chunk_bytes."""
+
+    url: str
+    concat_dim: str
+    missing_chunks: str = "error"
+    selection: Selection = dataclasses.field(default_factory=Selection)
+    own: dict[str, np.ndarray] | None = None
+    first: bool = True
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        return read_store_box(
+            self.url, self.concat_dim, variables, box, self.missing_chunks, self.selection, self.own, self.first
+        )

@@ -15,10 +15,10 @@ from planning.formats import zarr_store
 from planning.formats.zarr_store import is_store, store_input
 from planning.plan import make_plan
 from planning.reads import zarr_reads
-from planning.specs import cut_spec
-from schemas.errors import UserError
 from planning.run.contracts import SAMPLE_ID
 from planning.sampling import unit_pieces
+from planning.specs import cut_spec
+from schemas.errors import UserError
 from transforms.cut import cut_pieces, cut_unit, read_unit
 
 pytestmark = pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
