@@ -25,6 +25,7 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
+from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_store import store_input
 from planning.inputs.coords import record_values
@@ -45,6 +46,7 @@ from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
 from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
+from schemas.urls import is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -377,29 +379,51 @@ def _plan_units(
     cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables) + held, 3 * record_bytes)
     if inventory.zarr is not None:
         # Units hold whole chunks, which may be over the budget: workers cut them in pieces that fit.
-        chunked = _chunk_breaks(grid, variables, inventory, selection)
+        chunked = _chunk_breaks(grid, variables, inventory.zarr.chunks, inventory.sizes, selection)
         units = plan_units(grid, cost, budget_bytes, concat_dim, chunked=chunked)
         return _making_samples(units, grid_dims, making), piece_positions(grid, cost, budget_bytes, concat_dim)
+    # NetCDF-4 variables stored in chunks: units hold whole chunks along the other dims too (files along
+    # the concat dim: units already end where files do), cut in pieces on workers where over the budget.
+    chunks = {} if held else _netcdf4_chunks(inventory, variables)  # (input.preprocess: its slabs stay whole)
+    chunked = _chunk_breaks(grid, variables, chunks, inventory.sizes, selection, skip=concat_dim) if chunks else {}
+    pieces = piece_positions(grid, cost, budget_bytes, concat_dim) if chunked else ()
     if concat_dim not in grid_dims:
-        return _making_samples(plan_units(grid, cost, budget_bytes), grid_dims, making), ()
+        units = plan_units(grid, cost, budget_bytes, chunked=chunked)
+        return _making_samples(units, grid_dims, making), pieces
     stride = grid.axis(concat_dim).stride
     starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    return _making_samples(plan_units(grid, cost, budget_bytes, concat_dim, starts), grid_dims, making), ()
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, chunked=chunked)
+    return _making_samples(units, grid_dims, making), pieces
 
 
-def _chunk_breaks(grid: SampleGrid, variables, inventory: Inventory, selection: Selection) -> dict[str, list[int]]:
-    """Per grid dim, the positions where a chunk of every variable read starts (a store is read by whole chunks:
-    units hold whole chunks, so each chunk is fetched and decoded by one unit, halos aside)."""
-    out, sizes = {}, inventory.sizes
+def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...]]:
+    """The chunk shapes of the variables the reference file (a local NetCDF-4 file) stores in chunks; the other
+    files are taken to be chunked alike (where they are not, units only read more than they would)."""
+    path = inventory.reference.path
+    if is_remote(path):  # (its chunks would cost a fetch at planning: remote files keep units as they were)
+        return {}
+    names = [v.name for v in variables if getattr(v, "static_path", None) is None]
+    return chunk_shapes(path, names)
+
+
+def _chunk_breaks(
+    grid: SampleGrid, variables, chunks: Mapping, sizes: Mapping[str, int], selection: Selection, skip: str = ""
+) -> dict[str, list[int]]:
+    """Per grid dim (but ``skip``), the positions where a chunk of every chunked variable read starts (``chunks``:
+    their chunk shapes by name; a chunk is read whole: units hold whole chunks, so each chunk is fetched and
+    decoded by one unit, halos aside)."""
+    out = {}
     for axis in grid.grid_axes:
+        if axis.dim == skip:
+            continue
         # Each position's first source index, through the selection.
         starts = selection.indices(axis.dim, sizes[axis.dim])[:: axis.stride][: axis.count]
         common = None
         for variable in variables:
-            chunks = inventory.zarr.chunks.get(variable.name)
-            if chunks is None or axis.dim not in variable.dims:
+            shape = chunks.get(variable.name)
+            if shape is None or axis.dim not in variable.dims or len(shape) != len(variable.dims):
                 continue
-            found = set(chunk_breaks(starts, 1, chunks[variable.dims.index(axis.dim)]))
+            found = set(chunk_breaks(starts, 1, shape[variable.dims.index(axis.dim)]))
             common = found if common is None else common & found
         if common is not None:
             out[axis.dim] = sorted(common)
