@@ -79,9 +79,9 @@ class StoreLayout:
         return math.lcm(*lengths) if lengths else 1
 
 
-#: Where a read wants each key the store returns noted, as (key, bytes): a context variable, as zarr
+#: Where a read wants what the store returns noted, as (key, byte range, bytes): a context variable, as zarr
 #: fetches on its own event loop's thread, in tasks that copy the reading thread's context.
-FETCHED: contextvars.ContextVar[list[tuple[str, int]] | None] = contextvars.ContextVar("FETCHED", default=None)
+FETCHED: contextvars.ContextVar[list[tuple[str, str, int]] | None] = contextvars.ContextVar("FETCHED", default=None)
 
 
 class RecordingStore(WrapperStore):
@@ -96,26 +96,26 @@ class RecordingStore(WrapperStore):
     def _with_store(self, store):
         return type(self)(store)
 
-    def _note(self, key: str, buffer) -> None:
+    def _note(self, key: str, buffer, byte_range=None) -> None:
         with self._lock:
             if buffer is None:
                 if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
                     self.missing.add(key)
             else:
                 fetched = FETCHED.get()
-                if fetched is not None:
-                    fetched.append((key, len(buffer)))
+                if fetched is not None:  # (a sharded store's chunks are byte ranges of its shards' keys)
+                    fetched.append((key, repr(byte_range), len(buffer)))
 
     async def get(self, key, prototype, byte_range=None):
         buffer = await self._store.get(key, prototype, byte_range)
-        self._note(key, buffer)
+        self._note(key, buffer, byte_range)
         return buffer
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
         buffers = await self._store.get_partial_values(prototype, key_ranges)
-        for (key, _), buffer in zip(key_ranges, buffers):
-            self._note(key, buffer)
+        for (key, byte_range), buffer in zip(key_ranges, buffers):
+            self._note(key, buffer, byte_range)
         return buffers
 
     def missing_chunk(self, variable: str) -> str | None:

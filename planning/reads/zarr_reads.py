@@ -111,7 +111,8 @@ def _chunk_index(key: str, ndim: int) -> tuple[int, ...] | None:
 def _needed_bytes(
     ds: xr.Dataset, variables: Sequence[VariablePlan], fetched: list, own: dict, concat_dim: str, first: bool
 ) -> int:
-    """The stored bytes of the chunks this read is accountable for, among those ``fetched`` ((key, bytes)).
+    """The stored bytes of the chunks this read is accountable for, among those ``fetched`` ((key, byte range,
+    bytes)).
 
     A chunk is the read's own when it holds the first element of one of its samples along every
     grid dim (``own``: per grid dim, the source indices of those first elements); the rest it
@@ -119,9 +120,7 @@ def _needed_bytes(
     the concat dim (a static field) is the own of the first unit along it alone (``first``): every
     other unit fetches it again.
     """
-    sizes: dict[str, int] = {}
-    for key, size in fetched:
-        sizes[key] = max(size, sizes.get(key, 0))
+    sizes = {(key, where): size for key, where, size in fetched}  # each key (or byte range of one) once
     owned: dict[str, list[set[int] | None]] = {}
     for variable in variables:
         encoding = ds[variable.name].encoding
@@ -132,7 +131,7 @@ def _needed_bytes(
             set((np.asarray(own[d]) // c).tolist()) if d in own else None for d, c in zip(variable.dims, chunks)
         ]
     total = 0
-    for key, size in sizes.items():
+    for (key, _), size in sizes.items():
         name = key.split("/", 1)[0]
         if name not in owned:
             continue
@@ -164,7 +163,7 @@ def read_store_box(
     store, ds = _opened(url)
     selection = selection or Selection()
     slabs = Slabs({})
-    fetched: list[tuple[str, int]] = []
+    fetched: list[tuple[str, str, int]] = []
     token = FETCHED.set(fetched)
     try:
         for variable in variables:
@@ -181,7 +180,7 @@ def read_store_box(
     if missing_chunks == "fill":
         store.forget_missing()
     # Counted per read (the store's own count adds up every thread's reads).
-    slabs.bytes_read = sum(size for _, size in fetched)
+    slabs.bytes_read = sum(size for _, _, size in fetched)
     if own is not None:
         slabs.chunk_bytes = _needed_bytes(ds, variables, fetched, own, concat_dim, first)
     return slabs

@@ -37,9 +37,9 @@ def keys_read(monkeypatch) -> list[tuple[str, bool]]:
     seen = []
     note = zarr_store.RecordingStore._note
 
-    def recording(self, key, buffer):
+    def recording(self, key, buffer, byte_range=None):
         seen.append((key, buffer is not None))
-        note(self, key, buffer)
+        note(self, key, buffer, byte_range)
 
     monkeypatch.setattr(zarr_store.RecordingStore, "_note", recording)
     monkeypatch.setattr(zarr_reads, "_OPENED", {})
@@ -223,3 +223,28 @@ def test_a_codec_the_worker_lacks_is_named(tmp_path, keys_read):
         UserError, match=r"arco.zarr: codec 'zfpy' is not available; install zfpy \(pip install zfpy\)$"
     ):
         read_unit(cut_spec(plan), plan.sources, plan.units[0])
+
+
+def test_a_sharded_store_fetches_each_inner_chunk_once(tmp_path, monkeypatch):
+    """Zarr v3 shards (two inner chunks each along latitude): units hold whole shards, each byte range is fetched
+    once, and the stored bytes counted are those fetched."""
+    ds = arco_like(steps=2, lat=10, lon=18)[["temperature"]]
+    store = tmp_path / "sharded.zarr"
+    encoding = {"temperature": {"chunks": (1, 37, 5, 18), "shards": (1, 37, 10, 18)}}
+    ds.to_zarr(store, encoding=encoding, zarr_format=3, consolidated=True)
+    plan = make_plan(_config(store, tmp_path, ["temperature"]), unit_budget_bytes=2e4)
+    seen = []
+    note = zarr_store.RecordingStore._note
+
+    def recording(self, key, buffer, byte_range=None):
+        if buffer is not None and key.startswith("temperature/c/"):
+            seen.append((key, repr(byte_range)))
+        note(self, key, buffer, byte_range)
+
+    monkeypatch.setattr(zarr_store.RecordingStore, "_note", recording)
+    monkeypatch.setattr(zarr_reads, "_OPENED", {})
+    spec = cut_spec(plan)
+    reads = [read_unit(spec, plan.sources, unit) for unit in plan.units]
+    assert len(plan.units) == 2 and plan.pieces  # a shard a unit, in pieces
+    assert seen and len(seen) == len(set(seen))
+    assert sum(r.bytes_read for r in reads) == sum(r.chunk_bytes for r in reads) > 0
