@@ -407,12 +407,12 @@ def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...
 
 
 def _chunk_breaks(
-    grid: SampleGrid, variables, chunks: Mapping, sizes: Mapping[str, int], selection: Selection, skip: str = ""
+    grid: SampleGrid, variables, chunks: Mapping, sizes: Mapping[str, int], selection: Selection | None, skip: str = ""
 ) -> dict[str, list[int]]:
     """Per grid dim (but ``skip``), the positions where a chunk of every chunked variable read starts (``chunks``:
     their chunk shapes by name; a chunk is read whole: units hold whole chunks, so each chunk is fetched and
     decoded by one unit, halos aside)."""
-    out = {}
+    out, selection = {}, selection or Selection()
     for axis in grid.grid_axes:
         if axis.dim == skip:
             continue
@@ -423,7 +423,7 @@ def _chunk_breaks(
             shape = chunks.get(variable.name)
             if shape is None or axis.dim not in variable.dims or len(shape) != len(variable.dims):
                 continue
-            found = set(chunk_breaks(starts, 1, shape[variable.dims.index(axis.dim)]))
+            found = set(chunk_breaks(starts, shape[variable.dims.index(axis.dim)]))
             common = found if common is None else common & found
         if common is not None:
             out[axis.dim] = sorted(common)

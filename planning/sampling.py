@@ -281,7 +281,7 @@ def piece_positions(
     return tuple(_chunks(grid, cost, budget_bytes, _order(grid, first_dim), [1] * len(grid.grid_axes)))
 
 
-def chunk_breaks(starts: Sequence[int], stride: int, chunk: int) -> list[int]:
+def chunk_breaks(starts: Sequence[int], chunk: int) -> list[int]:
     """The positions along a grid dim where a source chunk of ``chunk`` elements starts; ``starts``: each
     position's first source index (selection applied), in order."""
     ids = np.asarray(starts, dtype=np.int64) // chunk

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import glob
-import math
 import os
 import re
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import fsspec
 import numcodecs
@@ -72,11 +71,6 @@ class StoreLayout:
 
     url: str
     chunks: dict[str, tuple[int, ...]]
-
-    def concat_chunk(self, variables: Iterable[tuple[str, tuple[str, ...]]], concat_dim: str) -> int:
-        """Steps along the concat dim that start a chunk of every one of ``variables`` (name, dims) together."""
-        lengths = [self.chunks[name][dims.index(concat_dim)] for name, dims in variables if concat_dim in dims]
-        return math.lcm(*lengths) if lengths else 1
 
 
 #: Where a read wants what the store returns noted, as (key, byte range, bytes): a context variable, as zarr
