@@ -14,7 +14,9 @@ from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineResult
 
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from pipelines.output_lock import open_private_folder, output_lock
@@ -38,6 +40,7 @@ from planning.inputs.probe_cache import load_probes, save_probes
 from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
+from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
@@ -80,6 +83,7 @@ def run_build(
     overwrite: bool = False,
     progress: TextIO | None = None,
     shared_filesystem: bool = False,
+    counters: dict[str, int] | None = None,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
@@ -87,7 +91,8 @@ def run_build(
     returns no schema, on any runner (Beam's runners other than Dataflow's have no dry run). ``progress``: a
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
-    shared parallel filesystem); local runs always do.
+    shared parallel filesystem); local runs always do. ``counters``: filled with the run's Beam counters, by
+    name, where the runner reports them.
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
@@ -148,7 +153,9 @@ def run_build(
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 build_pipeline(pipeline, list(plan.units), specs)
                 check_stopped()  # stopped while the graph was built: the pipeline does not start
-                _run_and_wait(pipeline, options, local)
+                result = _run_and_wait(pipeline, options, local)
+                if counters is not None:
+                    counters.update(run_counters(result))
             record_complete(plan.output, manifest)
         except BaseException as error:
             owned = cleanup()
@@ -163,7 +170,7 @@ def run_build(
         return plan, load_schema(plan.output)
 
 
-def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> None:
+def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> PipelineResult:
     """Run the pipeline and wait for it to end; a remote job is watched: a stop, or the clean-up, cancels it first."""
     result = pipeline.run()
     if not local:
@@ -171,6 +178,20 @@ def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool
         watch_job(RemoteJob(result, runner_name(options).rsplit(".", 1)[-1]))
         check_stopped()  # stopped while the job was submitted: it is cancelled as the run's files are removed
     result.wait_until_finish()
+    return result
+
+
+def run_counters(result: PipelineResult) -> dict[str, int]:
+    """The finished run's counters of ours, by name (committed values; none where the runner keeps none)."""
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    except Exception:  # a runner without metrics (Beam's DaskRunner): the summary goes without
+        return {}
+    out: dict[str, int] = {}
+    for counter in found:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + int(value or 0)
+    return out
 
 
 def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:

@@ -25,6 +25,7 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
+from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_store import store_input
 from planning.inputs.coords import record_values
@@ -38,13 +39,14 @@ from planning.reads.source_index import SourceIndex
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
+from planning.sampling import SampleGrid, Unit, UnitCost, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, gap_positions, position_labels, split_ranges
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature, Schema, shard_name
 from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
+from schemas.urls import is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class BuildPlan:
     coordinates: tuple[VariablePlan, ...] = ()
     #: input files whose times state no calendar: read as standard (CF's default), which the summary says
     unstated_calendar: tuple[str, ...] = ()
+    #: positions per piece along each grid dim: units over the budget (a Zarr store's whole chunks) are cut in
+    #: pieces of this size on their worker (planning.sampling.unit_pieces); empty: every unit is one piece
+    pieces: tuple[int, ...] = ()
 
     @property
     def grid(self) -> SampleGrid:
@@ -314,7 +319,17 @@ def make_plan(
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
-    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, making, held)
+    units, pieces = _plan_units(
+        grid,
+        [*chosen, *coordinates],
+        inventory,
+        files,
+        record_bytes,
+        unit_budget_bytes,
+        making,
+        held,
+        dataset.selection,
+    )
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
@@ -327,6 +342,7 @@ def make_plan(
         variables=tuple(variables),
         stacks=tuple(stacks),
         units=tuple(units),
+        pieces=pieces,
         splits=tuple(splits),
         schema=schema,
         run_id=run_id or new_run_id(),
@@ -348,29 +364,70 @@ def _plan_units(
     budget_bytes: float,
     making: dict[str, np.ndarray],
     held: tuple = (),
-) -> list[Unit]:
-    """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do).
+    selection: Selection | None = None,
+) -> tuple[list[Unit], tuple[int, ...]]:
+    """Units of the grid, and the positions per piece workers cut them in (none: each unit is one piece).
 
+    ``files``: their ranges on the selected concat dim (units prefer to end where files do);
     ``making``: per dim, the positions that can make samples (units without any are left out);
-    ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs).
+    ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs);
+    ``selection``: where the grid's positions are in the source (config ``select``).
     """
     concat_dim = inventory.concat_dim
     grid_dims = [a.dim for a in grid.grid_axes]
     # Samples are held about three times over: cut, encoded, and in buckets.
     cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables) + held, 3 * record_bytes)
-    if concat_dim not in grid_dims:
-        return _making_samples(plan_units(grid, cost, budget_bytes), grid_dims, making)
-    stride = grid.axis(concat_dim).stride
-    least = 1
     if inventory.zarr is not None:
-        # A store is read by whole chunks: units start where chunks start and hold at least one
-        # (narrowed along the other dims instead), so no chunk is fetched for a sliver of it.
-        chunk = inventory.zarr.concat_chunk(((v.name, v.dims) for v in variables), concat_dim)
-        starts = [-(-s // stride) for s in range(0, grid.axis(concat_dim).length, chunk)]
-        least = max(1, chunk // stride)
-    else:
-        starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    return _making_samples(plan_units(grid, cost, budget_bytes, concat_dim, starts, least), grid_dims, making)
+        # Units hold whole chunks, which may be over the budget: workers cut them in pieces that fit.
+        chunked = _chunk_breaks(grid, variables, inventory.zarr.chunks, inventory.sizes, selection)
+        units = plan_units(grid, cost, budget_bytes, concat_dim, chunked=chunked)
+        return _making_samples(units, grid_dims, making), piece_positions(grid, cost, budget_bytes, concat_dim)
+    # NetCDF-4 variables stored in chunks: units hold whole chunks along the other dims too (files along
+    # the concat dim: units already end where files do), cut in pieces on workers where over the budget.
+    chunks = {} if held else _netcdf4_chunks(inventory, variables)  # (input.preprocess: its slabs stay whole)
+    chunked = _chunk_breaks(grid, variables, chunks, inventory.sizes, selection, skip=concat_dim) if chunks else {}
+    pieces = piece_positions(grid, cost, budget_bytes, concat_dim) if chunked else ()
+    if concat_dim not in grid_dims:
+        units = plan_units(grid, cost, budget_bytes, chunked=chunked)
+        return _making_samples(units, grid_dims, making), pieces
+    stride = grid.axis(concat_dim).stride
+    starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, chunked=chunked)
+    return _making_samples(units, grid_dims, making), pieces
+
+
+def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...]]:
+    """The chunk shapes of the variables the reference file (a local NetCDF-4 file) stores in chunks; the other
+    files are taken to be chunked alike (where they are not, units only read more than they would)."""
+    path = inventory.reference.path
+    if is_remote(path):  # (its chunks would cost a fetch at planning: remote files keep units as they were)
+        return {}
+    names = [v.name for v in variables if getattr(v, "static_path", None) is None]
+    return chunk_shapes(path, names)
+
+
+def _chunk_breaks(
+    grid: SampleGrid, variables, chunks: Mapping, sizes: Mapping[str, int], selection: Selection | None, skip: str = ""
+) -> dict[str, list[int]]:
+    """Per grid dim (but ``skip``), the positions where a chunk of every chunked variable read starts (``chunks``:
+    their chunk shapes by name; a chunk is read whole: units hold whole chunks, so each chunk is fetched and
+    decoded by one unit, halos aside)."""
+    out, selection = {}, selection or Selection()
+    for axis in grid.grid_axes:
+        if axis.dim == skip:
+            continue
+        # Each position's first source index, through the selection.
+        starts = selection.indices(axis.dim, sizes[axis.dim])[:: axis.stride][: axis.count]
+        common = None
+        for variable in variables:
+            shape = chunks.get(variable.name)
+            if shape is None or axis.dim not in variable.dims or len(shape) != len(variable.dims):
+                continue
+            found = set(chunk_breaks(starts, shape[variable.dims.index(axis.dim)]))
+            common = found if common is None else common & found
+        if common is not None:
+            out[axis.dim] = sorted(common)
+    return out
 
 
 def _making_samples(units: list[Unit], grid_dims: list[str], making: dict[str, np.ndarray]) -> list[Unit]:

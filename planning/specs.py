@@ -51,6 +51,8 @@ class CutSpec:
     preprocess: Preprocess | None = None
     #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
     coords: tuple[VariablePlan, ...] = ()
+    #: positions per piece along each grid dim: a unit is cut in pieces of this size, a block each (empty: whole)
+    pieces: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,6 +144,7 @@ def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
         zarr_missing_chunks=config.input.missing_chunks,
         preprocess=plan.preprocess,
         coords=plan.coordinates,
+        pieces=plan.pieces,
     )
 
 

@@ -100,10 +100,10 @@ class _EncodeAndBucketFn(beam.DoFn):
             if directory is None:
                 yield shard, b"".join(pieces)
             else:
-                path = bucket_path(directory, shard, block.unit)
+                path = bucket_path(directory, shard, block.unit, block.piece)
                 write_atomically(path, pieces)
                 yield shard, path
-        mark(self._spec.progress_dir, "unit", block.unit, samples=block.num_samples)
+        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=block.num_samples)
 
 
 @dataclasses.dataclass

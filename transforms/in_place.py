@@ -58,7 +58,7 @@ class _WriteInPlaceFn(beam.DoFn):
         total = sum(n for _, n in written.values())
         self._bytes.inc(total)
         self._records.inc(len(records))
-        mark(self._spec.progress_dir, "unit", block.unit, samples=len(records))
+        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(records))
         yield dict(written)
 
     def teardown(self):

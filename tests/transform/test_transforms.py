@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import io
 import pickle
+import threading
+import time
 
 import apache_beam as beam
 import numpy as np
@@ -28,7 +30,7 @@ from schemas.buckets import unpack_bucket
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import frame, read_records
-from transforms.cut import CutSamples, cut_unit
+from transforms.cut import CutSamples, HeldBytes, cut_unit
 from transforms.encode import bucket_block
 from transforms.shards import write_atomically
 from transforms.stats import ComputeStats
@@ -223,3 +225,28 @@ def test_write_atomically_leaves_no_temporary_whatever_fails(tmp_path, monkeypat
     with pytest.raises(OSError, match="No space left"):
         write_atomically(str(tmp_path / "schema.json"), [b"{}"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_units_in_pieces_take_turns_holding_their_chunks():
+    """Two threads each holding 0.6 of the limit: the second waits for the first; one over the limit passes alone."""
+    held = HeldBytes(10)
+    inside, most = [], []
+    lock = threading.Lock()
+
+    def unit(nbytes):
+        with held.holding(nbytes):
+            with lock:
+                inside.append(nbytes)
+                most.append(sum(inside))
+            time.sleep(0.05)
+            with lock:
+                inside.remove(nbytes)
+
+    threads = [threading.Thread(target=unit, args=(n,)) for n in (6, 6, 3, 25)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(most) == 4 and max(most) <= 25 and all(m <= 10 or m == 25 for m in most)
+    with held.holding(0), held.holding(0):  # units of one piece never wait
+        pass
