@@ -14,6 +14,7 @@ setup(
     packages=[
         "pipelines",
         "transforms",
+        "transforms.buckets",
         "planning",
         "planning.run",
         "planning.formats",

@@ -47,9 +47,9 @@ from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
+from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output
 from transforms.in_place import preallocate
-from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
 from transforms.write import WriteShards
 

@@ -23,13 +23,14 @@ from planning.specs import WriteSpec, compile_specs
 from planning.splits import SplitPlan
 from planning.write_strategy import WriteStrategy
 from schemas import load_schema
-from schemas.bucket_sort import INDEX_BYTES_PER_RECORD, BufferLedger, SortedBuckets
-from schemas.buckets import bucket_pieces, row_dtype
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature, Schema
 from schemas.tfrecord import frame, frame_parts
-from transforms.shards import write_atomically, write_shard
+from transforms.buckets.blobs import bucket_pieces, row_dtype
+from transforms.buckets.sorting import INDEX_BYTES_PER_RECORD, BufferLedger, SortedBuckets
+from transforms.files import write_atomically
+from transforms.shards import write_shard
 
 SEED = 7
 

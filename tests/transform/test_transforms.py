@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import errno
 import io
 import pickle
 
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -23,14 +21,13 @@ from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
 from planning.write_strategy import WriteStrategy
 from schemas import load_schema
-from schemas.bucket_sort import SortedBuckets
-from schemas.buckets import unpack_bucket
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import frame, read_records
+from transforms.buckets.blobs import unpack_bucket
+from transforms.buckets.sorting import SortedBuckets
 from transforms.cut import CutSamples, cut_unit
 from transforms.encode import bucket_block
-from transforms.shards import write_atomically
 from transforms.stats import ComputeStats
 
 
@@ -164,16 +161,6 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
     assert not (tmp_path / "local_True" / "_tmp").exists()
 
 
-def test_write_atomically_keeps_every_byte_in_order_when_it_joins_small_writes(tmp_path):
-    rng = np.random.default_rng(0)
-    sizes = [int(n) for n in rng.integers(1, 70_000, 400)] + [9 * 2**20] + [5, 3]  # ~14 MB small, one big
-    chunks = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
-    path = str(tmp_path / "shard.tfrecord")
-    assert write_atomically(path, iter(chunks)) == sum(sizes)
-    assert (tmp_path / "shard.tfrecord").read_bytes() == b"".join(chunks)
-    assert [p.name for p in tmp_path.iterdir()] == ["shard.tfrecord"]  # the temporary name is gone
-
-
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():
     import types
 
@@ -194,32 +181,3 @@ def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_
     columns = record_columns(spec, Block(0, samples, {}, {"u": filled_u}))
     np.testing.assert_array_equal(columns["wind"], np.stack([u, v], axis=1))
     np.testing.assert_array_equal(columns["mask/wind"], np.stack([filled_u, np.zeros_like(filled_u)], axis=1))
-
-
-@pytest.mark.parametrize("failing", ["write", "close", "rename"])
-def test_write_atomically_leaves_no_temporary_whatever_fails(tmp_path, monkeypatch, failing):
-    """A full disk may show at a write, at the flush when the file is closed, or at the rename."""
-    full = OSError(errno.ENOSPC, "No space left on device")
-    real_create = FileSystems.create
-
-    def create(path, *args, **kwargs):
-        stream = real_create(path, *args, **kwargs)
-        if failing in ("write", "close"):
-            real = getattr(stream, failing)
-
-            def fail(*args):
-                real(*args)
-                raise full
-
-            setattr(stream, failing, fail)
-        return stream
-
-    def rename(*args, **kwargs):
-        raise full
-
-    monkeypatch.setattr(FileSystems, "create", create)
-    if failing == "rename":
-        monkeypatch.setattr(FileSystems, "rename", rename)
-    with pytest.raises(OSError, match="No space left"):
-        write_atomically(str(tmp_path / "schema.json"), [b"{}"])
-    assert list(tmp_path.iterdir()) == []
