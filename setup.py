@@ -19,6 +19,7 @@ setup(
         "planning.run",
         "planning.formats",
         "planning.inputs",
+        "planning.config",
         "planning.reads",
         "schemas",
     ],

@@ -19,7 +19,7 @@ from planning.plan import make_plan
 from planning.run.contracts import SAMPLE_ID
 from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
-from planning.write_strategy import WriteStrategy
+from planning.write_strategy import WritePlan, WriteStrategy
 from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
@@ -37,8 +37,8 @@ def local_pipeline() -> test_pipeline.TestPipeline:
 
 
 @pytest.fixture
-def plan(small_archive, tmp_path):
-    config = parse_config(
+def config(small_archive, tmp_path):
+    return parse_config(
         {
             "input": {"paths": str(small_archive / "*.nc")},
             "variables": ["t", "q"],
@@ -46,6 +46,10 @@ def plan(small_archive, tmp_path):
             "output": {"path": str(tmp_path / "out"), "num_shards": 3},
         }
     )
+
+
+@pytest.fixture
+def plan(config):
     return make_plan(config)
 
 
@@ -113,7 +117,7 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
 
 def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     encoder = ExampleEncoder(plan.schema.features)
-    specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
+    specs = compile_specs(plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
         for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, unit)):
@@ -138,18 +142,19 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     assert len(seen) == len(set(seen)) == plan.num_samples
 
 
-def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
+def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
     """The local-runner path (bucket files) and the distributed path (blobs through GroupByKey)."""
     outputs = {}
     for local in (True, False):
         output = str(tmp_path / f"local_{local}")
-        config = plan.config.model_copy(update={"output": plan.config.output.model_copy(update={"path": output})})
-        this_plan = make_plan(config)
+        this_plan = make_plan(config.model_copy(update={"output": config.output.model_copy(update={"path": output})}))
         prepare_output(output, overwrite=False, manifest=this_plan.manifest())
         if local:
-            specs = compile_specs(this_plan, WriteStrategy.BUCKET_FILES, work_dir(output, this_plan.run_id))
+            specs = compile_specs(
+                this_plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", work_dir(output, this_plan.run_id))
+            )
         else:
-            specs = compile_specs(this_plan, WriteStrategy.RUNNER_SHUFFLE)
+            specs = compile_specs(this_plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
         with local_pipeline() as p:
             schemas = build_pipeline(p, list(this_plan.units), specs)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
