@@ -40,7 +40,7 @@ from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
-from planning.write_strategy import choose_write_strategy
+from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
@@ -111,8 +111,10 @@ def run_build(
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
         sources = sources_path(plan.output, plan.run_id)
+        write = choose_write_strategy(plan, work)
+        logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
-            specs = compile_specs(plan, choose_write_strategy(plan, work, lay_out=False), sources)
+            specs = compile_specs(plan, write, sources)
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
             if runner_name(options) != DATAFLOW_RUNNER:
                 build_pipeline(pipeline, list(plan.units), specs)
@@ -130,7 +132,7 @@ def run_build(
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
-            specs = compile_specs(plan, choose_write_strategy(plan, work), sources)
+            specs = compile_specs(plan, lay_out(plan, write), sources)
             write_atomically(sources, [plan.sources.to_bytes()])
             with contextlib.ExitStack() as stack:
                 stack.enter_context(runner_context(options))

@@ -1,17 +1,14 @@
-"""How records reach their shards, chosen once per build by ``choose_write_strategy`` with what that write needs."""
+"""How records reach their shards, chosen once per build by ``choose_write_strategy``, and what that write needs."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 
 from planning.layout import ShardLayout, plan_layout
 from planning.plan import BuildPlan
 from planning.run.names import join
 from schemas.urls import is_remote
-
-logger = logging.getLogger(__name__)
 
 #: Above this many samples the in-place layout's arrays (about 20 bytes a sample on the
 #: driver) are not worth holding; such builds use bucket files.
@@ -19,7 +16,7 @@ MAX_IN_PLACE_SAMPLES = 20_000_000
 
 
 class WriteStrategy(enum.Enum):
-    #: each unit writes its records at their final offsets in preallocated shards (planning.layout)
+    #: each unit writes its records at their final offsets in the shards (planning.layout)
     IN_PLACE = "in place"
     #: each unit writes one bucket file per shard; only (shard, path) goes through GroupByKey
     BUCKET_FILES = "bucket files"
@@ -47,12 +44,11 @@ class WritePlan:
         return join(self.work_dir, "progress") if self.work_dir is not None else None
 
 
-def choose_write_strategy(plan: BuildPlan, work_dir: str | None, lay_out: bool = True) -> WritePlan:
-    """The build's write strategy, why, and what it needs.
+def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
+    """The build's write strategy, why, and where its working files go; decides only, writes nothing.
 
-    ``work_dir``: a folder every worker sees (they share the driver's filesystem), or None.
-    ``lay_out``: for ``IN_PLACE``, compute every record's offset and save the layout under
-    ``work_dir`` (False: decide only and write nothing, as a dry run does).
+    ``work_dir``: a folder every worker sees (they share the driver's filesystem), or None. An
+    ``IN_PLACE`` write is laid out next, once the output is the run's (``lay_out``).
 
     ========================  =================================================================
     strategy                  when
@@ -72,18 +68,19 @@ def choose_write_strategy(plan: BuildPlan, work_dir: str | None, lay_out: bool =
     ========================  =================================================================
     """
     if work_dir is None:
-        chosen = WritePlan(
-            WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle"
-        )
-    elif (reason := _why_not_in_place(plan)) is not None:
-        chosen = WritePlan(WriteStrategy.BUCKET_FILES, reason, work_dir)
-    else:
-        layout = plan_layout(plan, join(work_dir, "layout")) if lay_out else None
-        chosen = WritePlan(
-            WriteStrategy.IN_PLACE, "records are written at offsets laid out at planning", work_dir, layout
-        )
-    logger.info("records are written by %s: %s", chosen.strategy.value, chosen.reason)
-    return chosen
+        return WritePlan(WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle")
+    reason = _why_not_in_place(plan)
+    if reason is not None:
+        return WritePlan(WriteStrategy.BUCKET_FILES, reason, work_dir)
+    return WritePlan(WriteStrategy.IN_PLACE, "records are written at offsets laid out at planning", work_dir)
+
+
+def lay_out(plan: BuildPlan, write: WritePlan) -> WritePlan:
+    """The write ready to run: an ``IN_PLACE`` one with every record's shard and offset computed
+    and saved under its work dir (planning.layout); any other as it is."""
+    if write.strategy is not WriteStrategy.IN_PLACE:
+        return write
+    return dataclasses.replace(write, layout=plan_layout(plan, join(write.work_dir, "layout")))
 
 
 def _why_not_in_place(plan: BuildPlan) -> str | None:

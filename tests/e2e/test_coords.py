@@ -88,7 +88,7 @@ def ocean(tmp_path_factory):
 
 def strategy(config: dict) -> WriteStrategy:
     plan = make_plan(parse_config(config))
-    return choose_write_strategy(plan, work_dir(plan.output, plan.run_id), lay_out=False).strategy
+    return choose_write_strategy(plan, work_dir(plan.output, plan.run_id)).strategy
 
 
 def window_of(record: dict, schema, dim: str):

@@ -1,4 +1,4 @@
-"""choose_write_strategy: every branch, and what it hands the write stage (its folders, its layout)."""
+"""choose_write_strategy: every branch, and what it hands the write stage (its folders; lay_out: its layout)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from planning.config import parse_config
 from planning.plan import make_plan
 from planning.specs import compile_specs
-from planning.write_strategy import MAX_IN_PLACE_SAMPLES, WriteStrategy, choose_write_strategy
+from planning.write_strategy import MAX_IN_PLACE_SAMPLES, WritePlan, WriteStrategy, choose_write_strategy, lay_out
 from schemas.schema import Feature
 
 FLOAT = Feature("t", "float32", (2,), ("level",), "variable")
@@ -64,14 +64,14 @@ def test_a_shared_filesystem_writes_bucket_files_where_offsets_cannot_be_known(t
     assert write.layout is None and not (tmp_path / "work").exists()  # the stage makes its folders
 
 
-def test_in_place_is_chosen_at_the_limits_and_deciding_alone_writes_nothing(tmp_path):
+def test_in_place_is_chosen_at_the_limits_and_deciding_writes_nothing(tmp_path):
     plan = hand_made(grid=types.SimpleNamespace(num_samples=MAX_IN_PLACE_SAMPLES), nan_policy="fill")
-    write = choose_write_strategy(plan, str(tmp_path / "work"), lay_out=False)
+    write = choose_write_strategy(plan, str(tmp_path / "work"))
     assert write.strategy is WriteStrategy.IN_PLACE and write.layout is None and write.bucket_dir is None
     assert write.progress_dir == f"{tmp_path}/work/progress" and not (tmp_path / "work").exists()
 
 
-def test_in_place_lays_out_every_record_and_the_write_spec_carries_it(small_archive, tmp_path):
+def test_lay_out_saves_every_records_offset_and_the_write_spec_carries_the_layout(small_archive, tmp_path):
     config = parse_config(
         {
             "input": {"paths": str(small_archive / "*.nc")},
@@ -81,7 +81,7 @@ def test_in_place_lays_out_every_record_and_the_write_spec_carries_it(small_arch
         }
     )
     plan = make_plan(config)
-    write = choose_write_strategy(plan, str(tmp_path / "work"))
+    write = lay_out(plan, choose_write_strategy(plan, str(tmp_path / "work")))
     assert write.strategy is WriteStrategy.IN_PLACE
     layout = write.layout
     assert layout.directory == f"{tmp_path}/work/layout" and sum(layout.records) == plan.num_samples
@@ -95,3 +95,6 @@ def test_in_place_lays_out_every_record_and_the_write_spec_carries_it(small_arch
         write.progress_dir,
     )
     assert compile_specs(plan, write).finalize.work_dir == f"{tmp_path}/work"
+    # Any other write needs no layout: it is handed back as it is.
+    buckets = WritePlan(WriteStrategy.BUCKET_FILES, "output.in_place is false", str(tmp_path / "other"))
+    assert lay_out(plan, buckets) is buckets and not (tmp_path / "other").exists()
