@@ -81,6 +81,15 @@ def test_lay_out_saves_every_records_offset_and_the_write_spec_carries_the_layou
         }
     )
     plan = make_plan(config)
+    # The plan holds the facts compiled from the config, not the config: one home for each.
+    assert not hasattr(plan, "config")
+    assert (plan.output, plan.seed, plan.in_place, plan.nan_policy, plan.reference_split) == (
+        f"{tmp_path}/out",
+        0,
+        True,
+        "keep",
+        "data",
+    )
     write = lay_out(plan, choose_write_strategy(plan, str(tmp_path / "work")))
     assert write.strategy is WriteStrategy.IN_PLACE
     layout = write.layout
