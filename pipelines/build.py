@@ -128,22 +128,22 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     if dropped:
         print(dropped)
     with_nan = counts.get("samples_with_nan", 0)
-    filled = with_nan and plan.config.nan_policy == "fill"
+    filled = with_nan and plan.nan_policy == "fill"
     stats = {}
     if filled or plan.preprocess is not None:  # read once, only when a line below needs it
         from schemas.dataset import load_stats
 
         stats = load_stats(plan.output)
     if filled:
-        print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+        print(f"  filled NaN with {plan.fill_value} in {with_nan:,} samples")
         unmarked = unmarked_fills(schema, stats)
         if unmarked:
             print(
                 f"  normalize=True cannot tell the filled points of {', '.join(unmarked)} from data (fill_value "
-                f"{plan.config.fill_value} lies among their values): they normalise as data; "
+                f"{plan.fill_value} lies among their values): they normalise as data; "
                 f"nan_mask: [{', '.join(unmarked)}] marks them"
             )
-    elif with_nan and plan.config.nan_policy == "keep":
+    elif with_nan and plan.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
     if plan.preprocess is not None:
         for line in nonfinite_lines(stats):

@@ -37,7 +37,6 @@ from pipelines.runners import (
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.inputs.probe_cache import load_probes, save_probes
-from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.contracts import METRICS_NAMESPACE
@@ -45,15 +44,14 @@ from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
-from planning.write_strategy import WriteStrategy, choose_write_strategy
+from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
+from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output
-from transforms.in_place import preallocate
-from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
 from transforms.write import WriteShards
 
@@ -116,14 +114,14 @@ def run_build(
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
         shared = local or (shared_filesystem and not is_remote(plan.output))
-        strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
-        logger.info("records are written by %s: %s", strategy.value, reason)
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
         sources = sources_path(plan.output, plan.run_id)
+        write = choose_write_strategy(plan, work)
+        logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
-            specs = compile_specs(plan, strategy, work, None, sources)
+            specs = compile_specs(plan, write, sources)
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
             if runner_name(options) != DATAFLOW_RUNNER:
                 build_pipeline(pipeline, list(plan.units), specs)
@@ -141,11 +139,8 @@ def run_build(
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
-            layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-            specs = compile_specs(plan, strategy, work, layout, sources)
+            specs = compile_specs(plan, lay_out(plan, write), sources)
             write_atomically(sources, [plan.sources.to_bytes()])
-            if layout is not None:
-                preallocate(specs.write)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(runner_context(options))
                 if progress is not None and specs.write.progress_dir is not None:

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from importlib import metadata
 
-from planning.config import BuildConfig
+from planning.config.model import BuildConfig
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import json_values, time_calendar
 from planning.inputs.inventory import Inventory

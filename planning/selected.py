@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from planning.config import BuildConfig, CoordValue, SelectRange
+from planning.config.model import BuildConfig, CoordValue, SelectRange
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import format_value, json_values
 from planning.inputs.inventory import Inventory

@@ -42,7 +42,7 @@ from planning.run.variables import VariablePlan
 from planning.sampling import Unit, unit_pieces
 from planning.specs import CutSpec
 from schemas.errors import UserError
-from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
+from transforms.files import read_bytes, use_anonymous_credentials_for_emulator
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
