@@ -7,9 +7,11 @@ built from its spec (planning.specs).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Sequence
 from typing import TextIO
 
 import apache_beam as beam
@@ -27,6 +29,7 @@ from pipelines.runners import (
     is_local_runner,
     load_runner_options,
     make_runner,
+    unit_ranges,
     runner_context,
     runner_name,
     with_runner_defaults,
@@ -38,9 +41,9 @@ from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.manifest import Manifest
-from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
-from planning.sampling import Unit
-from planning.specs import StageSpecs, compile_specs
+from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
+from planning.sampling import Unit, Units
+from planning.specs import StageSpecs, compile_specs, run_files
 from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -51,6 +54,7 @@ from transforms.finalize import Finalize, check_owns_output
 from transforms.in_place import preallocate
 from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
+from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
 logger = logging.getLogger(__name__)
@@ -59,12 +63,25 @@ logger = logging.getLogger(__name__)
 #: build_pipeline's stages, as a dry run reports them.
 OUTLINE = "EnumerateUnits -> SpreadUnits -> CutSamples -> (WriteShards, ComputeStats) -> Finalize"
 
+#: Dataflow refuses a job graph (the pipeline proto it is sent) larger than this.
+DATAFLOW_GRAPH_LIMIT = 10_000_000
 
-def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs) -> beam.PCollection:
-    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema."""
+
+def build_pipeline(
+    pipeline: beam.Pipeline, units: Units | Sequence[Unit], specs: StageSpecs, ranges: int = DEFAULT_RANGES
+) -> beam.PCollection:
+    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
+
+    ``units``: the plan's (the graph holds ``ranges`` ranges of their numbers, and the units
+    themselves only without ``specs.units_file``), or a list of units, which the graph holds.
+    """
+    if isinstance(units, Units):
+        enumerate_units = EnumerateUnits(units, specs.units_file, ranges)
+    else:
+        enumerate_units = beam.Create(list(units), reshuffle=False)
     blocks = (
         pipeline
-        | "EnumerateUnits" >> beam.Create(units)  # Unit
+        | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
         | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     )
@@ -114,16 +131,14 @@ def run_build(
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
-        sources = sources_path(plan.output, plan.run_id)
+        files = run_files(plan, run_dir(plan.output, plan.run_id))
+        ranges = unit_ranges(options, len(plan.units))
         if dry_run:
-            specs = compile_specs(plan, strategy, work, None, sources)
+            specs = compile_specs(plan, strategy, work, None, {name: file for name, (file, _) in files.items()})
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
-            if runner_name(options) != DATAFLOW_RUNNER:
-                build_pipeline(pipeline, list(plan.units), specs)
-                pipeline.to_runner_api()  # pickles every stage, as Dataflow's dry run does
-                return plan, None
-            with pipeline:
-                build_pipeline(pipeline, list(plan.units), specs)
+            with pipeline if runner_name(options) == DATAFLOW_RUNNER else contextlib.nullcontext():
+                build_pipeline(pipeline, plan.units, specs, ranges)
+                plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
             return plan, None
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
@@ -135,8 +150,9 @@ def run_build(
         try:
             check_stopped()
             layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-            specs = compile_specs(plan, strategy, work, layout, sources)
-            write_atomically(sources, [plan.sources.to_bytes()])
+            specs = compile_specs(plan, strategy, work, layout, {name: file for name, (file, _) in files.items()})
+            for file, data in files.values():
+                write_atomically(file.url, [data])
             if layout is not None:
                 preallocate(specs.write)
             with contextlib.ExitStack() as stack:
@@ -146,7 +162,8 @@ def run_build(
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 try:
                     with pipeline:
-                        build_pipeline(pipeline, list(plan.units), specs)
+                        build_pipeline(pipeline, plan.units, specs, ranges)
+                        plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
                         check_stopped()  # stopped while the graph was built: the pipeline does not start
                 finally:
                     close_run(pipeline)
@@ -169,6 +186,22 @@ def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool
     if not cancel_writes():
         logger.warning("writes still running after the wait; what they leave, --overwrite removes")
     return remove_run_files(output, manifest, work)
+
+
+def job_graph_size(pipeline: beam.Pipeline) -> int:
+    """Bytes of the job graph a runner is sent: the pipeline's runner-API proto, every stage pickled in it."""
+    return len(pipeline.to_runner_api().SerializeToString())
+
+
+def _checked_graph_size(pipeline: beam.Pipeline, options: PipelineOptions) -> int:
+    """The job graph's size; refused for Dataflow over its limit, before it is submitted."""
+    size = job_graph_size(pipeline)
+    if runner_name(options) == DATAFLOW_RUNNER and size > DATAFLOW_GRAPH_LIMIT:
+        raise UserError(
+            f"job graph: {size / 1e6:,.1f} MB, over Dataflow's limit of {DATAFLOW_GRAPH_LIMIT / 1e6:.0f} MB; "
+            "build fewer variables or features at a time (one config each), or use another runner"
+        )
+    return size
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:

@@ -38,7 +38,7 @@ from planning.reads.source_index import SourceIndex
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
+from planning.sampling import SampleGrid, UnitCost, Units, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, gap_positions, position_labels, split_ranges
 from schemas.errors import UserError
@@ -66,7 +66,7 @@ class BuildPlan:
     positions: Positions  # the sample grid, each position's split and coordinate values
     variables: tuple[VariablePlan, ...]
     stacks: tuple[StackPlan, ...]
-    units: tuple[Unit, ...]
+    units: Units  # the work units: per-dim spans, never one object per unit
     splits: tuple[SplitPlan, ...]
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
@@ -79,6 +79,8 @@ class BuildPlan:
     coordinates: tuple[VariablePlan, ...] = ()
     #: input files whose times state no calendar: read as standard (CF's default), which the summary says
     unstated_calendar: tuple[str, ...] = ()
+    #: bytes of the job graph the run submitted (pipelines.graph), once it is built
+    job_graph_bytes: int | None = None
 
     @property
     def grid(self) -> SampleGrid:
@@ -326,7 +328,7 @@ def make_plan(
         positions=positions,
         variables=tuple(variables),
         stacks=tuple(stacks),
-        units=tuple(units),
+        units=units,
         splits=tuple(splits),
         schema=schema,
         run_id=run_id or new_run_id(),
@@ -348,7 +350,7 @@ def _plan_units(
     budget_bytes: float,
     making: dict[str, np.ndarray],
     held: tuple = (),
-) -> list[Unit]:
+) -> Units:
     """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do).
 
     ``making``: per dim, the positions that can make samples (units without any are left out);
@@ -373,13 +375,15 @@ def _plan_units(
     return _making_samples(plan_units(grid, cost, budget_bytes, concat_dim, starts, least), grid_dims, making)
 
 
-def _making_samples(units: list[Unit], grid_dims: list[str], making: dict[str, np.ndarray]) -> list[Unit]:
-    """The units that make samples, numbered anew: each holds a position that can along every dim of ``making``."""
-    if not making:
-        return units
+def _making_samples(units: Units, grid_dims: list[str], making: dict[str, np.ndarray]) -> Units:
+    """The units that make samples, numbered anew: each holds a position that can along every dim of ``making``.
+
+    Whether a unit does depends on its span along each dim alone, so the spans are filtered, not the units.
+    """
     for dim, can in making.items():
         which = grid_dims.index(dim)
-        # Positions that can, counted up to each position: a unit has some if the count grows.
+        # Positions that can, counted up to each position: a span has some if the count grows.
         made = np.concatenate([[0], np.cumsum(can)])
-        units = [u for u in units if made[u.ranges[which][1]] > made[u.ranges[which][0]]]
-    return [dataclasses.replace(u, index=i) for i, u in enumerate(units)]
+        spans = units.spans[which]
+        units = units.keep(which, made[spans[:, 1]] > made[spans[:, 0]])
+    return units

@@ -78,11 +78,6 @@ def work_dir(output: str, run_id: str) -> str:
     return run_dir(output, run_id)
 
 
-def sources_path(output: str, run_id: str) -> str:
-    """Where a run saves its input files' index for the workers (beside the output, which every worker reaches)."""
-    return join(run_dir(output, run_id), "sources.npz")
-
-
 def bucket_path(directory: str, shard: int, unit: int) -> str:
     """The bucket file a unit writes for one shard."""
     return join(directory, f"shard-{shard:05d}", f"unit-{unit:06d}.bucket")

@@ -154,7 +154,7 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         else:
             specs = compile_specs(this_plan, WriteStrategy.RUNNER_SHUFFLE)
         with local_pipeline() as p:
-            schemas = build_pipeline(p, list(this_plan.units), specs)
+            schemas = build_pipeline(p, this_plan.units, specs)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
         outputs[local] = {
             name: (tmp_path / f"local_{local}" / name).read_bytes()
