@@ -25,13 +25,14 @@ from pipelines.progress import ProgressLine
 from pipelines.runners import (
     DATAFLOW_RUNNER,
     close_run,
+    is_dask_runner,
     is_dry_run,
     is_local_runner,
     load_runner_options,
     make_runner,
-    unit_ranges,
     runner_context,
     runner_name,
+    unit_ranges,
     with_runner_defaults,
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop
@@ -54,6 +55,7 @@ from transforms.finalize import Finalize, check_owns_output
 from transforms.in_place import preallocate
 from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
+from transforms.streamed import StreamBlocks
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
@@ -68,25 +70,34 @@ DATAFLOW_GRAPH_LIMIT = 10_000_000
 
 
 def build_pipeline(
-    pipeline: beam.Pipeline, units: Units | Sequence[Unit], specs: StageSpecs, ranges: int = DEFAULT_RANGES
+    pipeline: beam.Pipeline,
+    units: Units | Sequence[Unit],
+    specs: StageSpecs,
+    ranges: int = DEFAULT_RANGES,
+    stream_blocks: bool = False,
 ) -> beam.PCollection:
     """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
 
     ``units``: the plan's (the graph holds ``ranges`` ranges of their numbers, and the units
     themselves only without ``specs.units_file``), or a list of units, which the graph holds.
+    ``stream_blocks``: cut, write and summarise each unit in one step (transforms.streamed), for
+    runners that hold a stage's whole output at once (Beam's DaskRunner); the same bytes.
     """
     if isinstance(units, Units):
         enumerate_units = EnumerateUnits(units, specs.units_file, ranges)
     else:
         enumerate_units = beam.Create(list(units), reshuffle=False)
-    blocks = (
+    spread = (
         pipeline
         | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
-        | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     )
-    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
-    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if stream_blocks:
+        shards, summaries = spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats)
+    else:
+        blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
+        shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+        summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -137,7 +148,7 @@ def run_build(
             specs = compile_specs(plan, strategy, work, None, {name: file for name, (file, _) in files.items()})
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
             with pipeline if runner_name(options) == DATAFLOW_RUNNER else contextlib.nullcontext():
-                build_pipeline(pipeline, plan.units, specs, ranges)
+                build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
                 plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
             return plan, None
         manifest = plan.manifest()
@@ -162,7 +173,7 @@ def run_build(
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 try:
                     with pipeline:
-                        build_pipeline(pipeline, plan.units, specs, ranges)
+                        build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
                         plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
                         check_stopped()  # stopped while the graph was built: the pipeline does not start
                 finally:

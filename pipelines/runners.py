@@ -167,17 +167,15 @@ def unit_ranges(options: PipelineOptions, units: int) -> int:
     On Dask each range is one partition: Beam's DaskRunner keeps the partitions of the graph's
     first stage to the end (its Reshuffle does nothing) and runs every stage as one task per
     partition, so a partition per unit made about 200 scheduler tasks a unit, each with its
-    overhead. A few partitions per thread of the cluster instead (``--dask_npartitions`` chooses
-    another count; ``--dask_partition_size=N`` puts N single units in each). Elsewhere the
-    runner spreads the units over its workers after the Reshuffle: a few hundred ranges.
+    overhead. A few partitions per thread of the cluster instead; ``--dask_npartitions`` chooses
+    another count (``--dask_partition_size=N``, Beam's, would put N of these ranges in each).
+    Elsewhere the runner spreads the units over its workers after the Reshuffle: a few hundred ranges.
     """
     if not is_dask_runner(options):
         return DEFAULT_RANGES
-    chosen = options.get_all_options()
-    if chosen.get("npartitions"):
-        return max(1, min(units, chosen["npartitions"]))
-    if chosen.get("partition_size"):
-        return max(1, units)
+    chosen = options.get_all_options().get("npartitions")
+    if chosen:
+        return max(1, min(units, chosen))
     return max(1, min(units, DASK_PARTITIONS_PER_THREAD * dask_threads(options)))
 
 

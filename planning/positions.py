@@ -52,8 +52,8 @@ class Positions:
         """These (hollow) positions with the arrays ``to_bytes`` saved."""
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             coords = {a.dim: arrays[f"coord_{i}"] for i, a in enumerate(self.grid.grid_axes) if f"coord_{i}" in arrays}
-            labels = arrays["split_of_position"] if "split_of_position" in arrays else None
-            gap = arrays["across_gap"] if "across_gap" in arrays else None
+            labels = arrays.get("split_of_position")
+            gap = arrays.get("across_gap")
         return dataclasses.replace(self, split_of_position=labels, coords=coords, across_gap=gap, is_hollow=False)
 
     def _check_filled(self) -> None:

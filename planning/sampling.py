@@ -184,7 +184,9 @@ class Units:
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        np.savez(buffer, order=np.asarray(self.order, dtype=np.int64), **{f"spans{i}": s for i, s in enumerate(self.spans)})
+        np.savez(
+            buffer, order=np.asarray(self.order, dtype=np.int64), **{f"spans{i}": s for i, s in enumerate(self.spans)}
+        )
         return buffer.getvalue()
 
     @classmethod
@@ -366,8 +368,8 @@ def plan_units(
     a few long runs of bytes in the files) while one position of the dims before does not fit.
     Along ``first_dim`` units end at ``preferred_breaks`` (positions where a file starts) when
     one fits, so most units open whole files and no halo; and hold at least ``least_first``
-    positions along it (a Zarr store's chunk), narrowed along the other dims instead. Time is
-    linear in the units.
+    positions along it (a Zarr store's chunk), narrowed along the other dims instead. Time and
+    memory are linear in the spans along each dim, not in the units (their product).
     """
     if grid.num_samples == 0:
         return Units.of([np.zeros((0, 2))] * len(grid.grid_axes), range(len(grid.grid_axes)))

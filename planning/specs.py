@@ -149,7 +149,7 @@ def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes
 
 
 def cut_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> CutSpec:
-    """The cut stage's spec; with ``files`` (run_files) the files' index and the positions' arrays are loaded from there."""
+    """The cut stage's spec; with ``files`` (run_files), workers load the input index and positions from there."""
     config = plan.config
     files = files or {}
     return CutSpec(

@@ -1,4 +1,4 @@
-"""Files a run saves under its directory for the workers (units, input index, positions), each loaded once per process."""
+"""Files a run saves for its workers (units, input index, positions), each loaded once per worker process."""
 
 from __future__ import annotations
 

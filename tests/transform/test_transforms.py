@@ -142,10 +142,11 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 
 
 def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
-    """The local-runner path (bucket files) and the distributed path (blobs through GroupByKey)."""
+    """The local-runner path (bucket files), the distributed path (blobs through GroupByKey), and the
+    Dask path (each unit cut, written and summarised in one step: transforms.streamed)."""
     outputs = {}
-    for local in (True, False):
-        output = str(tmp_path / f"local_{local}")
+    for name, local, streamed in [("local", True, False), ("shuffle", False, False), ("streamed", True, True)]:
+        output = str(tmp_path / name)
         config = plan.config.model_copy(update={"output": plan.config.output.model_copy(update={"path": output})})
         this_plan = make_plan(config)
         prepare_output(output, overwrite=False, manifest=this_plan.manifest())
@@ -154,14 +155,12 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         else:
             specs = compile_specs(this_plan, WriteStrategy.RUNNER_SHUFFLE)
         with local_pipeline() as p:
-            schemas = build_pipeline(p, this_plan.units, specs)
+            schemas = build_pipeline(p, this_plan.units, specs, ranges=3, stream_blocks=streamed)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
-        outputs[local] = {
-            name: (tmp_path / f"local_{local}" / name).read_bytes()
-            for name in (s.file for s in load_schema(output).splits["data"])
-        }
-    assert outputs[True] == outputs[False]
-    assert not (tmp_path / "local_True" / "_tmp").exists()
+        files = [*(s.file for s in load_schema(output).splits["data"]), "stats.json"]
+        outputs[name] = {file: (tmp_path / name / file).read_bytes() for file in files}
+    assert outputs["local"] == outputs["shuffle"] == outputs["streamed"]
+    assert not (tmp_path / "local" / "_tmp").exists() and not (tmp_path / "streamed" / "_tmp").exists()
 
 
 def test_write_atomically_keeps_every_byte_in_order_when_it_joins_small_writes(tmp_path):

@@ -188,7 +188,9 @@ def test_units_are_numbered_and_filtered_as_the_old_enumeration(data, lengths):
 
 def test_units_of_a_huge_plan_are_arrays_not_objects():
     """30M units (3,000 x 10,000 spans): planning and indexing hold the spans only."""
-    units = Units.of([np.column_stack([np.arange(3000), np.arange(1, 3001)]), [(i, i + 2) for i in range(10_000)]], (0, 1))
+    units = Units.of(
+        [np.column_stack([np.arange(3000), np.arange(1, 3001)]), [(i, i + 2) for i in range(10_000)]], (0, 1)
+    )
     assert len(units) == 30_000_000 and len(units.to_bytes()) < 300_000
     assert units[29_999_999] == Unit(29_999_999, ((2999, 3000), (9999, 10001)))
     assert [u.index for u in units.ranges(12_345_678, 12_345_681)] == [12_345_678, 12_345_679, 12_345_680]
