@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-import zarr
 
 #: ARCO-ERA5's 37 pressure levels (hPa).
 LEVELS = [1, 2, 3, 5, 7, 10, 20, 30, 50, 70, 100, 125, 150, 175, 200, 225, 250, 300, 350, 400, 450, 500, 550, 600,
@@ -87,27 +86,3 @@ def set_codecs(store: Path, name: str, codecs: list) -> None:
     root["consolidated_metadata"]["metadata"][name]["codecs"] = codecs
     (store / "zarr.json").write_text(json.dumps(root))
 
-
-def write_metadata_store(path: Path, steps: int, lat: int = 721, lon: int = 1440) -> Path:
-    """An ARCO-ERA5-shaped store (full resolution, 37 levels, hourly from 1940) of metadata and coordinates only.
-
-    No chunk of a variable is written: planning reads none, so a dry run plans 85 years in seconds.
-    """
-    coords = xr.Dataset(
-        coords={
-            "time": ("time", pd.date_range("1940-01-01", periods=steps, freq="h").values),
-            "level": ("level", np.array(LEVELS, dtype=np.int64)),
-            "latitude": ("latitude", np.linspace(90, -90, lat, dtype=np.float32)),
-            "longitude": ("longitude", np.linspace(0, 360, lon, endpoint=False, dtype=np.float32)),
-        }
-    )
-    time = {"units": "hours since 1900-01-01", "dtype": "int64", "chunks": (steps,)}
-    coords.to_zarr(path, mode="w", encoding={"time": time}, consolidated=False, zarr_format=3)
-    group = zarr.open_group(path, mode="a")
-    for name in ON_LEVELS:
-        shape = (steps, len(LEVELS), lat, lon)
-        chunks = (1, *shape[1:])
-        dims = ("time", "level", "latitude", "longitude")
-        group.create_array(name, shape=shape, chunks=chunks, dtype="float32", dimension_names=dims, fill_value=np.nan)
-    zarr.consolidate_metadata(path)
-    return path
