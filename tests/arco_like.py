@@ -85,4 +85,3 @@ def set_codecs(store: Path, name: str, codecs: list) -> None:
     root = json.loads((store / "zarr.json").read_text())
     root["consolidated_metadata"]["metadata"][name]["codecs"] = codecs
     (store / "zarr.json").write_text(json.dumps(root))
-
