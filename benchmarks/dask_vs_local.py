@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from distributed import LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
 
     workdir = Path(args.workdir).resolve()
     spec = datasets.patches(1, args.quick, num_files=None if args.quick else args.files)
@@ -94,10 +94,14 @@ def main(argv: list[str] | None = None) -> int:
             print(warm.output_tail, file=sys.stderr)
             return 1
         walls: dict[str, list[float]] = {"local": [], "dask": []}
+        tasks: list[int] = []
         for round_ in range(args.rounds):
             for name, command in commands.items():
                 warm_page_cache(archive)
-                measurement = run_measured(command, str(REPO), env)
+                with Client(cluster) as client, get_task_stream(client) as stream:
+                    measurement = run_measured(command, str(REPO), env)
+                if name == "dask":
+                    tasks.append(len(stream.data))
                 if not measurement.ok:
                     print(measurement.output_tail, file=sys.stderr)
                     return 1
@@ -113,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "input_bytes": input_bytes(archive),
         "workers": args.workers,
         "units": units,
+        "dask_tasks": tasks,
+        "dask_tasks_per_unit": max(tasks) / max(units, 1),
         "dask_flags": args.dask_flag,
         "walls": walls,
         "medians": medians,
@@ -121,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"local runner {medians['local']:.1f} s, Dask ({args.workers} workers) {medians['dask']:.1f} s: "
-        f"Dask/local = {results['dask_over_local']:.2f}x (medians of {args.rounds}); identical shards: {identical}"
+        f"Dask/local = {results['dask_over_local']:.2f}x (medians of {args.rounds}); identical shards: {identical}; "
+        f"{max(tasks):,} Dask tasks for {units:,} units ({results['dask_tasks_per_unit']:.2f} a unit)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
