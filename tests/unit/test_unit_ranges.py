@@ -17,7 +17,7 @@ def _options(*flags: str) -> PipelineOptions:
 
 def test_dask_partitions_come_from_the_units_and_the_cluster_threads(monkeypatch):
     monkeypatch.setattr(runners, "dask_threads", lambda options: 3)
-    assert runners.unit_ranges(_options(*DASK), 2_000) == 4 * 3  # not one per unit
+    assert runners.unit_ranges(_options(*DASK), 2_000) == 2 * 3  # not one per unit
     assert runners.unit_ranges(_options(*DASK), 5) == 5  # never more than the units
     assert runners.unit_ranges(_options(*DASK, "--dask_npartitions=40"), 2_000) == 40
     assert runners.unit_ranges(_options(*DASK, "--dask_npartitions=40"), 7) == 7
