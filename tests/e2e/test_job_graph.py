@@ -25,7 +25,7 @@ def test_a_month_and_a_million_units_submit_the_same_small_graph(tmp_path):
     """
     month = _dry_run(tmp_path, 744)
     years = _dry_run(tmp_path, 16_000)
-    assert len(month.units) == 744 * 66 and len(years.units) == 16_000 * 66  # over a million
+    assert len(years.units) / 16_000 == len(month.units) / 744 and len(years.units) > 1_000_000
     assert years.job_graph_bytes < 200_000
     assert abs(years.job_graph_bytes - month.job_graph_bytes) < 0.1 * month.job_graph_bytes
     assert graph_line(years) == f"  job graph: {years.job_graph_bytes / 1e6:.2f} MB (Dataflow's limit: 10 MB)"
