@@ -10,7 +10,7 @@ import apache_beam as beam
 
 from planning.run.run_files import RunFile, load_once
 from planning.sampling import Unit, Units
-from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
+from transforms.files import read_bytes, use_anonymous_credentials_for_emulator
 
 T = TypeVar("T")
 
