@@ -2,7 +2,7 @@
 
 Each row is a dry run (``python -m pipelines.build --dry_run=True``, its own process) on an
 ARCO-ERA5-shaped Zarr store of metadata and coordinates only (full resolution, 37 levels,
-hourly from 1940; no chunk written, none read): 5 variables, 32x32 patches, 66 units a step.
+hourly from 1940; no chunk written, none read; chunked 128 x 128): 5 variables, 32x32 patches, 72 units a step.
 The graph must stay the same few KB from 100k to 30M units (Dataflow refuses over 10 MB).
 """
 
@@ -30,11 +30,15 @@ from benchmarks.run import REPO
 LEVELS = (1, 2, 3, 5, 7, 10, 20, 30, 50, 70, 100, 125, 150, 175, 200, 225, 250, 300, 350, 400, 450, 500, 550, 600,
           650, 700, 750, 775, 800, 825, 850, 875, 900, 925, 950, 975, 1000)  # fmt: skip
 VARIABLES = ("temperature", "geopotential", "u_component_of_wind", "v_component_of_wind", "specific_humidity")
-UNITS_PER_STEP = 66  # at the default unit budget: 721 x 1440 x 37 levels x 5 variables is 768 MB a step
+#: Spatial chunks of the stores' variables: units follow a store's chunks (one a chunk here, as every 128 x 128
+#: x 37-level chunk of the five variables fits the unit budget), so each step makes 6 x 12 units. (With ARCO's
+#: own whole-globe chunks a step is one unit, cut in pieces on its worker: 72 times fewer units.)
+CHUNK = (128, 128)
+UNITS_PER_STEP = 72
 DEFAULT_UNITS = (100_000, 1_000_000, 10_000_000, 30_000_000)
 
 
-def write_metadata_store(path: Path, steps: int, lat: int = 721, lon: int = 1440) -> Path:
+def write_metadata_store(path: Path, steps: int, lat: int = 721, lon: int = 1440, chunk=CHUNK) -> Path:
     """An ARCO-ERA5-shaped store of metadata and coordinates only: no chunk of a variable is written."""
     coords = xr.Dataset(
         coords={
@@ -52,7 +56,7 @@ def write_metadata_store(path: Path, steps: int, lat: int = 721, lon: int = 1440
         shape = (steps, len(LEVELS), lat, lon)
         dims = ("time", "level", "latitude", "longitude")
         for name in VARIABLES:
-            chunks = (1, *shape[1:])
+            chunks = (1, len(LEVELS), *chunk)
             group.create_array(
                 name, shape=shape, chunks=chunks, dtype="float32", dimension_names=dims, fill_value=np.nan
             )

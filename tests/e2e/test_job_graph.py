@@ -18,8 +18,8 @@ def _dry_run(tmp_path, steps: int):
 
 
 def test_a_month_and_a_million_units_submit_the_same_small_graph(tmp_path):
-    """ARCO-ERA5 at full resolution, all levels, 32x32 patches: 66 units a step; 744 steps, then 16,000
-    (python -m benchmarks.job_graph measures up to 30M).
+    """ARCO-ERA5 at full resolution, all levels, 32x32 patches, 128 x 128 chunks: 72 units a step; 744 steps,
+    then 16,000 (python -m benchmarks.job_graph measures up to 30M).
 
     Before, every unit travelled in the graph (twice): 13.7 MB for 4.24M units.
     """
