@@ -66,3 +66,19 @@ def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") 
             raise CorruptRecordError(f"{name}: record {index}: data CRC mismatch")
         yield data
         index += 1
+
+
+def check_frame(framed, name: str) -> bytes:
+    """The record in one framed record's bytes (read at an offset), both CRCs and its length checked."""
+    if len(framed) < HEADER_BYTES + FOOTER_BYTES:
+        raise CorruptRecordError(f"{name}: truncated record ({len(framed)} bytes)")
+    length_bytes = bytes(framed[: _LENGTH.size])
+    (length,) = _LENGTH.unpack(length_bytes)
+    if _CRC.unpack(framed[_LENGTH.size : HEADER_BYTES])[0] != masked_crc(length_bytes):
+        raise CorruptRecordError(f"{name}: length CRC mismatch")
+    if length != len(framed) - HEADER_BYTES - FOOTER_BYTES:
+        raise CorruptRecordError(f"{name}: {length} bytes of data where the index says {len(framed) - 16}")
+    data = bytes(framed[HEADER_BYTES : HEADER_BYTES + length])
+    if _CRC.unpack(framed[HEADER_BYTES + length :])[0] != masked_crc(data):
+        raise CorruptRecordError(f"{name}: data CRC mismatch")
+    return data
