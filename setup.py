@@ -4,7 +4,48 @@ from setuptools import setup
 
 # Ranges: what the tool works with, so it fits into an existing Pangeo, PyTorch or JAX environment.
 # The exact set it is tested with is constraints.txt (CI and the Dockerfile install with it).
+#
+# Who installs what:
+#   pip install .             the readers (schemas: Reader, load_dataset, verify): no Beam, no xarray
+#   pip install ".[build]"    building outputs on this machine, or launching a build on Dataflow or Dask
+#   ".[worker]"               what a Beam worker runs: the Dockerfile's image, and worker-requirements.txt
+#   ".[dask]"                 what a Dask cluster's worker runs (the worker set, dask and distributed)
+# Dataflow's workers install the --setup_file package without extras (Beam builds an sdist and
+# pip-installs it as is), so the build sends them worker-requirements.txt (--requirements_file) with
+# it; tests/test_packaging.py keeps that file equal to WORKER.
 TENSORFLOW = "tensorflow-cpu>=2.18,<3"
+GCSFS = "gcsfs>=2024.6"
+
+READERS = [
+    "numpy>=2.0,<3",
+    "fsspec>=2024.6",
+    "google-crc32c>=1.6",  # the records' checksums, in C
+]
+WORKER = [
+    "apache-beam[gcp]>=2.77,<3",
+    "xarray>=2025.1",
+    "netCDF4>=1.7",
+    "h5netcdf>=1.3",
+    "h5py>=3.10",  # imported directly: probing and reading NetCDF-4 through HDF5's low-level API
+    "cftime>=1.6",  # model calendars (noleap, 360_day, ...) in splits, selection and coord/time
+    GCSFS,
+    "zarr>=3.1,<4",  # Zarr stores as input (planning.formats.zarr_store)
+    "pandas>=2.2",
+    "pydantic>=2.10,<3",
+    "PyYAML>=6.0",
+    "regex>=2024.4",  # input.new_dim.from is searched with a time bound (re cannot be interrupted)
+]
+# What only the machine that starts a build runs; workers never import these.
+LAUNCHER = [
+    # Beam builds the --setup_file sdist for Dataflow's workers with `python -m build --no-isolation`,
+    # which takes setuptools from this environment (Python 3.12+ venvs come without it)
+    "build>=1.2",
+    "setuptools>=68",
+    "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
+]
+# --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud): the launcher and
+# the cluster's workers run them. They release together (constraints.txt pins both to one version).
+DASK = ["dask>=2025.1", "distributed>=2025.1"]
 
 setup(
     name="xarray-tfrecords",
@@ -22,39 +63,23 @@ setup(
         "schemas",
     ],
     package_data={"schemas": ["parser_template.py"]},
-    install_requires=[
-        "apache-beam[gcp]>=2.77,<3",
-        "xarray>=2025.1",
-        "netCDF4>=1.7",
-        "h5netcdf>=1.3",
-        "h5py>=3.10",  # imported directly: probing and reading NetCDF-4 through HDF5's low-level API
-        "cftime>=1.6",  # model calendars (noleap, 360_day, ...) in splits, selection and coord/time
-        "gcsfs>=2024.6",
-        "fsspec>=2024.6",
-        "zarr>=3.1,<4",  # Zarr stores as input (planning.formats.zarr_store)
-        "numpy>=2.0,<3",
-        "pandas>=2.2",
-        "pydantic>=2.10,<3",
-        "PyYAML>=6.0",
-        "regex>=2024.4",  # input.new_dim.from is searched with a time bound (re cannot be interrupted)
-        "google-crc32c>=1.6",
-        "build>=1.2",  # Beam builds the --setup_file package for Dataflow workers with it
-        "matplotlib>=3.9,<4",  # python -m pipelines.inspect --plot
-        # --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud); dask and
-        # distributed release together (constraints.txt pins both to one version)
-        "dask>=2025.1",
-        "distributed>=2025.1",
-    ],
+    install_requires=READERS,
     extras_require={
+        "gcs": [GCSFS],  # the readers on gs:// outputs
+        "worker": WORKER,
+        "dask": WORKER + DASK,  # a Dask cluster's workers
+        "build": WORKER + DASK + LAUNCHER,
         "tf": [TENSORFLOW],
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
         # (pip install torch --index-url https://download.pytorch.org/whl/cpu) to avoid the CUDA wheels.
         "torch": ["torch>=2.4"],
         "test": [
+            *WORKER,
+            *DASK,
+            *LAUNCHER,
             TENSORFLOW,
             "pytest>=8",
             "packaging>=23",  # the packaging test reads requirements and versions
-            "setuptools>=68",  # tests build the sdist and wheel offline (--no-isolation): pyproject's backend
             "hypothesis>=6.100",
             "scipy>=1.13",
             "gcp-storage-emulator>=2026.7.19",

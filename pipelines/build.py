@@ -188,9 +188,18 @@ def main(argv: list[str] | None = None) -> int:
 
         check_known_flags(beam_args, parser)
         chosen, beam_args = beam_args, with_runner_defaults(beam_args)
-        shipped = [a for a in beam_args if a.startswith("--setup_file=") and a not in chosen]
+        added = [a for a in beam_args if a not in chosen]
+        shipped = [
+            f"{what} with {a}"
+            for what, flag in (
+                ("this checkout to the workers", "--setup_file="),
+                ("what they run", "--requirements_file="),
+            )
+            for a in added
+            if a.startswith(flag)
+        ]
         if shipped:
-            print(f"Shipping this checkout to the workers with {shipped[0]} (or choose: --sdk_container_image=IMAGE).")
+            print(f"Shipping {', and '.join(shipped)} (or choose: --sdk_container_image=IMAGE).")
 
         overwrite = args.overwrite
         if args.config is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import re
 import sys
 import traceback
@@ -45,6 +46,26 @@ _OS_ERROR = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:]+)(?:: '(?P<pat
 MAX_LINE = 500
 
 
+#: Modules an install without extras lacks (setup.py: the base install is the readers), and the extra with them.
+_BUILD_MODULES = "apache_beam xarray netCDF4 h5netcdf h5py cftime gcsfs zarr numcodecs pandas pydantic yaml regex"
+_EXTRA_OF_MODULE = {
+    **dict.fromkeys([*_BUILD_MODULES.split(), "matplotlib", "dask", "distributed"], "build"),
+    "tensorflow": "tf",
+    "torch": "torch",
+}
+
+
+def _missing_extra(error: BaseException) -> tuple[str, str] | None:
+    """(module, extra) when the failure is a module that one of this package's extras installs."""
+    for cause in _chain(error):
+        if isinstance(cause, ModuleNotFoundError) and cause.name:
+            module = cause.name.split(".")[0]
+            # A missing part of an installed package (numcodecs.zfpy) is no extra's to give.
+            if module in _EXTRA_OF_MODULE and importlib.util.find_spec(module) is None:
+                return module, _EXTRA_OF_MODULE[module]
+    return None
+
+
 def _innermost(error: BaseException) -> tuple[str, str]:
     """The failing exception's type and message, found in a worker's traceback text when that is all there is."""
     for cause in _chain(error):
@@ -85,6 +106,12 @@ def report_failure(error: BaseException, verbose: bool, subject: str = "", outpu
     if message is not None:
         print(_capped(f"error: {message}"), file=sys.stderr)
         return EXIT_USER_ERROR
+    if missing := _missing_extra(error):
+        module, extra = missing
+        prefix = f"{subject}: " if subject else ""
+        fix = f'pip install -e ".[{extra}]"'
+        print(f"error: {prefix}{module} is not installed here; install the [{extra}] extra ({fix})", file=sys.stderr)
+        return EXIT_FAILED
     name, text = _innermost(error)
     if (match := _OS_ERROR.search(text)) and int(match["errno"]) in _ENVIRONMENT_FIXES:
         where = match["path"] or subject or output or "the output"

@@ -6,11 +6,26 @@ import logging
 import os
 import re
 import uuid
+from pathlib import Path
 
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
 from apache_beam.runners.runner import create_runner
 
-from pipelines.runners import DATAFLOW_RUNNER, is_dask_runner, is_local_runner, runner_name, ships_code
+from pipelines.runners import (
+    DATAFLOW_RUNNER,
+    WORKER_REQUIREMENTS,
+    is_dask_runner,
+    is_local_runner,
+    is_this_setup_file,
+    runner_name,
+    ships_code,
+)
 from planning.config import BuildConfig
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -101,6 +116,8 @@ def check_remote_setup(options: PipelineOptions, config: BuildConfig, shared_fil
         _check_dataflow(options)
     if is_dask_runner(options):
         _check_dask_scheduler(options)
+    else:
+        _check_worker_requirements(options)
     if _can_reach_storage(options):
         _check_output_bucket(config.output.path)
 
@@ -141,6 +158,50 @@ def _check_dataflow(options: PipelineOptions) -> None:
         for flag, value in (("--temp_location", cloud.temp_location), ("--staging_location", cloud.staging_location)):
             if value:
                 _check_writable(flag, value)
+
+
+#: A requirement line's project name (PEP 508), before its extras, versions or markers.
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _requirement_names(text: str) -> dict[str, str]:
+    """{normalised name: name as written} of the requirements in a requirements file's text."""
+    names = {}
+    for line in text.splitlines():
+        if match := _REQUIREMENT_NAME.match(line.split("#", 1)[0].strip()):
+            names[re.sub(r"[-_.]+", "-", match[0]).lower()] = match[0]
+    return names
+
+
+def _check_worker_requirements(options: PipelineOptions) -> None:
+    """A --requirements_file of the user's own, sent with this package's --setup_file, lists what workers run.
+
+    Workers install the setup file's package without extras: without the worker set they would
+    fail on their first import, minutes after submission. The Beam SDK is the worker image's own.
+    """
+    setup = options.view_as(SetupOptions)
+    worker = options.view_as(WorkerOptions)
+    if not (setup.setup_file and setup.requirements_file):
+        return
+    if worker.sdk_container_image or worker.worker_harness_container_image:
+        return
+    ours = Path(setup.setup_file).parent / WORKER_REQUIREMENTS
+    if not is_this_setup_file(Path(setup.setup_file)) or not ours.is_file():
+        return
+    if Path(setup.requirements_file).resolve() == ours.resolve():
+        return
+    try:
+        theirs = _requirement_names(Path(setup.requirements_file).read_text(errors="replace"))
+    except OSError as error:
+        raise UserError(f"--requirements_file={setup.requirements_file}: cannot read it ({_reason(error)})") from None
+    needed = _requirement_names(ours.read_text())
+    missing = [name for key, name in needed.items() if key not in theirs and key != "apache-beam"]
+    if missing:
+        raise UserError(
+            f"--requirements_file={setup.requirements_file} lacks what the workers of --setup_file={setup.setup_file} "
+            f"run ({', '.join(missing)}); add the lines of {ours} to it, or use --sdk_container_image=IMAGE "
+            "built from the Dockerfile"
+        )
 
 
 def check_region(region: str) -> None:

@@ -69,7 +69,7 @@ def load_runner_options(beam_args: list[str]) -> None:
     except (ImportError, AttributeError) as error:  # Beam's module fails with AttributeError without it
         raise UserError(
             f"--runner=DaskRunner needs dask.distributed ({error}); "
-            "install this package's dependencies (pip install -e .)"
+            'install what a build runs (pip install -e ".[build]")'
         ) from None
 
 
@@ -123,12 +123,42 @@ def ships_code(options: PipelineOptions) -> bool:
     )
 
 
+def is_this_setup_file(path: Path) -> bool:
+    """Whether ``path`` is this project's setup.py (of this checkout or another)."""
+    try:
+        return path.is_file() and 'name="xarray-tfrecords"' in path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def checkout_setup_file() -> Path | None:
     """This package's setup.py beside the installed packages (an editable install of a checkout), if there."""
     setup = PACKAGE_ROOT / "setup.py"
-    if setup.is_file() and 'name="xarray-tfrecords"' in setup.read_text():
-        return setup
-    return None
+    return setup if is_this_setup_file(setup) else None
+
+
+#: What Beam workers run besides this package's own requirements (setup.py's "worker" extra), beside setup.py.
+WORKER_REQUIREMENTS = "worker-requirements.txt"
+
+
+def worker_requirements(options: PipelineOptions) -> Path | None:
+    """The worker set to send with this package's ``--setup_file``, when nothing else gives the workers theirs.
+
+    Beam builds an sdist of the setup file's folder and workers pip-install it without extras, so
+    they would get the readers' requirements only. A container image has the worker set installed
+    (the Dockerfile); a ``--requirements_file`` of the user's own is theirs to fill (preflight checks it).
+    """
+    setup = options.view_as(SetupOptions)
+    worker = options.view_as(WorkerOptions)
+    if not setup.setup_file or setup.requirements_file:
+        return None
+    if worker.sdk_container_image or worker.worker_harness_container_image:
+        return None
+    setup_file = Path(setup.setup_file)
+    requirements = setup_file.parent / WORKER_REQUIREMENTS
+    if setup_file.name != "setup.py" or not is_this_setup_file(setup_file) or not requirements.is_file():
+        return None
+    return requirements
 
 
 def with_runner_defaults(beam_args: list[str]) -> list[str]:
@@ -139,6 +169,10 @@ def with_runner_defaults(beam_args: list[str]) -> list[str]:
       one partition, so a build of up to 128 units would run on one worker.
     - Dataflow, when nothing ships this package to the workers: ``--setup_file`` of this
       checkout, if the package is installed from one (check_remote_setup refuses otherwise).
+    - Any runner that stages this package's ``--setup_file`` (Dataflow, portable runners): the
+      worker set beside it as ``--requirements_file``, which workers pip-install from PyPI
+      (``--requirements_cache=skip``: as they installed setup.py's requirements, rather than this
+      machine downloading the wheels and uploading them with every job).
     """
     beam_args = _with_full_runner_names(beam_args)
     options = PipelineOptions(beam_args)
@@ -152,7 +186,13 @@ def with_runner_defaults(beam_args: list[str]) -> list[str]:
     if runner_name(options) == DATAFLOW_RUNNER and not ships_code(options):
         setup = checkout_setup_file()
         if setup is not None:
-            return [*beam_args, f"--setup_file={setup}"]
+            beam_args = [*beam_args, f"--setup_file={setup}"]
+            options = PipelineOptions(beam_args)
+    requirements = None if is_dask_runner(options) else worker_requirements(options)  # Dask stages nothing
+    if requirements is not None:
+        beam_args = [*beam_args, f"--requirements_file={requirements}"]
+        if not _chosen(beam_args, "--requirements_cache"):
+            beam_args.append("--requirements_cache=skip")
     return beam_args
 
 

@@ -7,16 +7,21 @@ import sys
 import uuid
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from schemas.reader import Reader
 from schemas.schema import Schema
 
+if TYPE_CHECKING:  # xarray is imported where used: the readers' tests use this module in an install without it
+    import xarray as xr
+
 
 def load_virtual_dataset(paths, concat_dim: str) -> xr.Dataset:
     """All files joined along concat_dim, ordered by its coordinate (the reference, via xarray)."""
+    import xarray as xr
+
     with warnings.catch_warnings():
         # The ERA-Interim file's NaN _FillValue on int16 data, which xarray drops with a warning.
         warnings.simplefilter("ignore", xr.SerializationWarning)
@@ -77,6 +82,7 @@ def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
     The least any reader must fetch: a chunk is read whole even where a box takes part of it.
     """
     import h5py
+    import xarray as xr
 
     with warnings.catch_warnings(), xr.open_dataset(path, decode_times=False) as ds:
         warnings.simplefilter("ignore", xr.SerializationWarning)  # the ERA-Interim stand-in's NaN _FillValue
@@ -102,6 +108,8 @@ def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
 
 def split_along_time(source, directory, pieces: int, *, formats=("NETCDF4",), units=None, calendar=None) -> list[str]:
     """Write ``source`` as ``pieces`` files along time, cycling through ``formats``; per-file time units."""
+    import xarray as xr
+
     paths = []
     with xr.open_dataset(source, decode_times=False) as ds:
         ds = ds.load()

@@ -230,7 +230,8 @@ def _dry_run_config(tmp_path: Path) -> Path:
 def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, tmp_path, capsys):
     assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
     out = capsys.readouterr().out
-    assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}" in out
+    assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}, " in out
+    assert f"and what they run with --requirements_file={REPO / 'worker-requirements.txt'} (or choose" in out
     assert "Dry run: the job graph" in out
     # The temp location was checked by writing a probe object there, which is gone again.
     assert not [p for p in gcs.find(f"{BUCKET}/tmp") if "write-check" in p]

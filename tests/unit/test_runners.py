@@ -1,0 +1,80 @@
+"""What a remote build sends its workers: this checkout's setup.py and, with it, the worker set it installs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import preflight, runners
+from schemas.errors import UserError
+
+from conftest import REPO
+
+DATAFLOW = ["--runner=DataflowRunner", "--project=p", "--region=us-central1", "--temp_location=gs://b/tmp"]
+SETUP = f"--setup_file={REPO / 'setup.py'}"
+WORKER_SET = f"--requirements_file={REPO / 'worker-requirements.txt'}"
+
+
+def _added(args: list[str]) -> list[str]:
+    return runners.with_runner_defaults(args)[len(args) :]
+
+
+def test_dataflow_gets_the_checkout_and_the_worker_set():
+    assert _added(DATAFLOW) == [SETUP, WORKER_SET, "--requirements_cache=skip"]
+    # The README's commands pass --setup_file themselves: the worker set goes with it.
+    assert _added([*DATAFLOW, SETUP]) == [WORKER_SET, "--requirements_cache=skip"]
+    assert _added([*DATAFLOW, SETUP, "--requirements_cache=/tmp/cache"]) == [WORKER_SET]
+    # Beam's other staging runners (Flink, Spark, a job server) install the setup file the same way.
+    assert _added(["--runner=PortableRunner", SETUP]) == [WORKER_SET, "--requirements_cache=skip"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--sdk_container_image=gcr.io/p/xarray-tfrecords:0.1.0"],  # the Dockerfile's image has the worker set
+        [SETUP, "--sdk_container_image=gcr.io/p/xarray-tfrecords:0.1.0"],
+        [SETUP, "--requirements_file=mine.txt"],  # the user's own: preflight checks it
+        ["--extra_package=dist/xarray_tfrecords-0.1.0.tar.gz"],
+    ],
+)
+def test_nothing_is_added_where_the_user_chose_how_workers_get_their_packages(flags):
+    assert _added([*DATAFLOW, *flags]) == []
+
+
+def test_no_worker_set_for_runners_that_stage_nothing_or_for_another_project(tmp_path):
+    assert _added(["--runner=DaskRunner", "--dask_npartitions=4", SETUP]) == []
+    assert "--requirements_file" not in " ".join(_added([SETUP]))  # local: the workers are this machine's
+    other = tmp_path / "setup.py"
+    other.write_text('from setuptools import setup\nsetup(name="mine")\n')
+    shutil.copy(REPO / "worker-requirements.txt", tmp_path)
+    assert _added([*DATAFLOW, f"--setup_file={other}"]) == []
+
+
+def _check(*flags: str) -> None:
+    preflight._check_worker_requirements(PipelineOptions([*DATAFLOW, SETUP, *flags]))
+
+
+def test_a_requirements_file_of_the_users_own_must_list_the_worker_set(tmp_path):
+    mine = tmp_path / "requirements.txt"
+    mine.write_text("scikit-learn>=1.5\nxarray\n")
+    with pytest.raises(UserError) as refused:
+        _check(f"--requirements_file={mine}")
+    message = str(refused.value)
+    assert "\n" not in message and f"--requirements_file={mine} lacks" in message
+    assert "netCDF4" in message and "xarray" not in message.split("run (")[1].split(")")[0]
+    assert "apache-beam" not in message  # the worker image's own
+    assert "worker-requirements.txt to it" in message and "--sdk_container_image" in message
+    with pytest.raises(UserError, match="cannot read it"):
+        _check(f"--requirements_file={tmp_path / 'missing.txt'}")
+
+
+def test_a_requirements_file_with_the_worker_set_passes(tmp_path):
+    mine = tmp_path / "requirements.txt"
+    # Other spellings of the same names, comments and options are what pip accepts too.
+    lines = (REPO / "worker-requirements.txt").read_text().replace("PyYAML", "pyyaml").replace("netCDF4", "netcdf4")
+    mine.write_text(f"--extra-index-url https://example.invalid/simple\nscikit-learn  # mine\n{lines}")
+    _check(f"--requirements_file={mine}")
+    _check(f"--requirements_file={mine}", "--sdk_container_image=gcr.io/p/image")
+    _check(WORKER_SET)
