@@ -82,9 +82,10 @@ def write_output(
             data = gzip.compress(data)
         name = f"{split}-{number:05d}-of-{len(shard_sizes):05d}{suffix}"
         (directory / name).write_bytes(data)
-        if index and not compression:
+        indexed = index and not compression
+        if indexed:
             (directory / index_name(name)).write_bytes(index_lines([len(f) for f in framed]))
-        shards.append(Shard(name, len(records), len(data), size))
+        shards.append(Shard(name, len(records), len(data), size, index_name(name) if indexed else None))
     schema = Schema(
         features=tuple(features),
         splits={split: tuple(shards)},

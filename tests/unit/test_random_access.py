@@ -119,3 +119,24 @@ def test_grain_reads_it_as_a_random_access_source(output):
     first = dataset[0]
     for row, i in enumerate(first["index/time"]):
         assert_same({k: v[row] for k, v in first.items()}, expected[int(i)])
+
+
+def test_an_index_that_tiles_the_shard_but_lies_is_caught_by_the_read_and_by_verify(tmp_path):
+    from schemas.shard_index import index_lines
+    from schemas.verify import VerifyError, verify_output
+
+    write_output(tmp_path / "out", make_columns(FEATURES, 7), [7])
+    (tmp_path / "out" / "parser.py").write_text("")  # verify wants every file a build writes
+    verify_output(str(tmp_path / "out"))
+    index = tmp_path / "out" / index_name("data-00000-of-00001.tfrecord")
+    sizes = [int(line.split()[1]) for line in index.read_bytes().splitlines()]
+    first, second = next((i, j) for i in range(7) for j in range(i + 1, 7) if sizes[i] != sizes[j])
+    sizes[first], sizes[second] = sizes[second], sizes[first]
+    index.write_bytes(index_lines(sizes))  # the records' sizes swapped: still from byte 0 to the end
+    with pytest.raises(CorruptRecordError, match=rf"data-00000-of-00001.tfrecord: record {first}: "):
+        open_source(str(tmp_path / "out"))[first]
+    with pytest.raises(VerifyError, match=rf"tfindex: line {first + 1} says record {first} is \d+ bytes, the shard"):
+        verify_output(str(tmp_path / "out"))
+    index.unlink()
+    with pytest.raises(VerifyError, match=r"data-00000-of-00001.tfrecord.tfindex: missing, but schema.json lists it"):
+        verify_output(str(tmp_path / "out"))
