@@ -71,12 +71,7 @@ class RandomAccessSource:
 
     def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
         """The samples at ``indices`` (any order, repeats allowed), reading each run of records in a shard once."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(self)
-        wanted = np.where(wanted < 0, wanted + n, wanted)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= n):
-            bad = int(np.asarray(indices).reshape(-1)[(wanted < 0) | (wanted >= n)][0])
-            raise IndexError(f"sample {bad} is outside the split's {n} samples")
+        wanted = self._positions(indices)
         shard_of = np.searchsorted(self._starts, wanted, side="right") - 1
         within = wanted - self._starts[shard_of]
         record_of, slot_of = within // self._per, within % self._per
@@ -145,8 +140,38 @@ class RandomAccessSource:
         self._indexes[number] = index
         return index
 
-    def _decode(self, number: int, records: np.ndarray) -> dict[str, np.ndarray]:
-        """Records (sorted, unique) of one shard, CRC-checked and decoded; runs of neighbours read at once."""
+    def records(self, indices: Sequence[int]) -> list[bytes]:
+        """The serialized ``tf.train.Example`` of each sample at ``indices``, CRC-checked (for tf.data, or a copy).
+
+        Only where a record is one sample (output.examples_per_record: 1).
+        """
+        if self._per > 1:
+            raise UserError(
+                f"{self.path}: records hold {self._per} samples each; read samples (source[i]) instead of records"
+            )
+        wanted = self._positions(indices)
+        shard_of = np.searchsorted(self._starts, wanted, side="right") - 1
+        out: list[bytes] = [b""] * len(wanted)
+        for number in np.unique(shard_of).tolist():
+            which = np.flatnonzero(shard_of == number)
+            records, position = np.unique(wanted[which] - self._starts[number], return_inverse=True)
+            data = self._read(number, records)
+            for k, j in enumerate(which.tolist()):
+                out[j] = data[int(position[k])]
+        return out
+
+    def _positions(self, indices: Sequence[int]) -> np.ndarray:
+        """Indices as positions in [0, len), negative ones from the end; IndexError outside."""
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        wanted = np.where(wanted < 0, wanted + n, wanted)
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= n):
+            bad = int(np.asarray(indices).reshape(-1)[(wanted < 0) | (wanted >= n)][0])
+            raise IndexError(f"sample {bad} is outside the split's {n} samples")
+        return wanted
+
+    def _read(self, number: int, records: np.ndarray) -> list[bytes]:
+        """Records (sorted, unique) of one shard, CRC-checked; runs of neighbours read at once."""
         index = self._index(number)
         url = self._url(self.shards[number])
         # Neighbouring records are neighbouring bytes: each run is one read.
@@ -161,6 +186,12 @@ class RandomAccessSource:
                 size = int(index.sizes[record])
                 data.append(check_frame(memoryview(chunk)[at : at + size], f"{url}: record {record}"))
                 at += size
+        return data
+
+    def _decode(self, number: int, records: np.ndarray) -> dict[str, np.ndarray]:
+        """Records (sorted, unique) of one shard, read and decoded."""
+        data = self._read(number, records)
+        url = self._url(self.shards[number])
         try:
             block = self._decoder.decode_batch(data)
         except ValueError as error:
