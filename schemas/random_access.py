@@ -12,6 +12,7 @@ is the i-th sample ``schemas.Reader`` yields. Offsets come from each shard's ``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import operator
 import os
@@ -56,6 +57,8 @@ class RandomAccessSource:
                     f"{self._per} to a record; schema.json is damaged: rebuild the output"
                 )
         self._starts = np.concatenate([[0], np.cumsum([s.examples for s in self.shards], dtype=np.int64)])
+        self._start_list = self._starts.tolist()
+        self._record_starts = np.concatenate([[0], np.cumsum([s.records for s in self.shards], dtype=np.int64)])
         self._decoder = ExampleDecoder(self.schema.record_features())
         self._names = [f.name for f in self.schema.features]
         self._indexes: dict[int, ShardIndex] = {}
@@ -67,27 +70,64 @@ class RandomAccessSource:
         return int(self._starts[-1])
 
     def __getitem__(self, index: int) -> Sample:
-        return self.__getitems__([operator.index(index)])[0]
+        number, record, slot = self._locate(operator.index(index))
+        block = self._decoded(number, np.array([record]), [self._read_one(number, record)])
+        return {name: block[name][0, slot] if self._per > 1 else block[name][0] for name in self._names}
 
     def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
         """The samples at ``indices`` (any order, repeats allowed), reading each run of records in a shard once."""
-        wanted = self._positions(indices)
+        parts, rows, slots = self._gather(indices)
+        blocks = [self._decoded(number, records, self._read(number, records)) for number, records in parts]
+        block = blocks[0] if len(blocks) == 1 else {n: np.concatenate([b[n] for b in blocks]) for n in self._names}
+        if self._per > 1:
+            return [{n: block[n][r, s] for n in self._names} for r, s in zip(rows.tolist(), slots.tolist())]
+        return [{n: block[n][r] for n in self._names} for r in rows.tolist()]
+
+    def records(self, indices: Sequence[int]) -> list[bytes]:
+        """The serialized ``tf.train.Example`` of each sample at ``indices``, CRC-checked (for tf.data, or a copy).
+
+        Only where a record is one sample (output.examples_per_record: 1).
+        """
+        if self._per > 1:
+            raise UserError(
+                f"{self.path}: records hold {self._per} samples each; read samples (source[i]) instead of records"
+            )
+        if len(indices) == 1:
+            number, record, _ = self._locate(operator.index(indices[0]))
+            return [self._read_one(number, record)]
+        parts, rows, _ = self._gather(indices)
+        data = [record for number, records in parts for record in self._read(number, records)]
+        return [data[r] for r in rows.tolist()]
+
+    def _locate(self, index: int) -> tuple[int, int, int]:
+        """(shard, record in it, slot in the record) of one sample."""
+        n = len(self)
+        at = index + n if index < 0 else index
+        if not 0 <= at < n:
+            raise IndexError(f"sample {index} is outside the split's {n} samples")
+        number = bisect.bisect_right(self._start_list, at) - 1
+        record, slot = divmod(at - self._start_list[number], self._per)
+        return number, record, slot
+
+    def _gather(self, indices: Sequence[int]) -> tuple[list[tuple[int, np.ndarray]], np.ndarray, np.ndarray]:
+        """The records to read (per shard, sorted, each once); each sample's row among them, and its slot."""
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        wanted = np.where(wanted < 0, wanted + n, wanted)
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= n):
+            bad = int(np.asarray(indices).reshape(-1)[(wanted < 0) | (wanted >= n)][0])
+            raise IndexError(f"sample {bad} is outside the split's {n} samples")
         shard_of = np.searchsorted(self._starts, wanted, side="right") - 1
         within = wanted - self._starts[shard_of]
-        record_of, slot_of = within // self._per, within % self._per
-        out: list[Sample | None] = [None] * len(wanted)
-        for number in np.unique(shard_of).tolist():
-            which = np.flatnonzero(shard_of == number)
-            records, position = np.unique(record_of[which], return_inverse=True)
-            block = self._decode(number, records)
-            for k, j in enumerate(which.tolist()):
-                r = int(position[k])
-                if self._per > 1:
-                    slot = int(slot_of[j])
-                    out[j] = {name: block[name][r, slot] for name in self._names}
-                else:
-                    out[j] = {name: block[name][r] for name in self._names}
-        return out  # type: ignore[return-value]
+        # Records numbered across the split: sorted, they are in shard order, then record order.
+        unique, rows = np.unique(self._record_starts[shard_of] + within // self._per, return_inverse=True)
+        unique_shard = np.searchsorted(self._record_starts, unique, side="right") - 1
+        parts = []
+        for group in np.split(np.arange(len(unique)), np.flatnonzero(np.diff(unique_shard)) + 1):
+            if len(group):
+                number = int(unique_shard[group[0]])
+                parts.append((number, unique[group] - self._record_starts[number]))
+        return parts, rows.reshape(-1), within % self._per
 
     # Reading
 
@@ -99,7 +139,7 @@ class RandomAccessSource:
             self._fs = fsspec.core.url_to_fs(self.path)[0]
         return self._fs
 
-    def _read_local(self, number: int, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes]:
+    def _read_local(self, number: int, offsets: list[int], sizes: list[int]) -> list[bytes]:
         fd = self._files.get(number)
         if fd is None:
             try:
@@ -107,15 +147,15 @@ class RandomAccessSource:
             except FileNotFoundError:
                 raise UserError(f"{self._url(self.shards[number])}: shard listed in schema.json is missing") from None
             self._files[number] = fd
-        return [os.pread(fd, int(size), int(offset)) for offset, size in zip(offsets, sizes)]
+        return [os.pread(fd, size, offset) for offset, size in zip(offsets, sizes)]
 
-    def _read_ranges(self, number: int, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes]:
+    def _read_ranges(self, number: int, offsets: list[int], sizes: list[int]) -> list[bytes]:
         """Bytes at (offset, size) ranges of one shard: one request a range, concurrently where remote."""
         if not self._remote:
             return self._read_local(number, offsets, sizes)
         url = self._url(self.shards[number])
-        ends = offsets + sizes
-        return self._filesystem().cat_ranges([url] * len(offsets), offsets.tolist(), ends.tolist())
+        ends = [offset + size for offset, size in zip(offsets, sizes)]
+        return self._filesystem().cat_ranges([url] * len(offsets), offsets, ends)
 
     def _index(self, number: int) -> ShardIndex:
         index = self._indexes.get(number)
@@ -140,57 +180,33 @@ class RandomAccessSource:
         self._indexes[number] = index
         return index
 
-    def records(self, indices: Sequence[int]) -> list[bytes]:
-        """The serialized ``tf.train.Example`` of each sample at ``indices``, CRC-checked (for tf.data, or a copy).
-
-        Only where a record is one sample (output.examples_per_record: 1).
-        """
-        if self._per > 1:
-            raise UserError(
-                f"{self.path}: records hold {self._per} samples each; read samples (source[i]) instead of records"
-            )
-        wanted = self._positions(indices)
-        shard_of = np.searchsorted(self._starts, wanted, side="right") - 1
-        out: list[bytes] = [b""] * len(wanted)
-        for number in np.unique(shard_of).tolist():
-            which = np.flatnonzero(shard_of == number)
-            records, position = np.unique(wanted[which] - self._starts[number], return_inverse=True)
-            data = self._read(number, records)
-            for k, j in enumerate(which.tolist()):
-                out[j] = data[int(position[k])]
-        return out
-
-    def _positions(self, indices: Sequence[int]) -> np.ndarray:
-        """Indices as positions in [0, len), negative ones from the end; IndexError outside."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(self)
-        wanted = np.where(wanted < 0, wanted + n, wanted)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= n):
-            bad = int(np.asarray(indices).reshape(-1)[(wanted < 0) | (wanted >= n)][0])
-            raise IndexError(f"sample {bad} is outside the split's {n} samples")
-        return wanted
+    def _read_one(self, number: int, record: int) -> bytes:
+        index = self._index(number)
+        offset, size = int(index.offsets[record]), int(index.sizes[record])
+        (chunk,) = self._read_ranges(number, [offset], [size])
+        return check_frame(memoryview(chunk), self._url(self.shards[number]), record)
 
     def _read(self, number: int, records: np.ndarray) -> list[bytes]:
-        """Records (sorted, unique) of one shard, CRC-checked; runs of neighbours read at once."""
+        """Records (sorted, unique) of one shard, CRC-checked; a run of neighbours (neighbouring bytes) read at once."""
         index = self._index(number)
         url = self._url(self.shards[number])
-        # Neighbouring records are neighbouring bytes: each run is one read.
-        breaks = np.flatnonzero(np.diff(records) != 1) + 1
-        runs = np.split(records, breaks)
-        starts = np.array([index.offsets[run[0]] for run in runs], dtype=np.int64)
-        ends = np.array([index.offsets[run[-1]] + index.sizes[run[-1]] for run in runs], dtype=np.int64)
-        data = []
-        for run, chunk in zip(runs, self._read_ranges(number, starts, ends - starts)):
-            at = 0
-            for record in run.tolist():
-                size = int(index.sizes[record])
-                data.append(check_frame(memoryview(chunk)[at : at + size], f"{url}: record {record}"))
-                at += size
+        offsets, sizes = index.offsets[records], index.sizes[records]
+        first = np.ones(len(records), dtype=bool)
+        np.not_equal(np.diff(records), 1, out=first[1:])
+        starts = np.flatnonzero(first)
+        stops = np.append(starts[1:], len(records))
+        run_sizes = offsets[stops - 1] + sizes[stops - 1] - offsets[starts]
+        chunks = self._read_ranges(number, offsets[starts].tolist(), run_sizes.tolist())
+        data, sizes, numbers = [], sizes.tolist(), records.tolist()
+        for chunk, start, stop in zip(chunks, starts.tolist(), stops.tolist()):
+            view, at = memoryview(chunk), 0
+            for k in range(start, stop):
+                data.append(check_frame(view[at : at + sizes[k]], url, numbers[k]))
+                at += sizes[k]
         return data
 
-    def _decode(self, number: int, records: np.ndarray) -> dict[str, np.ndarray]:
-        """Records (sorted, unique) of one shard, read and decoded."""
-        data = self._read(number, records)
+    def _decoded(self, number: int, records: np.ndarray, data: list[bytes]) -> dict[str, np.ndarray]:
+        """Records of one shard decoded (packed ones checked to hold a possible number of samples)."""
         url = self._url(self.shards[number])
         try:
             block = self._decoder.decode_batch(data)
