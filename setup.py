@@ -55,10 +55,12 @@ setup(
     packages=[
         "pipelines",
         "transforms",
+        "transforms.buckets",
         "planning",
         "planning.run",
         "planning.formats",
         "planning.inputs",
+        "planning.config",
         "planning.reads",
         "schemas",
     ],

@@ -8,6 +8,8 @@
    inventory grow from 2,000 to 4,000 files.
 3. Planning over gs:// files on the storage emulator: ms per file and bytes the driver read
    per file, against planning the same files locally.
+4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
+   byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS.
 
 Every build and every planning run is its own fresh interpreter, so import costs count as they
 do for a user; only ratios between runs of one invocation are meant to be compared. Archives
@@ -27,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import zarr_reads
 from benchmarks.measure import Measurement, run_measured
 from benchmarks.report import table
 from benchmarks.targets import (
@@ -53,7 +56,7 @@ REMOTE_FILES = 1_000
 #: --quick: tiny archives, a smoke test of every row (not a measurement).
 QUICK = {"sizes": (12,), "classic": 12, "units": (8, 16), "remote": 12}
 FULL = {"sizes": DEFAULT_SIZES, "classic": CLASSIC_FILES, "units": UNIT_SIZES, "remote": REMOTE_FILES}
-PARTS = ("local", "units", "remote")
+PARTS = ("local", "units", "remote", "zarr")
 #: Repeats of the unit planning call (the fastest is kept): one call takes well under a millisecond.
 UNIT_REPEATS = 50
 BUCKET = "xtf-scale"
@@ -426,6 +429,8 @@ def run(
                 known = {"many": {"plan": bench.plan(config, archive.paths("many"))}}
             local_plans[archive.fmt] = known["many"]["plan"]
         results["remote"] = run_remote(bench, archives, local_plans)
+    if "zarr" in parts:
+        results["zarr"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout)
     results["targets"] = [t.to_json() for t in targets(results)]
     results["failed"] = failed(results)
     shutil.rmtree(workdir / "out" / "scale", ignore_errors=True)
@@ -496,6 +501,7 @@ def targets(results: dict) -> list[Target]:
                 "KiB",
             )
         )
+    found += zarr_reads.targets(results.get("zarr") or {})
     return found
 
 
@@ -510,6 +516,7 @@ def failed(results: dict) -> list[str]:
             ]
     names += [f"units {k}" for k, row in (results.get("units") or {}).items() if not row["ok"]]
     names += [f"remote {k}" for k, row in (results.get("remote") or {}).items() if not row["ok"]]
+    names += [f"zarr {k}" for k, row in (results.get("zarr") or {}).items() if not row["ok"]]
     return names
 
 
@@ -568,6 +575,7 @@ def render(results: dict) -> str:
             )
     for fmt, row in (results.get("remote") or {}).items():
         rows += _remote_rows(fmt, row, by_name if fmt == "nc4" else {})
+    rows += zarr_reads.report_rows(results.get("zarr") or {}, by_name)
     headers = ("what", "wall s", "against s", "ratio", "target", "result")
     quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["quick"] else ""
     load = ", ".join(f"{x:.2f}" for x in results["load_at_start"])
@@ -664,7 +672,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--classic", type=int, help=f"files of the netCDF-3 archive (default {CLASSIC_FILES}; 0: none)")
     parser.add_argument("--remote", type=int, help=f"files planned on gs:// (default {REMOTE_FILES}; 0: none)")
-    parser.add_argument("--parts", nargs="+", choices=["local", "units", "remote"], help="run only these parts")
+    parser.add_argument("--parts", nargs="+", choices=list(PARTS), help="run only these parts")
     parser.add_argument("--quick", action="store_true", help="tiny archives: a smoke test, not a measurement")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each case; the fastest is kept")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a run is stopped")

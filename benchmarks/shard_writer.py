@@ -84,9 +84,9 @@ def write_spec(case: Case, output: str, budget_bytes: int, compression: str | No
 def ensure_buckets(workdir: Path, case: Case, shard_mb: float) -> Path:
     """The case's bucket files (written once per size): samples in id order, keys as the pipeline makes them."""
     from planning.keys import sample_keys
-    from schemas.buckets import bucket_pieces, row_dtype
     from schemas.example_codec import ExampleEncoder
     from schemas.tfrecord import frame_parts
+    from transforms.buckets.blobs import bucket_pieces, row_dtype
 
     directory = workdir / "shard-writer" / f"{case.name}-{shard_mb:g}mb"
     if (directory / "done").exists():
@@ -125,7 +125,7 @@ def old_sorted_payloads(buckets) -> list[memoryview]:
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    from schemas.buckets import unpack_bucket
+    from transforms.buckets.blobs import unpack_bucket
 
     all_keys, payloads = [], []
     for bucket in buckets:
@@ -143,10 +143,10 @@ def old_sorted_payloads(buckets) -> list[memoryview]:
 
 def old_write_shard(spec, buckets) -> tuple[int, int]:
     """The old write_shard: every payload of the shard in memory, sorted, packed whole, then written."""
-    from schemas.buckets import row_dtype
     from schemas.example_codec import ExampleEncoder
     from schemas.tfrecord import frame
-    from transforms.shards import write_atomically
+    from transforms.buckets.blobs import row_dtype
+    from transforms.files import write_atomically
 
     payloads = old_sorted_payloads(buckets)
     per_record = spec.examples_per_record
@@ -170,7 +170,7 @@ def old_write_shard(spec, buckets) -> tuple[int, int]:
 
 
 def child(args: argparse.Namespace) -> None:
-    from schemas.bucket_sort import BufferLedger
+    from transforms.buckets.sorting import BufferLedger
     from transforms.shards import write_shard
 
     if args.child == "baseline":

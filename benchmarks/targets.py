@@ -23,6 +23,9 @@ MAX_PLAN_UNITS_SCALING = 2.2
 #: planning over gs:// NetCDF-4 files: driver time and bytes received, per file
 MAX_REMOTE_PLAN_MS_PER_FILE = 10.0
 MAX_REMOTE_PLAN_BYTES_PER_FILE = 64 * 1024
+#: Zarr at ARCO-ERA5's chunking: bytes fetched per stored byte of the chunks needed; a build's peak RSS on 2 steps.
+MAX_ZARR_FETCHED_PER_STORED = 1.1
+MAX_ZARR_BUILD_RSS = 1.5 * GB
 
 
 @dataclasses.dataclass(frozen=True)

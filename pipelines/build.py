@@ -96,7 +96,20 @@ def _all(value) -> bool:
     return all(_all(v) for v in value) if isinstance(value, list) else bool(value)
 
 
-def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
+def store_reads_line(counters: dict[str, int]) -> str | None:
+    """What a build fetched from a Zarr store against the stored bytes of the chunks it needed (None: unknown)."""
+    from planning.run.contracts import BYTES_READ, CHUNK_BYTES  # here: --help loads no xarray
+
+    fetched, needed = counters.get(BYTES_READ, 0), counters.get(CHUNK_BYTES, 0)
+    if not needed:
+        return None
+    return (
+        f"  read {fetched / 1e6:,.1f} MB from the store for {needed / 1e6:,.1f} MB of chunks needed "
+        f"({fetched / needed:.2f}x; above 1x: chunks fetched again for windows that cross into them, static fields)"
+    )
+
+
+def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: dict[str, int] | None = None) -> None:
     shards = [shard for split in schema.splits.values() for shard in split]
     size = sum(s.bytes for s in shards)
     print(
@@ -107,27 +120,30 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float) -> None:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
+    reads = store_reads_line(counters or {}) if plan.zarr_store is not None else None
+    if reads:
+        print(reads)
     counts = schema.counts
     dropped = dropped_line(counts)
     if dropped:
         print(dropped)
     with_nan = counts.get("samples_with_nan", 0)
-    filled = with_nan and plan.config.nan_policy == "fill"
+    filled = with_nan and plan.nan_policy == "fill"
     stats = {}
     if filled or plan.preprocess is not None:  # read once, only when a line below needs it
         from schemas.dataset import load_stats
 
         stats = load_stats(plan.output)
     if filled:
-        print(f"  filled NaN with {plan.config.fill_value} in {with_nan:,} samples")
+        print(f"  filled NaN with {plan.fill_value} in {with_nan:,} samples")
         unmarked = unmarked_fills(schema, stats)
         if unmarked:
             print(
                 f"  normalize=True cannot tell the filled points of {', '.join(unmarked)} from data (fill_value "
-                f"{plan.config.fill_value} lies among their values): they normalise as data; "
+                f"{plan.fill_value} lies among their values): they normalise as data; "
                 f"nan_mask: [{', '.join(unmarked)}] marks them"
             )
-    elif with_nan and plan.config.nan_policy == "keep":
+    elif with_nan and plan.nan_policy == "keep":
         print(f"  {with_nan:,} samples hold NaN (nan_policy: keep; drop or fill them if your model cannot)")
     if plan.preprocess is not None:
         for line in nonfinite_lines(stats):
@@ -217,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         # Beam's worker threads print every failure's traceback to stderr themselves; the failure
         # also comes back as the exception reported below in one line, so hold that text back.
         worker_output = io.StringIO()
+        counters: dict[str, int] = {}
         progress = None if args.quiet else sys.stderr  # the terminal's stream, taken before the redirect
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
-            plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem)
+            plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem, counters)
         sys.stderr.write(worker_output.getvalue())
     except BaseException as error:
         if stop.requested is not None:
@@ -238,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if schema is None:
         _print_dry_run(plan)
         return 0
-    _print_summary(plan, schema, time.monotonic() - started)
+    _print_summary(plan, schema, time.monotonic() - started, counters)
     return 0
 
 

@@ -14,7 +14,9 @@ from typing import TextIO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineResult
 
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from pipelines.output_lock import open_private_folder, output_lock
@@ -35,22 +37,21 @@ from pipelines.runners import (
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.inputs.probe_cache import load_probes, save_probes
-from planning.layout import plan_layout
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
+from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
 from planning.sampling import Unit
 from planning.specs import StageSpecs, compile_specs
-from planning.write_strategy import WriteStrategy, choose_write_strategy
+from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
+from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output
-from transforms.in_place import preallocate
-from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.stats import ComputeStats
 from transforms.write import WriteShards
 
@@ -80,6 +81,7 @@ def run_build(
     overwrite: bool = False,
     progress: TextIO | None = None,
     shared_filesystem: bool = False,
+    counters: dict[str, int] | None = None,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
@@ -87,7 +89,8 @@ def run_build(
     returns no schema, on any runner (Beam's runners other than Dataflow's have no dry run). ``progress``: a
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
-    shared parallel filesystem); local runs always do.
+    shared parallel filesystem); local runs always do. ``counters``: filled with the run's Beam counters, by
+    name, where the runner reports them.
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
@@ -111,14 +114,14 @@ def run_build(
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
         shared = local or (shared_filesystem and not is_remote(plan.output))
-        strategy, reason = choose_write_strategy(plan, shared_filesystem=shared)
-        logger.info("records are written by %s: %s", strategy.value, reason)
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
         sources = sources_path(plan.output, plan.run_id)
+        write = choose_write_strategy(plan, work)
+        logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
-            specs = compile_specs(plan, strategy, work, None, sources)
+            specs = compile_specs(plan, write, sources)
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
             if runner_name(options) != DATAFLOW_RUNNER:
                 build_pipeline(pipeline, list(plan.units), specs)
@@ -136,11 +139,8 @@ def run_build(
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
-            layout = plan_layout(plan, join(work, "layout")) if strategy is WriteStrategy.IN_PLACE else None
-            specs = compile_specs(plan, strategy, work, layout, sources)
+            specs = compile_specs(plan, lay_out(plan, write), sources)
             write_atomically(sources, [plan.sources.to_bytes()])
-            if layout is not None:
-                preallocate(specs.write)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(runner_context(options))
                 if progress is not None and specs.write.progress_dir is not None:
@@ -148,7 +148,9 @@ def run_build(
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 build_pipeline(pipeline, list(plan.units), specs)
                 check_stopped()  # stopped while the graph was built: the pipeline does not start
-                _run_and_wait(pipeline, options, local)
+                result = _run_and_wait(pipeline, options, local)
+                if counters is not None:
+                    counters.update(run_counters(result))
             record_complete(plan.output, manifest)
         except BaseException as error:
             owned = cleanup()
@@ -163,7 +165,7 @@ def run_build(
         return plan, load_schema(plan.output)
 
 
-def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> None:
+def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> PipelineResult:
     """Run the pipeline and wait for it to end; a remote job is watched: a stop, or the clean-up, cancels it first."""
     result = pipeline.run()
     if not local:
@@ -171,6 +173,20 @@ def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool
         watch_job(RemoteJob(result, runner_name(options).rsplit(".", 1)[-1]))
         check_stopped()  # stopped while the job was submitted: it is cancelled as the run's files are removed
     result.wait_until_finish()
+    return result
+
+
+def run_counters(result: PipelineResult) -> dict[str, int]:
+    """The finished run's counters of ours, by name (committed values; none where the runner keeps none)."""
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    except Exception:  # a runner without metrics (Beam's DaskRunner): the summary goes without
+        return {}
+    out: dict[str, int] = {}
+    for counter in found:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + int(value or 0)
+    return out
 
 
 def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:

@@ -19,8 +19,8 @@ from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, rel
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE
 from schemas.urls import is_remote
+from transforms.files import read_bytes, remove_if_empty, remove_tree, write_atomically
 from transforms.finalize import check_owns_output, owns_output
-from transforms.shards import read_bytes, remove_if_empty, remove_tree, write_atomically
 
 logger = logging.getLogger(__name__)
 #: Foreign files named in a refusal.

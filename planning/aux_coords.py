@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planning.config import BuildConfig
+from planning.config.model import BuildConfig
 from planning.inputs.inventory import Inventory
 from planning.inputs.metadata import FileInfo, VariableInfo
 from planning.run.contracts import SAMPLE_DIM

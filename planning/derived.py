@@ -15,8 +15,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from planning.config import BuildConfig
-from planning.features import build_grid, select_variables, variable_plans
+from planning.config.model import BuildConfig
+from planning.features import Candidates, build_grid, check_sample_dims, choose_variables, variable_plans
 from planning.inputs.inventory import Inventory
 from planning.inputs.metadata import VariableInfo
 from planning.inputs.metadata import _attrs as json_attrs
@@ -43,42 +43,23 @@ PROBE_BYTES = 64e6
 _PLANNING = "a slab at the start of the input at planning"
 
 
-def _is_numeric(dtype) -> bool:
-    return np.dtype(dtype).kind in "fiub"
-
-
-def _sample_dims(config: BuildConfig) -> set[str]:
-    sample = config.sample
-    return set(sample.window) | set(sample.offsets) | set(sample.keep) | {config.input.concat_dim}
-
-
 def preprocess_inputs(config: BuildConfig, inventory: Inventory) -> list[VariableInfo]:
     """``input.preprocess_inputs``, or every numeric variable with all the sample dims."""
-    # The sample dims are checked as for `variables:`, against every variable of the input.
-    select_variables(config.model_copy(update={"variables": None}), inventory)
+    check_sample_dims(config, inventory)  # as for `variables:`, against every variable of the input
     available = inventory.variables
-    names = config.input.preprocess_inputs
-    if names is None:
-        wanted = _sample_dims(config)
-        return [v for v in available.values() if wanted <= set(v.dims) and _is_numeric(v.dtype)]
-    chosen = []
-    for name in names:
-        if name not in available:
-            raise UserError(
-                f"input.preprocess_inputs: {name!r} is not a data variable of the input "
-                f"(it has: {', '.join(available)}); fix the name"
-            )
-        if not _is_numeric(available[name].dtype):
-            raise UserError(
-                f"input.preprocess_inputs: {name!r} has dtype {available[name].dtype}, not numbers; remove it"
-            )
-        chosen.append(available[name])
-    if not any(inventory.concat_dim in v.dims for v in chosen):
-        raise UserError(
-            f"input.preprocess_inputs: none of {names} has the dim {inventory.concat_dim!r}; "
-            "include at least one variable along input.concat_dim"
-        )
-    return chosen
+    where = inventory.reference.path
+    candidates = Candidates(
+        available,
+        "input.preprocess_inputs",
+        lambda dims: (
+            f"{where}: no numeric data variable has all the sample dims ({dims}); "
+            "list the function's inputs under input.preprocess_inputs or change the sample dims"
+        ),
+        lambda _: f"is not a data variable of the input (it has: {', '.join(available)}); fix the name",
+        f"in {where}",
+        "remove it",
+    )
+    return choose_variables(config, candidates, config.input.preprocess_inputs, widest=False)
 
 
 def _returned(preprocess: Preprocess, dataset: xr.Dataset) -> dict[str, VariableInfo]:
@@ -95,35 +76,22 @@ def _returned(preprocess: Preprocess, dataset: xr.Dataset) -> dict[str, Variable
 def _choose(config: BuildConfig, path: str, returned: dict[str, VariableInfo]) -> list[VariableInfo]:
     """``variables:`` among the function's outputs, or every numeric output with all the sample dims."""
     listing = ", ".join(f"{v.name} ({', '.join(v.dims)})" for v in returned.values()) or "nothing"
-    if config.variables is None:
-        wanted = _sample_dims(config)
-        candidates = [v for v in returned.values() if wanted <= set(v.dims) and _is_numeric(v.dtype)]
-        if not candidates:
-            raise UserError(
-                f"input.preprocess: {path} returns no numeric variable with all the sample dims "
-                f"({', '.join(sorted(wanted))}); it returns {listing}: return one, or name outputs under `variables:`"
-            )
-        widest = set(max(candidates, key=lambda v: len(v.dims)).dims)
-        return [v for v in candidates if set(v.dims) == widest]
-    chosen = []
-    for name in config.variables:
-        if name not in returned:
-            raise UserError(
-                f"variables: {name!r} is not among what input.preprocess {path} returns ({listing}); "
-                f"return it (e.g. ds.assign({name}=...)) or remove it from `variables:`"
-            )
-        if not _is_numeric(returned[name].dtype):
-            raise UserError(
-                f"variables: {name!r} as input.preprocess {path} returns it has dtype {returned[name].dtype}, "
-                "which a tf.Example cannot hold as numbers; cast it in the function or remove it"
-            )
-        chosen.append(returned[name])
-    if not any(config.input.concat_dim in v.dims for v in chosen):
-        raise UserError(
-            f"variables: none of {config.variables} (returned by {path}) has the dim {config.input.concat_dim!r}; "
-            "include at least one variable along input.concat_dim"
-        )
-    return chosen
+    candidates = Candidates(
+        returned,
+        "variables",
+        lambda dims: (
+            f"input.preprocess: {path} returns no numeric variable with all the sample dims ({dims}); "
+            f"it returns {listing}: return one, or name outputs under `variables:`"
+        ),
+        lambda name: (
+            f"is not among what input.preprocess {path} returns ({listing}); "
+            f"return it (e.g. ds.assign({name}=...)) or remove it from `variables:`"
+        ),
+        f"as input.preprocess {path} returns it",
+        "cast it in the function or remove it",
+        listed_as=f" (returned by {path})",
+    )
+    return choose_variables(config, candidates, config.variables)
 
 
 def _check_dims(

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from importlib import metadata
 
-from planning.config import BuildConfig
+from planning.config.model import BuildConfig
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import json_values, time_calendar
 from planning.inputs.inventory import Inventory
@@ -76,7 +76,7 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
 
 def _listed(source: SourceFile, with_member: bool) -> dict:
     entry = dataclasses.asdict(source)
-    del entry["version"], entry["layouts"]
+    del entry["version"], entry["layouts"], entry["classic"]  # how workers read it, not what it holds
     if not with_member:
         del entry["member"]
     return entry

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from planning.config import BuildConfig
+from planning.config.model import BuildConfig
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes
 from planning.inputs.metadata import VariableInfo
@@ -16,62 +17,105 @@ from schemas.errors import UserError
 from schemas.schema import Feature
 
 
-def _is_numeric(dtype: str) -> bool:
+def is_numeric(dtype) -> bool:
     return np.dtype(dtype).kind in "fiub"
 
 
-def _mentioned_dims(config: BuildConfig) -> set[str]:
+def sample_dims(config: BuildConfig) -> set[str]:
+    """The dims the sample config names, and the concat dim: a variable chosen by default has them all."""
     sample = config.sample
     return set(sample.window) | set(sample.offsets) | set(sample.keep) | {config.input.concat_dim}
 
 
-def select_variables(config: BuildConfig, inventory: Inventory) -> list[VariableInfo]:
-    """The configured variables, or by default every numeric one with all the sample dims."""
-    available = inventory.variables
-    all_dims = {d for v in available.values() for d in v.dims} | set(inventory.sizes)
-    where = inventory.reference.path
+def check_sample_dims(config: BuildConfig, inventory: Inventory) -> None:
+    """Every dim the sample config names is a dim of some variable of the input."""
+    all_dims = {d for v in inventory.variables.values() for d in v.dims} | set(inventory.sizes)
     sample = config.sample
     for key, dims in (("window", sample.window), ("offsets", sample.offsets), ("keep", sample.keep)):
         for dim in dims:
             if dim not in all_dims:
                 raise UserError(
-                    f"sample.{key}.{dim}: no variable in {where} has a dim {dim!r} "
+                    f"sample.{key}.{dim}: no variable in {inventory.reference.path} has a dim {dim!r} "
                     f"(dims: {', '.join(sorted(all_dims))}); fix the dim name"
                 )
-    mentioned = _mentioned_dims(config)
-    if config.variables is None:
-        candidates = [v for v in available.values() if mentioned <= set(v.dims) and _is_numeric(v.dtype)]
-        if not candidates:
-            raise UserError(
-                f"{where}: no numeric data variable has all the sample dims ({', '.join(sorted(mentioned))}); "
-                "list the variables under `variables:` or change the sample dims"
-            )
-        widest = set(max(candidates, key=lambda v: len(v.dims)).dims)
-        return [v for v in candidates if set(v.dims) == widest]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """Variables to choose among, and how an error names them and the fix."""
+
+    variables: Mapping[str, VariableInfo]
+    key: str  # the config key that lists names among them: "variables" or "input.preprocess_inputs"
+    none_fit: Callable[[str], str]  # the error when no variable has all the sample dims (given as text)
+    missing: Callable[[str], str]  # the error's text after "<key>: <name>" for a name not among them
+    where: str  # where a variable's dtype was found, e.g. "in <file>"
+    numeric_fix: str  # what to do about a variable that holds no numbers
+    listed_as: str = ""  # after "none of <names>" when none lies along the concat dim
+    coordinates: frozenset[str] = frozenset()  # names that are coordinates of the input, not variables
+
+
+def choose_variables(
+    config: BuildConfig, candidates: Candidates, names: Sequence[str] | None, widest: bool = True
+) -> list[VariableInfo]:
+    """The variables ``names`` names, or by default every numeric one with all the sample dims.
+
+    ``widest``: of the default ones, only those with the most dims (static fields, e.g. orography
+    on lat, lon, must be listed to be taken).
+    """
+    available = candidates.variables
+    if names is None:
+        wanted = sample_dims(config)
+        found = [v for v in available.values() if wanted <= set(v.dims) and is_numeric(v.dtype)]
+        if not found:
+            raise UserError(candidates.none_fit(", ".join(sorted(wanted))))
+        if not widest:
+            return found
+        most = set(max(found, key=lambda v: len(v.dims)).dims)
+        return [v for v in found if set(v.dims) == most]
     chosen = []
-    for name in config.variables:
+    for name in names:
         if name not in available:
-            if any(name in info.coordinates for info in (inventory.reference, *inventory.static_files)):
+            if name in candidates.coordinates:
                 raise UserError(
-                    f"variables: {name!r} is a coordinate of the input, not a data variable; list it under "
+                    f"{candidates.key}: {name!r} is a coordinate of the input, not a data variable; list it under "
                     "`coords:` to carry it in every record"
                 )
-            raise UserError(
-                f"variables: {name!r} is not a data variable of the input (it has: {', '.join(available) or 'none'})"
-            )
+            raise UserError(f"{candidates.key}: {name!r} {candidates.missing(name)}")
         var = available[name]
-        if not _is_numeric(var.dtype):
+        if not is_numeric(var.dtype):
             raise UserError(
-                f"variables: {name!r} in {where} has dtype {var.dtype}, which a tf.Example cannot hold "
-                "as numbers; remove it from `variables:`"
+                f"{candidates.key}: {name!r} {candidates.where} has dtype {var.dtype}, which a tf.Example cannot "
+                f"hold as numbers; {candidates.numeric_fix}"
             )
         chosen.append(var)
     if not any(config.input.concat_dim in v.dims for v in chosen):
         raise UserError(
-            f"variables: none of {config.variables} has the dim {config.input.concat_dim!r}; "
+            f"{candidates.key}: none of {list(names)}{candidates.listed_as} has the dim {config.input.concat_dim!r}; "
             "include at least one variable along input.concat_dim"
         )
     return chosen
+
+
+def select_variables(config: BuildConfig, inventory: Inventory) -> list[VariableInfo]:
+    """The configured variables, or by default every numeric one with all the sample dims."""
+    check_sample_dims(config, inventory)
+    available = inventory.variables
+    where = inventory.reference.path
+    files = (inventory.reference, *inventory.static_files)
+    coordinates = frozenset(name for info in files for name in info.coordinates)
+    candidates = Candidates(
+        available,
+        "variables",
+        lambda dims: (
+            f"{where}: no numeric data variable has all the sample dims ({dims}); "
+            "list the variables under `variables:` or change the sample dims"
+        ),
+        lambda _: f"is not a data variable of the input (it has: {', '.join(available) or 'none'})",
+        f"in {where}",
+        "remove it from `variables:`",
+        coordinates=coordinates,
+    )
+    return choose_variables(config, candidates, config.variables)
 
 
 def build_grid(config: BuildConfig, variables: list[VariableInfo], sizes: dict[str, int]) -> SampleGrid:

@@ -3,8 +3,9 @@
 A sample's shuffle key depends only on its position, so its shard and its rank in the shard
 are known at planning; its record's size depends only on its int64 values (positions and
 coordinates), floats having fixed sizes. Hence every record's final byte offset is known up
-front, and each unit writes its records straight into preallocated shard files: every byte is
-written once, with no bucket files and no sorting stage, and memory stays bounded by a unit.
+front, and each unit writes its records straight into the shard files (sparse until every
+record is in, transforms.in_place): every byte is written once, with no bucket files and no
+sorting stage, and memory stays bounded by a unit.
 A retried unit rewrites the same bytes at the same offsets. When it applies: planning.write_strategy.
 """
 

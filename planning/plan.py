@@ -8,14 +8,13 @@ driver: each stage gets a small spec compiled from it (planning.specs) holding o
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
+from planning import sizing
 from planning.aux_coords import coordinate_plans, scalar_coordinates
-from planning.config import MAX_SHARD_BYTES, MAX_SHARD_MB, BuildConfig
+from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
 from planning.features import (
@@ -25,6 +24,7 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
+from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_store import store_input
 from planning.inputs.coords import record_values
@@ -38,19 +38,12 @@ from planning.reads.source_index import SourceIndex
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, Unit, UnitCost, plan_units
+from planning.sampling import SampleGrid, Unit, UnitCost, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
-from planning.splits import SplitPlan, gap_positions, position_labels, split_ranges
+from planning.splits import SplitPlan, assign_splits
 from schemas.errors import UserError
-from schemas.example_codec import ExampleEncoder
-from schemas.schema import Feature, Schema, shard_name
-from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
-
-logger = logging.getLogger(__name__)
-
-#: Shards receive uneven numbers of samples (each sample's key picks its shard): planning keeps
-#: this many standard deviations above the mean within MAX_SHARD_MB.
-_SHARD_SIGMAS = 6
+from schemas.schema import Schema, default_split, shard_name
+from schemas.urls import is_remote
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
@@ -59,9 +52,12 @@ UNIT_BUDGET_BYTES = 64e6
 
 @dataclasses.dataclass(frozen=True)
 class BuildPlan:
-    """Everything decided on the driver before any worker starts: what is cut, how, and where it goes."""
+    """Everything decided on the driver before any worker starts: what is cut, how, and where it goes.
 
-    config: BuildConfig
+    It holds facts compiled from the config, not the config: what the stages, the write strategy
+    and the summary read is decided here, once.
+    """
+
     sources: SourceIndex  # the files along the concat dim
     positions: Positions  # the sample grid, each position's split and coordinate values
     variables: tuple[VariablePlan, ...]
@@ -70,6 +66,17 @@ class BuildPlan:
     splits: tuple[SplitPlan, ...]
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
+    output: str  # the output directory (local path or URL)
+    seed: int  # the shuffle's
+    compression: str | None  # of the shards: None or "gzip"
+    examples_per_record: int  # samples packed into one record
+    in_place: bool  # config output.in_place: records may be written at their offsets (planning.write_strategy)
+    allow_float32_overflow: bool  # float64 values beyond float32's range become +-inf instead of failing
+    nan_policy: str  # samples holding NaN: "keep", "drop" or "fill"
+    fill_value: float | None  # what NaN becomes with nan_policy "fill"
+    missing_chunks: str  # config input.missing_chunks: an absent Zarr chunk is an error, or fill values
+    stats_per: tuple[str, ...]  # kept dims statistics are kept per index of
+    reference_split: str  # the split whose statistics normalise
     probes: tuple = ()  # the input files' probes, to keep for the next run (planning.inputs.probe_cache)
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
@@ -79,6 +86,9 @@ class BuildPlan:
     coordinates: tuple[VariablePlan, ...] = ()
     #: input files whose times state no calendar: read as standard (CF's default), which the summary says
     unstated_calendar: tuple[str, ...] = ()
+    #: positions per piece along each grid dim: units over the budget (a Zarr store's whole chunks) are cut in
+    #: pieces of this size on their worker (planning.sampling.unit_pieces); empty: every unit is one piece
+    pieces: tuple[int, ...] = ()
 
     @property
     def grid(self) -> SampleGrid:
@@ -87,14 +97,6 @@ class BuildPlan:
     @property
     def concat_dim(self) -> str:
         return self.positions.concat_dim
-
-    @property
-    def output(self) -> str:
-        return self.config.output.path
-
-    @property
-    def seed(self) -> int:
-        return self.config.shuffle.seed
 
     @property
     def num_samples(self) -> int:
@@ -107,55 +109,9 @@ class BuildPlan:
 
     def manifest(self) -> Manifest:
         """What this build may write into its output (the only files a later --overwrite deletes)."""
-        compression = self.config.output.compression
+        compression = self.compression
         names = [shard_name(s.name, i, s.num_shards, compression) for s in self.splits for i in range(s.num_shards)]
         return build_manifest(self.run_id, names)
-
-
-def _record_bytes(features: tuple[Feature, ...]) -> int:
-    """A typical sample's record size (int64 values at 5 bytes, masks at 1): what a unit holds per sample."""
-    payload = sum(4 * f.size if f.dtype == "float32" else (1 if f.role == "mask" else 5) * f.size for f in features)
-    headers = sum(len(f.name) + 12 for f in features)
-    return payload + headers + 16
-
-
-def _record_bytes_bound(features: tuple[Feature, ...], per_record: int) -> int:
-    """The most bytes one framed record (of ``per_record`` samples) can take.
-
-    Exact for float32 features and every header; int64 values at a varint's longest, 10 bytes.
-    """
-    record = Schema(features, examples_per_record=per_record).record_features()
-    return ExampleEncoder(record).max_record_length() + HEADER_BYTES + FOOTER_BYTES
-
-
-def _num_shards(config: BuildConfig, samples: int, record_bound: int) -> int:
-    """The configured shard count, or enough for target_shard_mb; never enough samples for a shard over MAX_SHARD_MB."""
-    per_record = config.output.examples_per_record
-    records_per_shard = MAX_SHARD_BYTES // record_bound
-    if records_per_shard < 1:
-        what = "a sample's record" if per_record == 1 else f"a record of {per_record} samples"
-        fix = "cut smaller samples or fewer variables" if per_record == 1 else "lower output.examples_per_record"
-        raise UserError(
-            f"output: {what} may take {record_bound / 1e6:,.0f} MB, more than a shard may hold "
-            f"({MAX_SHARD_MB} MB); {fix}"
-        )
-    # A shard of c samples holds ceil(c / per_record) records, so up to `fits` samples fit in one.
-    fits = per_record * records_per_shard
-    # A sample's key picks its shard, so a shard's count is binomial about the mean, with a
-    # standard deviation under sqrt(mean): keep mean + _SHARD_SIGMAS deviations within `fits`.
-    most = ((math.sqrt(_SHARD_SIGMAS**2 + 4 * fits) - _SHARD_SIGMAS) / 2) ** 2
-    needed = math.ceil(samples / most)
-    total_bytes = samples / per_record * record_bound
-    wanted = config.output.num_shards or math.ceil(total_bytes / (config.output.target_shard_mb * 1e6))
-    if wanted < needed:
-        logger.warning(
-            "output.num_shards: %d shards could hold up to about %.0f MB each; writing %d instead (at most %d MB each)",
-            wanted,
-            total_bytes / wanted / 1e6,
-            needed,
-            MAX_SHARD_MB,
-        )
-    return max(1, min(max(wanted, needed), samples))
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -178,72 +134,6 @@ def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[
         if converted is not None:
             coords[axis.dim] = converted
     return coords
-
-
-@dataclasses.dataclass(frozen=True)
-class _SplitPositions:
-    """Which grid positions make samples of which split, as Positions needs it and units are filtered by."""
-
-    dim: str  # the split dim
-    labels: np.ndarray | None  # per position along it: its split, or -1; None: every position, the one split
-    across_gap: np.ndarray | None  # per position along the concat dim, when the splits run along another dim
-
-    def making(self, concat_dim: str) -> dict[str, np.ndarray]:
-        """Per dim, the positions along it that can make samples (a unit without one along any makes none)."""
-        out = {} if self.labels is None else {self.dim: self.labels >= 0}
-        if self.across_gap is not None:
-            out[concat_dim] = ~self.across_gap
-        return out
-
-
-def _assign_splits(
-    config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, files: list[SourceFile], record_bound: int
-) -> tuple[list[SplitPlan], _SplitPositions, dict[str, int]]:
-    """Splits with their sample and shard counts, which positions make samples of each, and the drop counts.
-
-    ``files``: their ranges on the selected concat dim, where gaps are found.
-    """
-    concat_dim, split_dim = config.input.concat_dim, config.split_dim
-    splits = split_ranges(config, *dataset.coordinate(split_dim))
-    grid_dims = [a.dim for a in grid.grid_axes]
-    if split_dim not in grid_dims and config.splits:
-        raise UserError(f"splits: {split_dim!r} is kept whole in every sample, so it cannot be split")
-    across_gap = None
-    if concat_dim in grid_dims:
-        across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
-    gap_drops = 0 if across_gap is None else int(across_gap.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
-    if split_dim not in grid_dims:
-        labels, counts = None, [grid.num_samples - gap_drops]
-    else:
-        labels = position_labels(grid.axis(split_dim), splits)
-        per_position = grid.num_samples // grid.axis(split_dim).count
-        if split_dim == concat_dim:
-            labels[across_gap] = -1
-            across_gap = None  # in the labels now
-        elif across_gap is not None:
-            # Per split-dim position, the samples at positions along the concat dim that cross no gap.
-            per_position = per_position // grid.axis(concat_dim).count * int((~across_gap).sum())
-        counts = [int((labels == i).sum()) * per_position for i in range(len(splits))]
-    drops = {
-        "grid_positions": grid.num_samples,
-        "samples_dropped_at_gaps": gap_drops,
-        "samples_outside_splits": grid.num_samples - gap_drops - sum(counts),
-    }
-    if sum(counts) == 0:
-        reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
-        raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
-    planned, first = [], 0
-    for split, count in zip(splits, counts):
-        if count == 0:
-            raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
-        shards = _num_shards(config, count, record_bound)
-        planned.append(dataclasses.replace(split, num_samples=count, num_shards=shards, first_shard=first))
-        first += shards
-    if labels is not None and not config.splits and (labels == 0).all():
-        labels = None  # every position makes samples of the one split: nothing to look up
-    if across_gap is not None and not across_gap.any():
-        across_gap = None
-    return planned, _SplitPositions(split_dim, labels, across_gap), drops
 
 
 def _named_variables(config: BuildConfig) -> frozenset[str] | None:
@@ -308,28 +198,49 @@ def make_plan(
     stacks = stack_plans(config, variables)
     features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates], config)
     files = dataset.files_on_grid()
-    record_bytes = _record_bytes(tuple(features))
-    record_bound = _record_bytes_bound(tuple(features), config.output.examples_per_record)
-    splits, placed, drops = _assign_splits(config, grid, dataset, files, record_bound)
+    record_bytes = sizing.record_bytes(tuple(features))
+    record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
+    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
-    units = _plan_units(grid, [*chosen, *coordinates], inventory, files, record_bytes, unit_budget_bytes, making, held)
+    units, pieces = _plan_units(
+        grid,
+        [*chosen, *coordinates],
+        inventory,
+        files,
+        record_bytes,
+        unit_budget_bytes,
+        making,
+        held,
+        dataset.selection,
+    )
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
     coord_values = {d: v for d, (v, _) in coords.items()}
     positions = Positions(grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap)
     return BuildPlan(
-        config=config,
         sources=sources,
         positions=positions,
         variables=tuple(variables),
         stacks=tuple(stacks),
         units=tuple(units),
+        pieces=pieces,
         splits=tuple(splits),
         schema=schema,
         run_id=run_id or new_run_id(),
+        output=config.output.path,
+        seed=config.shuffle.seed,
+        compression=config.output.compression,
+        examples_per_record=config.output.examples_per_record,
+        in_place=config.output.in_place,
+        allow_float32_overflow=config.output.allow_float32_overflow,
+        nan_policy=config.nan_policy,
+        fill_value=config.fill_value,
+        missing_chunks=config.input.missing_chunks,
+        stats_per=tuple(config.stats.per),
+        reference_split=config.stats.reference_split or default_split([s.name for s in splits]),
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
@@ -348,29 +259,70 @@ def _plan_units(
     budget_bytes: float,
     making: dict[str, np.ndarray],
     held: tuple = (),
-) -> list[Unit]:
-    """Units of the grid; ``files``: their ranges on the selected concat dim (units prefer to end where files do).
+    selection: Selection | None = None,
+) -> tuple[list[Unit], tuple[int, ...]]:
+    """Units of the grid, and the positions per piece workers cut them in (none: each unit is one piece).
 
+    ``files``: their ranges on the selected concat dim (units prefer to end where files do);
     ``making``: per dim, the positions that can make samples (units without any are left out);
-    ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs).
+    ``held``: more arrays a unit holds, as UnitCost counts them (input.preprocess's inputs);
+    ``selection``: where the grid's positions are in the source (config ``select``).
     """
     concat_dim = inventory.concat_dim
     grid_dims = [a.dim for a in grid.grid_axes]
     # Samples are held about three times over: cut, encoded, and in buckets.
     cost = UnitCost(tuple((tuple(v.dims), np.dtype(v.dtype).itemsize) for v in variables) + held, 3 * record_bytes)
-    if concat_dim not in grid_dims:
-        return _making_samples(plan_units(grid, cost, budget_bytes), grid_dims, making)
-    stride = grid.axis(concat_dim).stride
-    least = 1
     if inventory.zarr is not None:
-        # A store is read by whole chunks: units start where chunks start and hold at least one
-        # (narrowed along the other dims instead), so no chunk is fetched for a sliver of it.
-        chunk = inventory.zarr.concat_chunk(((v.name, v.dims) for v in variables), concat_dim)
-        starts = [-(-s // stride) for s in range(0, grid.axis(concat_dim).length, chunk)]
-        least = max(1, chunk // stride)
-    else:
-        starts = [-(-f.start // stride) for f in files]  # the first position in each file
-    return _making_samples(plan_units(grid, cost, budget_bytes, concat_dim, starts, least), grid_dims, making)
+        # Units hold whole chunks, which may be over the budget: workers cut them in pieces that fit.
+        chunked = _chunk_breaks(grid, variables, inventory.zarr.chunks, inventory.sizes, selection)
+        units = plan_units(grid, cost, budget_bytes, concat_dim, chunked=chunked)
+        return _making_samples(units, grid_dims, making), piece_positions(grid, cost, budget_bytes, concat_dim)
+    # NetCDF-4 variables stored in chunks: units hold whole chunks along the other dims too (files along
+    # the concat dim: units already end where files do), cut in pieces on workers where over the budget.
+    chunks = {} if held else _netcdf4_chunks(inventory, variables)  # (input.preprocess: its slabs stay whole)
+    chunked = _chunk_breaks(grid, variables, chunks, inventory.sizes, selection, skip=concat_dim) if chunks else {}
+    pieces = piece_positions(grid, cost, budget_bytes, concat_dim) if chunked else ()
+    if concat_dim not in grid_dims:
+        units = plan_units(grid, cost, budget_bytes, chunked=chunked)
+        return _making_samples(units, grid_dims, making), pieces
+    stride = grid.axis(concat_dim).stride
+    starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    units = plan_units(grid, cost, budget_bytes, concat_dim, starts, chunked=chunked)
+    return _making_samples(units, grid_dims, making), pieces
+
+
+def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...]]:
+    """The chunk shapes of the variables the reference file (a local NetCDF-4 file) stores in chunks; the other
+    files are taken to be chunked alike (where they are not, units only read more than they would)."""
+    path = inventory.reference.path
+    if is_remote(path):  # (its chunks would cost a fetch at planning: remote files keep units as they were)
+        return {}
+    names = [v.name for v in variables if getattr(v, "static_path", None) is None]
+    return chunk_shapes(path, names)
+
+
+def _chunk_breaks(
+    grid: SampleGrid, variables, chunks: Mapping, sizes: Mapping[str, int], selection: Selection | None, skip: str = ""
+) -> dict[str, list[int]]:
+    """Per grid dim (but ``skip``), the positions where a chunk of every chunked variable read starts (``chunks``:
+    their chunk shapes by name; a chunk is read whole: units hold whole chunks, so each chunk is fetched and
+    decoded by one unit, halos aside)."""
+    out, selection = {}, selection or Selection()
+    for axis in grid.grid_axes:
+        if axis.dim == skip:
+            continue
+        # Each position's first source index, through the selection.
+        starts = selection.indices(axis.dim, sizes[axis.dim])[:: axis.stride][: axis.count]
+        common = None
+        for variable in variables:
+            shape = chunks.get(variable.name)
+            if shape is None or axis.dim not in variable.dims or len(shape) != len(variable.dims):
+                continue
+            found = set(chunk_breaks(starts, shape[variable.dims.index(axis.dim)]))
+            common = found if common is None else common & found
+        if common is not None:
+            out[axis.dim] = sorted(common)
+    return out
 
 
 def _making_samples(units: list[Unit], grid_dims: list[str], making: dict[str, np.ndarray]) -> list[Unit]:

@@ -18,7 +18,7 @@ import xarray as xr
 
 from planning.formats.calendars import is_cftime
 from planning.reads.selection import Selection
-from planning.reads.slabs import PieceReader, Slabs, read_selected
+from planning.reads.slabs import Reader, Slabs, read_selected
 from planning.reads.source_index import SourceIndex
 from planning.run.variables import VariablePlan
 from schemas.errors import UserError
@@ -199,13 +199,13 @@ def read_derived(
     box: Box,
     selection: Selection,
     where: str,
-    read_piece: PieceReader | None = None,
+    reader: Reader | None = None,
 ) -> Slabs:
     """The function's outputs over ``box`` (a unit's source box), from its inputs read over the same box.
 
-    ``read_piece``: how the inputs are read where not from files (a Zarr store).
+    ``reader``: how the inputs are read where not from files (a Zarr store).
     """
     box = preprocess.full_box(box)
-    slabs = read_selected(sources, concat_dim, preprocess.inputs, box, selection, read_piece)
+    slabs = read_selected(sources, concat_dim, preprocess.inputs, box, selection, reader)
     slabs.values = preprocess.apply(slabs.values, box, where)
     return slabs

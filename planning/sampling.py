@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -236,12 +236,14 @@ def _largest_fitting(fits, count: int) -> int:
     return low
 
 
-def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int], least: int = 1) -> list[int]:
+def _chunks(
+    grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequence[int], least: Sequence[int]
+) -> list[int]:
     """Positions per unit along each grid dim: whole dims, except along ``order``'s first dims.
 
     The dims in ``order`` are narrowed one after another: each to the most positions that fit
-    the budget with the dims after it whole; if one position does not fit, to one (to ``least``
-    for the first), and on to the next. A unit then fits the budget whenever one position along
+    the budget with the dims after it whole; if one position does not fit, to one (to ``least``,
+    per grid dim), and on to the next. A unit then fits the budget whenever one position along
     every dim does.
     """
     chunk = [a.count for a in grid.grid_axes]
@@ -254,9 +256,36 @@ def _chunks(grid: SampleGrid, cost: UnitCost, budget_bytes: float, order: Sequen
     for which in order:
         if fits(which, chunk[which]):
             break
-        floor = min(least, chunk[which]) if which == order[0] else 1
+        floor = min(least[which], chunk[which])
         chunk[which] = max(floor, _largest_fitting(functools.partial(fits, which), chunk[which]))
     return chunk
+
+
+def _order(grid: SampleGrid, first_dim: str | None) -> list[int]:
+    """The grid dims in the order units are narrowed along: ``first_dim`` first, then grid order."""
+    dims = [a.dim for a in grid.grid_axes]
+    order = list(range(len(dims)))
+    if first_dim in dims:
+        order.remove(dims.index(first_dim))
+        order.insert(0, dims.index(first_dim))
+    return order
+
+
+def piece_positions(
+    grid: SampleGrid, cost: UnitCost, budget_bytes: float, first_dim: str | None = None
+) -> tuple[int, ...]:
+    """Positions per piece along each grid dim: a unit over the budget (whole chunks of a Zarr store) is cut in
+    pieces of at most this many on its worker, one block each, so the samples it holds at once fit the budget."""
+    if grid.num_samples == 0:
+        return ()
+    return tuple(_chunks(grid, cost, budget_bytes, _order(grid, first_dim), [1] * len(grid.grid_axes)))
+
+
+def chunk_breaks(starts: Sequence[int], chunk: int) -> list[int]:
+    """The positions along a grid dim where a source chunk of ``chunk`` elements starts; ``starts``: each
+    position's first source index (selection applied), in order."""
+    ids = np.asarray(starts, dtype=np.int64) // chunk
+    return (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
 
 
 def _bounds(count: int, chunk: int, breaks: Sequence[int]) -> list[int]:
@@ -277,6 +306,7 @@ def plan_units(
     first_dim: str | None = None,
     preferred_breaks: Sequence[int] = (),
     least_first: int = 1,
+    chunked: Mapping[str, Sequence[int]] | None = None,
 ) -> list[Unit]:
     """Cut the grid into boxes of positions whose estimated cost fits ``budget_bytes``.
 
@@ -285,20 +315,29 @@ def plan_units(
     a few long runs of bytes in the files) while one position of the dims before does not fit.
     Along ``first_dim`` units end at ``preferred_breaks`` (positions where a file starts) when
     one fits, so most units open whole files and no halo; and hold at least ``least_first``
-    positions along it (a Zarr store's chunk), narrowed along the other dims instead. Time is
-    linear in the units.
+    positions along it. ``chunked``: per grid dim, the positions where a Zarr store's chunks
+    start (planning.sampling.chunk_breaks): along it units start and end only there, so a chunk
+    is never split between units (a unit over the budget is cut in pieces on its worker:
+    piece_positions). Time is linear in the units.
     """
     if grid.num_samples == 0:
         return []
     dims = [a.dim for a in grid.grid_axes]
-    order = list(range(len(dims)))
+    order = _order(grid, first_dim)
+    least = [1] * len(dims)
+    breaks: dict[int, list[int]] = {w: [] for w in order}
     if first_dim in dims:
-        order.remove(dims.index(first_dim))
-        order.insert(0, dims.index(first_dim))
-    chunk = _chunks(grid, cost, budget_bytes, order, least_first if first_dim in dims else 1)
-    breaks = sorted({b for b in preferred_breaks if 0 < b < grid.shape[order[0]]}) if first_dim in dims else []
+        least[order[0]] = least_first
+        breaks[order[0]] = sorted({b for b in preferred_breaks if 0 < b < grid.shape[order[0]]})
+    for dim, starts in (chunked or {}).items():
+        which = dims.index(dim)
+        # Only the chunk starts, and at least the longest chunk: a break always lies within reach.
+        breaks[which] = sorted({b for b in starts if 0 < b < grid.shape[which]})
+        edges = [0, *breaks[which], grid.shape[which]]
+        least[which] = max(least[which], *(b - a for a, b in zip(edges[:-1], edges[1:])))
+    chunk = _chunks(grid, cost, budget_bytes, order, least)
     # Units end at most once per chunk and once per break: refused before they are made if absurdly many.
-    most = math.prod(-(-grid.shape[w] // chunk[w]) + (len(breaks) if w == order[0] else 0) for w in order)
+    most = math.prod(-(-grid.shape[w] // chunk[w]) + len(breaks[w]) for w in order)
     if most > MAX_UNITS:
         along = ", ".join(f"{dims[w]} {-(-grid.shape[w] // chunk[w]):,}" for w in order)
         raise UserError(
@@ -307,10 +346,19 @@ def plan_units(
         )
     spans = {}
     for which in order:
-        bounds = _bounds(grid.shape[which], chunk[which], breaks if which == order[0] else [])
+        bounds = _bounds(grid.shape[which], chunk[which], breaks[which])
         spans[which] = list(zip(bounds[:-1], bounds[1:]))
     units = []
     for index, picked in enumerate(itertools.product(*(spans[which] for which in order))):
         ranges = dict(zip(order, picked))
         units.append(Unit(index, tuple(ranges[which] for which in range(len(dims)))))
     return units
+
+
+def unit_pieces(unit: Unit, piece: Sequence[int]) -> list[Unit]:
+    """The unit cut in boxes of at most ``piece`` positions per grid dim (planning.sampling.piece_positions), row-major;
+    each keeps the unit's index. ``piece`` empty: the unit whole."""
+    if not piece:
+        return [unit]
+    spans = [[(a, min(a + k, stop)) for a in range(start, stop, k)] for (start, stop), k in zip(unit.ranges, piece)]
+    return [Unit(unit.index, ranges) for ranges in itertools.product(*spans)]

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from planning.config import BuildConfig, CoordValue, SelectRange
+from planning.config.model import BuildConfig, CoordValue, SelectRange
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import format_value, json_values
 from planning.inputs.inventory import Inventory
@@ -82,8 +82,12 @@ class SelectedDataset:
         the variables ``read`` may be read by offset (planning.reads.direct_reads)."""
         members = self.inventory.members
         member_dim = None if members is None else members.dim
-        files = self.source_files()
         probes = {probe.path: probe for _, probe in self.inventory.probes}
+        # Each file's format as probed: workers read it through its format's reader, without telling it again.
+        files = [
+            dataclasses.replace(f, classic=probes[f.path].classic) if f.path in probes else f
+            for f in self.source_files()
+        ]
         direct = plan_direct_reads(files, probes, read, self.inventory.sizes, self.concat_dim, member_dim)
         return SourceIndex.of(files, member_dim, direct)
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from planning.config import MAX_SHARD_BYTES
+from planning.config.model import MAX_SHARD_BYTES
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
 from planning.plan import BuildPlan
@@ -18,11 +18,11 @@ from planning.positions import Positions
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
-from planning.run.names import join, run_dir, shard_path, temporary_path
+from planning.run.names import run_dir, shard_path, temporary_path
 from planning.run.variables import StackPlan, VariablePlan
 from planning.splits import SplitPlan
-from planning.write_strategy import WriteStrategy
-from schemas.schema import Feature, Schema, default_split
+from planning.write_strategy import WritePlan, WriteStrategy
+from schemas.schema import Feature, Schema
 
 #: Bytes a shard writer may hold in its buffers, whatever the shard's size, record size or
 #: packing (transforms.shards; the bucket-file and runner-shuffle strategies).
@@ -51,6 +51,8 @@ class CutSpec:
     preprocess: Preprocess | None = None
     #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
     coords: tuple[VariablePlan, ...] = ()
+    #: positions per piece along each grid dim: a unit is cut in pieces of this size, a block each (empty: whole)
+    pieces: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -127,55 +129,47 @@ class FinalizeSpec:
 
 def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
     """The cut stage's spec; with ``sources_url`` the files' index is loaded from there, not pickled."""
-    config = plan.config
     return CutSpec(
         sources=None if sources_url else plan.sources,
         sources_url=sources_url,
         positions=plan.positions,
         variables=plan.variables,
         split_names=tuple(s.name for s in plan.splits),
-        nan_policy=config.nan_policy,
-        fill_value=config.fill_value,
-        allow_float32_overflow=config.output.allow_float32_overflow,
+        nan_policy=plan.nan_policy,
+        fill_value=plan.fill_value,
+        allow_float32_overflow=plan.allow_float32_overflow,
         selection=plan.selection,
         zarr_store=plan.zarr_store,
-        zarr_missing_chunks=config.input.missing_chunks,
+        zarr_missing_chunks=plan.missing_chunks,
         preprocess=plan.preprocess,
         coords=plan.coordinates,
+        pieces=plan.pieces,
     )
 
 
-def write_spec(
-    plan: BuildPlan,
-    strategy: WriteStrategy,
-    bucket_dir: str | None = None,
-    progress_dir: str | None = None,
-    layout: ShardLayout | None = None,
-) -> WriteSpec:
-    output = plan.config.output
+def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
     return WriteSpec(
         output=plan.output,
         run_id=plan.run_id,
-        strategy=strategy,
+        strategy=write.strategy,
         features=plan.schema.features,
         record_features=plan.schema.record_features(),
         stacks=plan.stacks,
         splits=plan.splits,
         seed=plan.seed,
-        compression=output.compression,
-        examples_per_record=output.examples_per_record,
-        bucket_dir=bucket_dir,
-        progress_dir=progress_dir,
-        layout=layout,
+        compression=plan.compression,
+        examples_per_record=plan.examples_per_record,
+        bucket_dir=write.bucket_dir,
+        progress_dir=write.progress_dir,
+        layout=write.layout,
     )
 
 
 def stats_spec(plan: BuildPlan) -> StatsSpec:
-    return StatsSpec(tuple(s.name for s in plan.splits), tuple(plan.config.stats.per))
+    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per)
 
 
 def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
-    names = [s.name for s in plan.splits]
     return FinalizeSpec(
         output=plan.output,
         schema=plan.schema,
@@ -183,12 +177,12 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         variables=plan.variables,
         stacks=plan.stacks,
         stats=stats_spec(plan),
-        reference_split=plan.config.stats.reference_split or default_split(names),
-        compression=plan.config.output.compression,
+        reference_split=plan.reference_split,
+        compression=plan.compression,
         run_id=plan.run_id,
         run_dir=run_dir(plan.output, plan.run_id),
         work_dir=work_dir,
-        fill_value=plan.config.fill_value,
+        fill_value=plan.fill_value,
     )
 
 
@@ -200,20 +194,12 @@ class StageSpecs:
     finalize: FinalizeSpec
 
 
-def compile_specs(
-    plan: BuildPlan,
-    strategy: WriteStrategy,
-    work_dir: str | None = None,
-    layout: ShardLayout | None = None,
-    sources_url: str | None = None,
-) -> StageSpecs:
-    """Every stage's spec. ``work_dir`` (local runs): where bucket files and progress markers go;
+def compile_specs(plan: BuildPlan, write: WritePlan, sources_url: str | None = None) -> StageSpecs:
+    """Every stage's spec. ``write``: how records are written (planning.write_strategy);
     ``sources_url``: where the files' index is saved for the workers."""
-    buckets = join(work_dir, "buckets") if work_dir and strategy is WriteStrategy.BUCKET_FILES else None
-    progress = join(work_dir, "progress") if work_dir else None
     return StageSpecs(
         cut_spec(plan, sources_url),
-        write_spec(plan, strategy, buckets, progress, layout),
+        write_spec(plan, write),
         stats_spec(plan),
-        finalize_spec(plan, work_dir),
+        finalize_spec(plan, write.work_dir),
     )

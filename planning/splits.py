@@ -1,4 +1,4 @@
-"""Splits: which positions along the split dim make samples of which split, and which none.
+"""Splits: which positions along the split dim make samples of which split, and which none; their shard counts.
 
 Splits range along the concat dim, or along input.new_dim (ensemble members). A sample
 belongs to a split when every step it takes along that dim lies inside the split's range, so
@@ -13,11 +13,13 @@ import dataclasses
 
 import numpy as np
 
-from planning.config import BuildConfig
+from planning.config.model import BuildConfig
 from planning.formats.calendars import calendar_of, date_index
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import format_value, irregular_steps
-from planning.sampling import Axis
+from planning.sampling import Axis, SampleGrid
+from planning.selected import SelectedDataset
+from planning.sizing import num_shards
 from schemas.errors import UserError
 
 DEFAULT_SPLIT = "data"
@@ -137,3 +139,69 @@ def _raise_gap(config: BuildConfig, values: np.ndarray, irregular: np.ndarray, f
         f"{format_value(values[step + 1])}, so {count} sample(s) would join steps that are "
         "not consecutive; add the missing data, or set input.gaps: skip to drop those samples"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPositions:
+    """Which grid positions make samples of which split, as Positions needs it and units are filtered by."""
+
+    dim: str  # the split dim
+    labels: np.ndarray | None  # per position along it: its split, or -1; None: every position, the one split
+    across_gap: np.ndarray | None  # per position along the concat dim, when the splits run along another dim
+
+    def making(self, concat_dim: str) -> dict[str, np.ndarray]:
+        """Per dim, the positions along it that can make samples (a unit without one along any makes none)."""
+        out = {} if self.labels is None else {self.dim: self.labels >= 0}
+        if self.across_gap is not None:
+            out[concat_dim] = ~self.across_gap
+        return out
+
+
+def assign_splits(
+    config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, files: list[SourceFile], record_bound: int
+) -> tuple[list[SplitPlan], SplitPositions, dict[str, int]]:
+    """Splits with their sample and shard counts, which positions make samples of each, and the drop counts.
+
+    ``files``: their ranges on the selected concat dim, where gaps are found.
+    """
+    concat_dim, split_dim = config.input.concat_dim, config.split_dim
+    splits = split_ranges(config, *dataset.coordinate(split_dim))
+    grid_dims = [a.dim for a in grid.grid_axes]
+    if split_dim not in grid_dims and config.splits:
+        raise UserError(f"splits: {split_dim!r} is kept whole in every sample, so it cannot be split")
+    across_gap = None
+    if concat_dim in grid_dims:
+        across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
+    gap_drops = 0 if across_gap is None else int(across_gap.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
+    if split_dim not in grid_dims:
+        labels, counts = None, [grid.num_samples - gap_drops]
+    else:
+        labels = position_labels(grid.axis(split_dim), splits)
+        per_position = grid.num_samples // grid.axis(split_dim).count
+        if split_dim == concat_dim:
+            labels[across_gap] = -1
+            across_gap = None  # in the labels now
+        elif across_gap is not None:
+            # Per split-dim position, the samples at positions along the concat dim that cross no gap.
+            per_position = per_position // grid.axis(concat_dim).count * int((~across_gap).sum())
+        counts = [int((labels == i).sum()) * per_position for i in range(len(splits))]
+    drops = {
+        "grid_positions": grid.num_samples,
+        "samples_dropped_at_gaps": gap_drops,
+        "samples_outside_splits": grid.num_samples - gap_drops - sum(counts),
+    }
+    if sum(counts) == 0:
+        reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
+        raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
+    planned, first = [], 0
+    for split, count in zip(splits, counts):
+        if count == 0:
+            raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
+        shards = num_shards(config, count, record_bound)
+        planned.append(dataclasses.replace(split, num_samples=count, num_shards=shards, first_shard=first))
+        first += shards
+    if labels is not None and not config.splits and (labels == 0).all():
+        labels = None  # every position makes samples of the one split: nothing to look up
+    if across_gap is not None and not across_gap.any():
+        across_gap = None
+    return planned, SplitPositions(split_dim, labels, across_gap), drops

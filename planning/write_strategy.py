@@ -1,10 +1,13 @@
-"""How records reach their shards, chosen once per build by ``choose_write_strategy``."""
+"""How records reach their shards, chosen once per build by ``choose_write_strategy``, and what that write needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
+from planning.layout import ShardLayout, plan_layout
 from planning.plan import BuildPlan
+from planning.run.names import join
 from schemas.urls import is_remote
 
 #: Above this many samples the in-place layout's arrays (about 20 bytes a sample on the
@@ -13,7 +16,7 @@ MAX_IN_PLACE_SAMPLES = 20_000_000
 
 
 class WriteStrategy(enum.Enum):
-    #: each unit writes its records at their final offsets in preallocated shards (planning.layout)
+    #: each unit writes its records at their final offsets in the shards (planning.layout)
     IN_PLACE = "in place"
     #: each unit writes one bucket file per shard; only (shard, path) goes through GroupByKey
     BUCKET_FILES = "bucket files"
@@ -21,8 +24,31 @@ class WriteStrategy(enum.Enum):
     RUNNER_SHUFFLE = "runner shuffle"
 
 
-def choose_write_strategy(plan: BuildPlan, shared_filesystem: bool) -> tuple[WriteStrategy, str]:
-    """The build's write strategy and why; ``shared_filesystem``: every worker sees the driver's disk.
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """What the write stage needs besides the plan: its strategy (and why), its working folder, its layout."""
+
+    strategy: WriteStrategy
+    reason: str
+    #: a folder every worker sees (they share the driver's filesystem): bucket files, progress
+    #: markers and the layout go there; None: the workers share no filesystem
+    work_dir: str | None = None
+    layout: ShardLayout | None = None  # IN_PLACE, once laid out
+
+    @property
+    def bucket_dir(self) -> str | None:
+        return join(self.work_dir, "buckets") if self.strategy is WriteStrategy.BUCKET_FILES else None
+
+    @property
+    def progress_dir(self) -> str | None:
+        return join(self.work_dir, "progress") if self.work_dir is not None else None
+
+
+def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
+    """The build's write strategy, why, and where its working files go; decides only, writes nothing.
+
+    ``work_dir``: a folder every worker sees (they share the driver's filesystem), or None. An
+    ``IN_PLACE`` write is laid out next, once the output is the run's (``lay_out``).
 
     ========================  =================================================================
     strategy                  when
@@ -41,23 +67,30 @@ def choose_write_strategy(plan: BuildPlan, shared_filesystem: bool) -> tuple[Wri
                               for bulk bytes.
     ========================  =================================================================
     """
-    if not shared_filesystem:
-        return WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle"
+    if work_dir is None:
+        return WritePlan(WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle")
     reason = _why_not_in_place(plan)
-    if reason is None:
-        return WriteStrategy.IN_PLACE, "records are written at offsets laid out at planning"
-    return WriteStrategy.BUCKET_FILES, reason
+    if reason is not None:
+        return WritePlan(WriteStrategy.BUCKET_FILES, reason, work_dir)
+    return WritePlan(WriteStrategy.IN_PLACE, "records are written at offsets laid out at planning", work_dir)
+
+
+def lay_out(plan: BuildPlan, write: WritePlan) -> WritePlan:
+    """The write ready to run: an ``IN_PLACE`` one with every record's shard and offset computed
+    and saved under its work dir (planning.layout); any other as it is."""
+    if write.strategy is not WriteStrategy.IN_PLACE:
+        return write
+    return dataclasses.replace(write, layout=plan_layout(plan, join(write.work_dir, "layout")))
 
 
 def _why_not_in_place(plan: BuildPlan) -> str | None:
-    output = plan.config.output
-    if not output.in_place:
+    if not plan.in_place:
         return "output.in_place is false"
     if is_remote(plan.output):
         return "the output is a URL: records cannot be written at offsets there"
-    if plan.config.nan_policy == "drop":
+    if plan.nan_policy == "drop":
         return "nan_policy: drop decides on the workers which samples are written"
-    if output.examples_per_record > 1 or output.compression:
+    if plan.examples_per_record > 1 or plan.compression:
         return "packed or compressed records are only laid out after the shard's sort"
     if any(f.dtype == "int64" for f in plan.schema.features if f.role in ("variable", "aux_coord")):
         return "integer variables or coords are varint-encoded: their records' sizes depend on the data"

@@ -106,6 +106,8 @@ SCALE_ROWS = [
     "planning 12 NetCDF-4 files: gs:// / local",
     "per file on gs:// (ms) / locally",
     "KiB the driver received per file / file size",
+    "Zarr all levels, 2 steps of 37 x 40 x 72: MB fetched / MB of chunks needed",
+    "Zarr 3 levels, 2 steps of 37 x 40 x 72: peak RSS (GB)",
     "planning 12 netCDF-3 (CDF-2) files: gs:// / local",
     "12 NetCDF-4 files: shards byte-identical to the one file's",
 ]
@@ -115,13 +117,14 @@ def test_quick_many_files_benchmark_prints_every_row(tmp_path):
     result_file = tmp_path / "scale.json"
     command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--workdir", str(tmp_path)]
     command += ["--json", str(result_file)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for row in SCALE_ROWS:
         assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
     results = json.loads(result_file.read_text())
     assert results["failed"] == []
-    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(results["targets"]) == 4
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(results["targets"]) == 8
+    assert [row["fetched_per_stored"] for row in results["zarr"].values()] == [1.0, 1.0]  # each chunk read once
     many = results["local"]["nc4-12"]["many"]
     assert many["plan"]["files"] == 12 and many["replan"]["cached_probes"] == 12
     assert results["remote"]["nc4"]["socket_bytes"] > 0 and results["remote"]["nc4"]["size_mismatches"] == 0

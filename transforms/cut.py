@@ -6,9 +6,12 @@ leading ``sample`` dim, and per split how many samples were cut, dropped or fill
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
+import math
 import pickle
+import threading
+from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -17,12 +20,13 @@ from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
 from planning.preprocess import read_derived
-from planning.reads.slabs import Slabs, read_selected
+from planning.reads.slabs import Reader, SelectionReader, Slabs, files_reader
 from planning.reads.source_index import SourceIndex
-from planning.reads.zarr_reads import read_store_box
+from planning.reads.zarr_reads import StoreReader
 from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
+    CHUNK_BYTES,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
     SAMPLE_ID,
@@ -35,10 +39,10 @@ from planning.run.contracts import (
     UnitCounts,
 )
 from planning.run.variables import VariablePlan
-from planning.sampling import Unit
+from planning.sampling import Unit, unit_pieces
 from planning.specs import CutSpec
 from schemas.errors import UserError
-from transforms.shards import read_bytes, use_anonymous_credentials_for_emulator
+from transforms.files import read_bytes, use_anonymous_credentials_for_emulator
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
@@ -108,25 +112,67 @@ def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int
     return out
 
 
+def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
+    """Per grid dim, the source indices of the first elements of the unit's samples; and whether the unit is the
+    first along the concat dim (zarr_reads: the chunks a unit owns)."""
+    grid, own, first = spec.positions.grid, {}, True
+    for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
+        taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
+        positions = np.arange(start, stop) * axis.stride
+        own[axis.dim] = positions if taken is None else taken[positions]
+        if axis.dim == spec.positions.concat_dim:
+            first = start == 0
+    return own, first
+
+
+def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
+    """How the unit's box is read (planning.reads.slabs.Reader): a Zarr store's chunks, each once; or the box of
+    the selected grid mapped to pieces of the files (of each member, with input.new_dim)."""
+    concat_dim = spec.positions.concat_dim
+    if spec.zarr_store is not None:
+        own, first = _own(spec, unit)
+        return StoreReader(spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first)
+    return SelectionReader(files_reader(sources, concat_dim), spec.selection)
+
+
 def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """Every variable's values over the unit's box of the selected grid (its samples' elements, halos included).
 
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    concat_dim = spec.positions.concat_dim
-    store = spec.zarr_store
-    reader = None
-    if store is not None:
-        reader = functools.partial(read_store_box, store, concat_dim, missing_chunks=spec.zarr_missing_chunks)
-    if spec.preprocess is not None:
+    reader = unit_reader(spec, sources, unit)
+    if spec.preprocess is not None:  # (never with a store: planning refuses it)
         where = f"unit {unit.index}"
-        slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where, reader)
+        concat_dim = spec.positions.concat_dim
+        slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where)
         if spec.coords:  # the coordinates of config `coords` are read as they are, not derived
-            slabs.values.update(read_selected(sources, concat_dim, spec.coords, box, spec.selection, reader).values)
+            slabs.values.update(reader.read(spec.coords, box).values)
         return slabs
-    variables = (*spec.variables, *spec.coords)  # the coordinates of config `coords` are read like variables
-    return read_selected(sources, concat_dim, variables, box, spec.selection, reader)
+    return reader.read((*spec.variables, *spec.coords), box)  # config `coords` are read like variables
+
+
+def _piece_slabs(spec: CutSpec, unit: Unit, piece: Unit, slabs: Slabs) -> Slabs:
+    """The part of the unit's slabs a piece of it reads (views: nothing is copied)."""
+    grid = spec.positions.grid
+    outer, inner = grid.source_box(unit), grid.source_box(piece)
+    values = {}
+    for variable in (*spec.variables, *spec.coords):
+        where = tuple(slice(inner[d][0] - outer[d][0], inner[d][1] - outer[d][0]) for d in variable.dims)
+        values[variable.name] = slabs.values[variable.name][where]
+    return Slabs(values)
+
+
+def cut_pieces(spec: CutSpec, unit: Unit, slabs: Slabs) -> Iterator[Block]:
+    """The unit's blocks, a piece at a time (planning.sampling.unit_pieces), so the samples held at once stay
+    within the unit budget however many whole chunks the unit read; one block for a unit of one piece."""
+    pieces = unit_pieces(unit, spec.pieces)
+    if len(pieces) == 1:
+        yield cut_slabs(spec, unit, slabs)
+        return
+    for number, piece in enumerate(pieces):
+        block = cut_slabs(spec, piece, _piece_slabs(spec, unit, piece, slabs))
+        yield dataclasses.replace(block, piece=number, pieces=len(pieces))
 
 
 def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
@@ -172,7 +218,8 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
 
 
 def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
-    """The block of samples of one unit, in sample-id order; ``sources``: the files along the concat dim."""
+    """The block of samples of one unit, whole (not in pieces), in sample-id order; ``sources``: the files along
+    the concat dim."""
     return cut_slabs(spec, unit, read_unit(spec, sources, unit))
 
 
@@ -196,6 +243,47 @@ class BlockCoder(beam.coders.Coder):
         return False
 
 
+def slab_bytes(spec: CutSpec, unit: Unit) -> int:
+    """The bytes of the values read for a unit: every variable over its box."""
+    box = spec.positions.grid.source_box(unit)
+    return sum(
+        np.dtype(v.dtype).itemsize * math.prod(box[d][1] - box[d][0] for d in v.dims)
+        for v in (*spec.variables, *spec.coords)
+    )
+
+
+class HeldBytes:
+    """Bytes a worker process's threads hold at once, bounded: a thread waits while others hold too much
+    (one holder always passes, whatever it holds)."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self._held = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def holding(self, nbytes: int) -> Iterator[None]:
+        if not nbytes:
+            yield
+            return
+        with self._changed:
+            while self._held and self._held + nbytes > self.limit:
+                self._changed.wait(timeout=0.5)
+                check_stopped()  # a stopped build does not wait for a turn
+            self._held += nbytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= nbytes
+                self._changed.notify_all()
+
+
+#: What units in pieces (a Zarr store's whole chunks over the unit budget) may hold at once in a worker
+#: process: an ARCO-ERA5 step of four variables on all 37 levels is 0.6 GB, so one at a time.
+HELD_SLABS = HeldBytes(1e9)
+
+
 class _CutUnitFn(beam.DoFn):
     def __init__(self, spec: CutSpec):
         self._spec = spec
@@ -203,6 +291,7 @@ class _CutUnitFn(beam.DoFn):
         self._samples = Metrics.counter(METRICS_NAMESPACE, SAMPLES_CUT)
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, BYTES_READ)
+        self._chunk_bytes = Metrics.counter(METRICS_NAMESPACE, CHUNK_BYTES)
 
     def setup(self):
         spec = self._spec
@@ -212,13 +301,20 @@ class _CutUnitFn(beam.DoFn):
 
     def process(self, unit: Unit):
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
-        slabs = read_unit(self._spec, self._sources, unit)
-        self._bytes_read.inc(slabs.bytes_read)
-        block = cut_slabs(self._spec, unit, slabs)
-        self._samples.inc(block.num_samples)
-        self._dropped.inc(unit.num_samples - block.num_samples)
+        spec = self._spec
+        # A unit in pieces holds whole chunks over the budget until its last piece: such units take turns.
+        held = slab_bytes(spec, unit) if len(unit_pieces(unit, spec.pieces)) > 1 else 0
+        with HELD_SLABS.holding(held):
+            slabs = read_unit(spec, self._sources, unit)
+            self._bytes_read.inc(slabs.bytes_read)
+            self._chunk_bytes.inc(slabs.chunk_bytes)
+            cut = 0
+            for block in cut_pieces(spec, unit, slabs):
+                cut += block.num_samples
+                self._samples.inc(block.num_samples)
+                yield block
+        self._dropped.inc(unit.num_samples - cut)
         self._units.inc()
-        yield block
 
 
 @dataclasses.dataclass

@@ -19,10 +19,10 @@ from planning.run.contracts import BYTES_ENCODED, METRICS_NAMESPACE, SAMPLE_ID, 
 from planning.run.names import bucket_path
 from planning.run.progress import mark
 from planning.specs import WriteSpec
-from schemas.buckets import bucket_pieces, row_dtype
 from schemas.example_codec import ExampleEncoder
 from schemas.tfrecord import frame_parts
-from transforms.shards import use_anonymous_credentials_for_emulator, write_atomically
+from transforms.buckets.blobs import bucket_pieces, row_dtype
+from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 
 
 def _filled(block: Block, name: str) -> np.ndarray:
@@ -65,7 +65,7 @@ def sample_rows(spec: WriteSpec, columns: dict[str, np.ndarray]) -> np.ndarray:
 def bucket_block(spec: WriteSpec, encoder: ExampleEncoder, block: Block) -> list[tuple[int, list[bytes]]]:
     """Encode a block's samples and split them by shard: [(global shard number, bucket pieces)].
 
-    The pieces of a bucket, joined, are its blob (see schemas.buckets); kept apart they can
+    The pieces of a bucket, joined, are its blob (see transforms.buckets.blobs); kept apart they can
     be written to a file without another copy of the records.
     """
     keys, shards = spec.keys_and_shards(block.samples[SAMPLE_ID].values, block.samples[SPLIT].values)
@@ -100,10 +100,10 @@ class _EncodeAndBucketFn(beam.DoFn):
             if directory is None:
                 yield shard, b"".join(pieces)
             else:
-                path = bucket_path(directory, shard, block.unit)
+                path = bucket_path(directory, shard, block.unit, block.piece)
                 write_atomically(path, pieces)
                 yield shard, path
-        mark(self._spec.progress_dir, "unit", block.unit, samples=block.num_samples)
+        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=block.num_samples)
 
 
 @dataclasses.dataclass

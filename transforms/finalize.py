@@ -26,7 +26,7 @@ from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
-from transforms.shards import (
+from transforms.files import (
     read_bytes,
     remove_if_empty,
     remove_tree,

@@ -38,7 +38,9 @@ class _WriteInPlaceFn(beam.DoFn):
 
     def _file(self, shard: int) -> int:
         if shard not in self._files:
-            self._files[shard] = os.open(self._spec.temporary_shard_path(shard), os.O_WRONLY)
+            # Every writer creates the shard it first writes to, never truncating it: writes land
+            # at disjoint offsets, the file sparse until all have.
+            self._files[shard] = os.open(self._spec.temporary_shard_path(shard), os.O_WRONLY | os.O_CREAT, 0o666)
         return self._files[shard]
 
     def process(self, block: Block):
@@ -58,7 +60,7 @@ class _WriteInPlaceFn(beam.DoFn):
         total = sum(n for _, n in written.values())
         self._bytes.inc(total)
         self._records.inc(len(records))
-        mark(self._spec.progress_dir, "unit", block.unit, samples=len(records))
+        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(records))
         yield dict(written)
 
     def teardown(self):
@@ -87,18 +89,12 @@ def commit_shards(written: dict[int, list[int]], spec: WriteSpec):
             )
         final = spec.shard_path(shard)
         with writing():  # not once a stopped build is removing the run's files
+            if records == 0:  # no writer created it
+                os.close(os.open(spec.temporary_shard_path(shard), os.O_WRONLY | os.O_CREAT, 0o666))
             os.replace(spec.temporary_shard_path(shard), final)
         split, number = spec.split_of_shard(shard)
         mark(spec.progress_dir, "shard", shard, records=records, bytes=nbytes)
         yield ShardResult(split.name, number, os.path.basename(final), records, nbytes, records)
-
-
-def preallocate(spec: WriteSpec) -> None:
-    """Create every shard under its temporary name at its final size (sparse until written)."""
-    os.makedirs(spec.output, exist_ok=True)
-    for shard, size in enumerate(spec.layout.bytes):
-        with open(spec.temporary_shard_path(shard), "wb") as stream:
-            stream.truncate(size)
 
 
 @dataclasses.dataclass

@@ -213,14 +213,14 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
     return out
 
 
-#: Units whose summaries are merged together, in unit order, before the groups are merged in
+#: Units whose summaries are merged together, in unit (and piece) order, before the groups are merged in
 #: group order: a fixed order of float additions, so the statistics are the same to the last bit
 #: whatever order the runner delivers the blocks in, with a bounded number held at once.
 UNITS_PER_GROUP = 256
 
 
 def _keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str]):
-    return block.unit // UNITS_PER_GROUP, (block.unit, summarize_block(block, split_names, per))
+    return block.unit // UNITS_PER_GROUP, ((block.unit, block.piece), summarize_block(block, split_names, per))
 
 
 def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]]):

@@ -185,3 +185,26 @@ def open_with_xarray(target, path: str) -> Iterator[xr.Dataset]:
         except Exception as error:  # h5netcdf and h5py raise their own types
             raise _cannot_read(path, error) from None
         yield dataset
+
+
+def chunk_shapes(path: str, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The chunk shape of each of ``names`` stored chunked in a local NetCDF-4 file (contiguous ones, and
+    what is not a dataset, left out; nothing where the file cannot be read through HDF5)."""
+    out = {}
+    with NETCDF_LOCK:
+        try:
+            file = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY)
+        except OSError:
+            return {}
+        try:
+            for name in names:
+                try:
+                    dataset = h5py.h5d.open(file, name.encode())
+                except (KeyError, OSError):
+                    continue
+                plist = dataset.get_create_plist()
+                if plist.get_layout() == h5py.h5d.CHUNKED:
+                    out[name] = tuple(int(n) for n in plist.get_chunk())
+        finally:
+            file.close()
+    return out

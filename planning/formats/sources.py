@@ -228,3 +228,4 @@ class SourceFile:
     member: int = 0  # its index along input.new_dim (its member's range along the concat dim is its own)
     #: variables a worker may read by offset (planning.reads.direct_reads): name -> (byte offset, stored shape, check)
     layouts: Mapping[str, tuple[int, tuple[int, ...], int]] | None = None
+    classic: bool | None = None  # its format, as its probe found it: classic NetCDF, or not (None: not known)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import glob
-import math
 import os
 import re
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import fsspec
 import numcodecs
@@ -72,50 +72,45 @@ class StoreLayout:
     url: str
     chunks: dict[str, tuple[int, ...]]
 
-    def concat_chunk(self, variables: Iterable[tuple[str, tuple[str, ...]]], concat_dim: str) -> int:
-        """Steps along the concat dim that start a chunk of every one of ``variables`` (name, dims) together."""
-        lengths = [self.chunks[name][dims.index(concat_dim)] for name, dims in variables if concat_dim in dims]
-        return math.lcm(*lengths) if lengths else 1
+
+#: Where a read wants what the store returns noted, as (key, byte range, bytes): a context variable, as zarr
+#: fetches on its own event loop's thread, in tasks that copy the reading thread's context.
+FETCHED: contextvars.ContextVar[list[tuple[str, str, int]] | None] = contextvars.ContextVar("FETCHED", default=None)
 
 
 class RecordingStore(WrapperStore):
     """A store that remembers the chunk keys it found missing (zarr reads them as fill values, silently)
-    and counts the bytes it returned."""
+    and notes the keys it returned, with their sizes, in FETCHED where a read sets it."""
 
     def __init__(self, store):
         super().__init__(store)
         self.missing: set[str] = set()
-        self._bytes = 0
         self._lock = threading.Lock()
 
     def _with_store(self, store):
         return type(self)(store)
 
-    def _note(self, key: str, buffer) -> None:
+    def _note(self, key: str, buffer, byte_range=None) -> None:
         with self._lock:
             if buffer is None:
                 if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
                     self.missing.add(key)
             else:
-                self._bytes += len(buffer)
+                fetched = FETCHED.get()
+                if fetched is not None:  # (a sharded store's chunks are byte ranges of its shards' keys)
+                    fetched.append((key, repr(byte_range), len(buffer)))
 
     async def get(self, key, prototype, byte_range=None):
         buffer = await self._store.get(key, prototype, byte_range)
-        self._note(key, buffer)
+        self._note(key, buffer, byte_range)
         return buffer
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
         buffers = await self._store.get_partial_values(prototype, key_ranges)
-        for (key, _), buffer in zip(key_ranges, buffers):
-            self._note(key, buffer)
+        for (key, byte_range), buffer in zip(key_ranges, buffers):
+            self._note(key, buffer, byte_range)
         return buffers
-
-    def take_bytes(self) -> int:
-        """Bytes returned since the last call (so the calls' sum counts each byte once)."""
-        with self._lock:
-            taken, self._bytes = self._bytes, 0
-            return taken
 
     def missing_chunk(self, variable: str) -> str | None:
         """A missing chunk key of ``variable`` seen so far, if any."""

@@ -1,5 +1,11 @@
 """Reading a unit's slab on a worker: each variable's values over a box of the virtual dataset.
 
+One protocol, Reader: ``read(variables, box) -> Slabs``. FileReader reads one file, through the
+reader of its format, chosen once for every variable it reads; FilesReader the files along the
+concat dim that overlap the box; MembersReader each member's files (input.new_dim), stacked;
+SelectionReader a box of the selected grid (config ``select``), through the reader it wraps.
+A Zarr store's reader is planning.reads.zarr_reads.StoreReader.
+
 Only the box is read. Classic NetCDF files are read by the byte ranges their header locates
 (planning.formats.classic_reads); NetCDF-4 files by the offsets their probe found where the values are
 plainly stored (planning.reads.direct_reads), else through h5py, in place when local, the box's bytes
@@ -12,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import xarray as xr
@@ -34,12 +41,20 @@ Box = dict[str, tuple[int, int]]
 
 @dataclasses.dataclass
 class Slabs:
-    """Each variable's values over the box, and what was fetched from remote files: bytes, requests, round trips."""
+    """Each variable's values over the box, and what was fetched from remote files (or a Zarr store): bytes,
+    requests, round trips; and of a store, the stored bytes of the chunks the read owns (zarr_reads)."""
 
     values: dict[str, np.ndarray]
     bytes_read: int = 0
     requests: int = 0
     round_trips: int = 0
+    chunk_bytes: int = 0
+
+
+class Reader(Protocol):
+    """Reads each of some variables' values over a box: index ranges per dim (dims not named: whole)."""
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs: ...
 
 
 def _failed(path: str, name: str, error: Exception) -> UserError:
@@ -72,12 +87,7 @@ def _read_hdf5(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) 
         return {v.name: _values(remote.path, ds, v.name, box) for v in variables}
 
 
-def _read_any(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
-    if not is_remote(remote.path) and is_hdf5(remote.path):
-        return _read_hdf5(remote, variables, box)
-    header = remote.classic_header()
-    if header is None:
-        return _read_hdf5(remote, variables, box)
+def _read_classic(remote: RemoteFile, header, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
     out = {}
     for name in (v.name for v in variables):
         variable = header.variables.get(name)
@@ -91,20 +101,52 @@ def _read_any(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class FileReader:
+    """One file of ``size`` bytes (if known), by ``path``: a classic NetCDF file by the byte ranges its header
+    locates, anything else through HDF5 (or xarray where HDF5 declines). Ranges within the file; remote reads
+    counted in the Slabs."""
+
+    path: str
+    size: int | None = None
+    classic: bool | None = None  # the format its probe found (SourceFile.classic); None: told from its bytes
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        remote = RemoteFile(self.path, self.size)
+        try:
+            # The format, chosen once for every variable: as probed, where planning says; else a local HDF5
+            # file by its signature, anything else by whether a classic header parses. (A file planned as
+            # classic is still read by its header: HDF5 takes it where no header parses.)
+            if self.classic is None:
+                sniffed = not is_remote(self.path) and is_hdf5(self.path)
+                header = None if sniffed else remote.classic_header()
+            else:
+                header = remote.classic_header() if self.classic else None
+            if header is None:
+                values = _read_hdf5(remote, variables, box)
+            else:
+                values = _read_classic(remote, header, variables, box)
+        except FileNotFoundError:
+            raise UserError(f"{self.path}: file not found (was it moved or deleted during the build?)") from None
+        slabs = Slabs(values)
+        if is_remote(self.path):
+            slabs.bytes_read, slabs.requests, slabs.round_trips = remote.bytes_read, remote.requests, remote.round_trips
+        return slabs
+
+
 def _read_file(
-    slabs: Slabs, path: str, variables: Sequence[VariablePlan], box: Box, size: int | None = None
+    slabs: Slabs,
+    path: str,
+    variables: Sequence[VariablePlan],
+    box: Box,
+    size: int | None = None,
+    classic: bool | None = None,
 ) -> dict[str, np.ndarray]:
-    """Values of ``variables`` over ``box`` in one file of ``size`` bytes (if known); counts remote reads."""
-    remote = RemoteFile(path, size)
-    try:
-        values = _read_any(remote, variables, box)
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
-    if is_remote(path):
-        slabs.bytes_read += remote.bytes_read
-        slabs.requests += remote.requests
-        slabs.round_trips += remote.round_trips
-    return values
+    """Values of ``variables`` over ``box`` in one file of ``size`` bytes (if known) and format ``classic`` (if
+    probed); counts remote reads in slabs."""
+    part = FileReader(path, size, classic).read(variables, box)
+    _add_counts(slabs, part)
+    return part.values
 
 
 def _checked(path: str, variable: VariablePlan, values: np.ndarray, box: Box) -> np.ndarray:
@@ -187,7 +229,7 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
             _check_unchanged(source)  # also what makes an offset planned for it still right
             values = read_direct(source, along, local, concat_dim)
             if values is None:
-                values = _read_file(slabs, source.path, along, local, source.nbytes)
+                values = _read_file(slabs, source.path, along, local, source.nbytes, source.classic)
             for variable in along:
                 parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
     for variable in along:
@@ -203,30 +245,95 @@ def _add_counts(slabs: Slabs, part: Slabs) -> None:
     slabs.bytes_read += part.bytes_read
     slabs.requests += part.requests
     slabs.round_trips += part.round_trips
+    slabs.chunk_bytes += part.chunk_bytes
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FilesReader:
+    """The files along the concat dim (of ``member``, with input.new_dim) that overlap the box: read_slabs."""
+
+    sources: SourceIndex
+    concat_dim: str
+    member: int = 0
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        files = self.sources.overlapping(*box[self.concat_dim], self.member)
+        return read_slabs(files, self.concat_dim, variables, box)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MembersReader:
+    """input.new_dim: every member in the box read from its own files, and stacked along the new dim (the first
+    dim of every variable along the concat dim)."""
+
+    sources: SourceIndex
+    concat_dim: str
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        dim = self.sources.member_dim
+        per_member = [v for v in variables if v.dims[:1] == (dim,)]
+        shared = [v for v in variables if v.dims[:1] != (dim,)]
+        # Static variables, and coordinates along the concat dim alone, are the same for every
+        # member: read from the first member's files.
+        slabs = FilesReader(self.sources, self.concat_dim).read(shared, box)
+        inner = [dataclasses.replace(v, dims=v.dims[1:]) for v in per_member]
+        parts: dict[str, list[np.ndarray]] = {v.name: [] for v in inner}
+        for member in range(*box[dim]) if inner else ():
+            part = FilesReader(self.sources, self.concat_dim, member).read(inner, box)
+            _add_counts(slabs, part)
+            for name, values in part.values.items():
+                parts[name].append(values)
+        slabs.values.update({name: np.stack(pieces) for name, pieces in parts.items()})
+        return slabs
+
+
+def files_reader(sources: SourceIndex, concat_dim: str) -> Reader:
+    """The reader of the input files: each member's files with input.new_dim, else the files along the concat dim."""
+    return FilesReader(sources, concat_dim) if sources.member_dim is None else MembersReader(sources, concat_dim)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SelectionReader:
+    """A box of the selected grid (planning.reads.selection), read through ``inner`` as pieces of the source.
+
+    The box maps to one piece of the source per combination of the selected runs it spans
+    (a seam-crossing longitude range: two); each piece is read and put in its place, so only
+    selected elements are read. Variables are read in groups by the selected dims they have,
+    so a field without a selected dim is read once, not once per piece.
+    """
+
+    inner: Reader
+    selection: Selection
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        selection = self.selection
+        if not selection:
+            return self.inner.read(variables, box)
+        slabs = Slabs({})
+        groups: dict[tuple[str, ...], list[VariablePlan]] = {}
+        for variable in variables:
+            groups.setdefault(tuple(d for d in variable.dims if d in selection.runs), []).append(variable)
+        for dims, group in groups.items():
+            pieces = selection.pieces(box, dims)
+            for piece, place in pieces:
+                part = self.inner.read(group, piece)
+                _add_counts(slabs, part)
+                for variable in group:
+                    values = part.values[variable.name]
+                    if len(pieces) == 1:
+                        slabs.values[variable.name] = values
+                        continue
+                    if variable.name not in slabs.values:
+                        shape = tuple(box[d][1] - box[d][0] for d in variable.dims)
+                        slabs.values[variable.name] = np.empty(shape, values.dtype)
+                    where = tuple(slice(*place[d]) if d in place else slice(None) for d in variable.dims)
+                    slabs.values[variable.name][where] = values
+        return slabs
 
 
 def read_members(sources: SourceIndex, concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:
-    """Each variable's values over ``box`` with input.new_dim: every member in the box read from its own
-    files, and stacked along the new dim (the first dim of every variable along the concat dim)."""
-    dim = sources.member_dim
-    per_member = [v for v in variables if v.dims[:1] == (dim,)]
-    shared = [v for v in variables if v.dims[:1] != (dim,)]
-    # Static variables, and coordinates along the concat dim alone, are the same for every
-    # member: read from the first member's files.
-    slabs = read_slabs(sources.overlapping(*box[concat_dim]), concat_dim, shared, box)
-    inner = [dataclasses.replace(v, dims=v.dims[1:]) for v in per_member]
-    parts: dict[str, list[np.ndarray]] = {v.name: [] for v in inner}
-    for member in range(*box[dim]) if inner else ():
-        part = read_slabs(sources.overlapping(*box[concat_dim], member), concat_dim, inner, box)
-        _add_counts(slabs, part)
-        for name, values in part.values.items():
-            parts[name].append(values)
-    slabs.values.update({name: np.stack(pieces) for name, pieces in parts.items()})
-    return slabs
-
-
-#: Reads some variables' values over a box of the source: a Zarr store's reader (planning.reads.zarr_reads).
-PieceReader = Callable[[Sequence[VariablePlan], Box], Slabs]
+    """Each variable's values over ``box`` with input.new_dim (MembersReader)."""
+    return MembersReader(sources, concat_dim).read(variables, box)
 
 
 def read_selected(
@@ -235,42 +342,8 @@ def read_selected(
     variables: Sequence[VariablePlan],
     box: Box,
     selection: Selection,
-    read_piece: PieceReader | None = None,
+    reader: Reader | None = None,
 ) -> Slabs:
-    """Each variable's values over ``box``, index ranges on the selected grid (planning.reads.selection).
-
-    The box maps to one piece of the source per combination of the selected runs it spans
-    (a seam-crossing longitude range: two); each piece is read and put in its place, so only
-    selected elements are read. Variables are read in groups by the selected dims they have,
-    so a field without a selected dim is read once, not once per piece. ``read_piece``: how a
-    piece is read (default: from the files of ``sources`` that overlap it).
-    """
-
-    def from_files(group: Sequence[VariablePlan], piece: Box) -> Slabs:
-        if sources.member_dim is not None:
-            return read_members(sources, concat_dim, group, piece)
-        return read_slabs(sources.overlapping(*piece[concat_dim]), concat_dim, group, piece)
-
-    read = read_piece or from_files
-    if not selection:
-        return read(variables, box)
-    slabs = Slabs({})
-    groups: dict[tuple[str, ...], list[VariablePlan]] = {}
-    for variable in variables:
-        groups.setdefault(tuple(d for d in variable.dims if d in selection.runs), []).append(variable)
-    for dims, group in groups.items():
-        pieces = selection.pieces(box, dims)
-        for piece, place in pieces:
-            part = read(group, piece)
-            _add_counts(slabs, part)
-            for variable in group:
-                values = part.values[variable.name]
-                if len(pieces) == 1:
-                    slabs.values[variable.name] = values
-                    continue
-                if variable.name not in slabs.values:
-                    shape = tuple(box[d][1] - box[d][0] for d in variable.dims)
-                    slabs.values[variable.name] = np.empty(shape, values.dtype)
-                where = tuple(slice(*place[d]) if d in place else slice(None) for d in variable.dims)
-                slabs.values[variable.name][where] = values
-    return slabs
+    """Each variable's values over ``box``, index ranges on the selected grid (SelectionReader), read through
+    ``reader`` (default: the files of ``sources``)."""
+    return SelectionReader(reader or files_reader(sources, concat_dim), selection).read(variables, box)

@@ -36,6 +36,7 @@ class SourceIndex:
     members: np.ndarray | None = None  # int64, ascending; None: no new dim
     member_dim: str | None = None  # input.new_dim's name
     direct: DirectReads | None = None  # variables workers may read by offset, and where in each file
+    classic: np.ndarray | None = None  # bool: each file's format as probed, classic NetCDF or not; None: not known
 
     @classmethod
     def of(
@@ -50,6 +51,7 @@ class SourceIndex:
             None if member_dim is None else np.array([f.member for f in files], dtype=np.int64),
             member_dim,
             direct,
+            None if any(f.classic is None for f in files) else np.array([f.classic for f in files], dtype=bool),
         )
 
     def __len__(self) -> int:
@@ -67,7 +69,8 @@ class SourceIndex:
                 for name, shape, offset, check in zip(self.direct.names, self.direct.shapes, offsets, checks)
                 if offset >= 0
             }
-        return SourceFile(self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts)
+        classic = None if self.classic is None else bool(self.classic[index])
+        return SourceFile(self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts, classic)
 
     def __iter__(self) -> Iterator[SourceFile]:
         return (self[i] for i in range(len(self)))
@@ -108,6 +111,8 @@ class SourceIndex:
                 direct_offsets=self.direct.offsets,
                 direct_checks=self.direct.checks,
             )
+        if self.classic is not None:
+            columns.update(classic=self.classic)
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -124,4 +129,7 @@ class SourceIndex:
                 shapes = tuple(tuple(s) for s in json.loads(str(columns["direct_shapes"])))
                 direct = DirectReads(names, shapes, columns["direct_offsets"], columns["direct_checks"])
             starts, stops, nbytes = columns["starts"], columns["stops"], columns["nbytes"]
-            return cls(paths, starts, stops, nbytes, versions, members, member_dim, direct)
+            classic = columns["classic"].astype(bool) if "classic" in columns else None
+            if classic is not None and classic.shape != (len(paths),):
+                classic = None  # not this index's: each file's format is told from its bytes instead
+            return cls(paths, starts, stops, nbytes, versions, members, member_dim, direct, classic)

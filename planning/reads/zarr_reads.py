@@ -7,6 +7,7 @@ the same encodings, so the same data gives the same values either way.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Sequence
@@ -16,7 +17,8 @@ import numpy as np
 import xarray as xr
 import zarr.errors
 
-from planning.formats.zarr_store import RecordingStore, codec_error, open_store, open_store_dataset
+from planning.formats.zarr_store import FETCHED, RecordingStore, codec_error, open_store, open_store_dataset
+from planning.reads.selection import Selection
 from planning.reads.slabs import Box, Slabs
 from planning.run.variables import VariablePlan
 from schemas.errors import UserError
@@ -64,18 +66,20 @@ def _missing_coordinate_chunk(url: str, name: str, key: str) -> UserError:
     )
 
 
-def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.ndarray:
+def _values(url: str, ds: xr.Dataset, variable: VariablePlan, where: dict) -> np.ndarray:
     # Non-dim coordinates too (config coords:), which xarray keeps apart from the data variables.
     if variable.name not in ds.variables:
         raise UserError(f"{url}: variable {variable.name!r} is missing (was the store rewritten during the build?)")
     try:
-        values = ds[variable.name].isel({d: slice(*box[d]) for d in variable.dims}).values
+        # Index arrays along several dims index each dim apart (outer indexing): zarr reads each chunk
+        # once, however many runs of it the selection takes.
+        values = ds[variable.name].isel(where).values
     except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
         raise codec_error(url, error) from None  # checked at planning: a worker may lack what the driver has
     except Exception as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None
-    expected = tuple(box[d][1] - box[d][0] for d in variable.dims)
+    expected = tuple(len(range(w.start, w.stop)) if isinstance(w, slice) else len(w) for w in where.values())
     if values.shape != expected or values.dtype != np.dtype(variable.dtype):
         raise UserError(
             f"{url}: variable {variable.name!r} reads as {values.dtype} {values.shape} where the plan needs "
@@ -84,25 +88,117 @@ def _values(url: str, ds: xr.Dataset, variable: VariablePlan, box: Box) -> np.nd
     return values
 
 
+def _where(dim: str, span: tuple[int, int], selection: Selection) -> slice | np.ndarray:
+    """The source indices positions ``span`` of ``dim`` on the selected grid take: a slice where they run on."""
+    runs = selection.source_runs(dim, *span)
+    if len(runs) == 1:
+        return slice(*runs[0][0])
+    if not runs:
+        return slice(0, 0)
+    return np.concatenate([np.arange(*taken) for taken, _ in runs])
+
+
+def _chunk_index(key: str, ndim: int) -> tuple[int, ...] | None:
+    """A chunk key's index along each dim ("t/c/3/0/0", "t/3.0.0", "t/3/0/0"); None if the key does not say."""
+    parts = re.split(r"[./]", key.split("/", 1)[1]) if "/" in key else []
+    if parts and parts[0] == "c":
+        parts = parts[1:]
+    if len(parts) != ndim or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def _needed_bytes(
+    ds: xr.Dataset, variables: Sequence[VariablePlan], fetched: list, own: dict, concat_dim: str, first: bool
+) -> int:
+    """The stored bytes of the chunks this read is accountable for, among those ``fetched`` ((key, byte range,
+    bytes)).
+
+    A chunk is the read's own when it holds the first element of one of its samples along every
+    grid dim (``own``: per grid dim, the source indices of those first elements); the rest it
+    fetched as a halo, for windows that cross into a chunk another unit owns. A variable without
+    the concat dim (a static field) is the own of the first unit along it alone (``first``): every
+    other unit fetches it again.
+    """
+    sizes = {(key, where): size for key, where, size in fetched}  # each key (or byte range of one) once
+    owned: dict[str, list[set[int] | None]] = {}
+    for variable in variables:
+        encoding = ds[variable.name].encoding
+        chunks = encoding.get("shards") or encoding.get("chunks")
+        if not chunks or (concat_dim not in variable.dims and not first):
+            continue
+        owned[variable.name] = [
+            set((np.asarray(own[d]) // c).tolist()) if d in own else None for d, c in zip(variable.dims, chunks)
+        ]
+    total = 0
+    for (key, _), size in sizes.items():
+        name = key.split("/", 1)[0]
+        if name not in owned:
+            continue
+        index = _chunk_index(key, len(owned[name]))
+        if index is not None and all(ids is None or i in ids for i, ids in zip(index, owned[name])):
+            total += size
+    return total
+
+
 def read_store_box(
-    url: str, concat_dim: str, variables: Sequence[VariablePlan], box: Box, missing_chunks: str = "error"
+    url: str,
+    concat_dim: str,
+    variables: Sequence[VariablePlan],
+    box: Box,
+    missing_chunks: str = "error",
+    selection: Selection | None = None,
+    own: dict[str, np.ndarray] | None = None,
+    first: bool = True,
 ) -> Slabs:
-    """Each variable's values over ``box`` (index ranges on the store), static variables included.
+    """Each variable's values over ``box`` (index ranges on the selected grid), static variables included,
+    each chunk fetched and decoded once, however many runs of it ``selection`` (config select) takes.
 
     ``missing_chunks``: config input.missing_chunks, whether an absent chunk fails the read
-    (``error``) or reads as fill values (``fill``).
+    (``error``) or reads as fill values (``fill``). ``own``: per grid dim, the source indices of the
+    first elements of the unit's samples, whose chunks are the unit's own, and ``first``: whether
+    the unit is the first along the concat dim (which owns the static fields' chunks):
+    Slabs.chunk_bytes counts the stored bytes of its own chunks (none without ``own``).
     """
     store, ds = _opened(url)
+    selection = selection or Selection()
     slabs = Slabs({})
-    for variable in variables:
-        slabs.values[variable.name] = _values(url, ds, variable, box)
-        # Checked after the read: the store notes each key it found absent (planning.formats.zarr_store).
-        missing = store.missing_chunk(variable.name)
-        if missing is not None and variable.feature.role == "aux_coord":  # a coordinate of config coords:
-            raise _missing_coordinate_chunk(url, variable.name, missing)
-        if missing is not None and missing_chunks == "error":
-            raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
+    fetched: list[tuple[str, str, int]] = []
+    token = FETCHED.set(fetched)
+    try:
+        for variable in variables:
+            where = {d: _where(d, box[d], selection) for d in variable.dims}
+            slabs.values[variable.name] = _values(url, ds, variable, where)
+            # Checked after the read: the store notes each key it found absent (planning.formats.zarr_store).
+            missing = store.missing_chunk(variable.name)
+            if missing is not None and variable.feature.role == "aux_coord":  # a coordinate of config coords:
+                raise _missing_coordinate_chunk(url, variable.name, missing)
+            if missing is not None and missing_chunks == "error":
+                raise _missing_chunk(url, variable.name, missing, ds[variable.name].variable, concat_dim)
+    finally:
+        FETCHED.reset(token)
     if missing_chunks == "fill":
         store.forget_missing()
-    slabs.bytes_read = store.take_bytes()
+    # Counted per read (the store's own count adds up every thread's reads).
+    slabs.bytes_read = sum(size for _, _, size in fetched)
+    if own is not None:
+        slabs.chunk_bytes = _needed_bytes(ds, variables, fetched, own, concat_dim, first)
     return slabs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StoreReader:
+    """A Zarr store's Reader (planning.reads.slabs.Reader): boxes of the selected grid, each read once
+    (read_store_box); ``own`` and ``first``: what the unit reading owns, for Slabs.chunk_bytes."""
+
+    url: str
+    concat_dim: str
+    missing_chunks: str = "error"
+    selection: Selection = dataclasses.field(default_factory=Selection)
+    own: dict[str, np.ndarray] | None = None
+    first: bool = True
+
+    def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
+        return read_store_box(
+            self.url, self.concat_dim, variables, box, self.missing_chunks, self.selection, self.own, self.first
+        )

@@ -23,8 +23,10 @@ METRICS_NAMESPACE = "xarray_tfrecords"
 UNITS_DONE = "units_done"
 SAMPLES_CUT = "samples_cut"
 SAMPLES_DROPPED = "samples_dropped"
-#: Bytes fetched from remote input files (local files are read in place and not counted).
+#: Bytes fetched from remote input files (local files are read in place and not counted), and from a Zarr store.
 BYTES_READ = "bytes_read"
+#: a Zarr store's: the stored bytes of the chunks units own (bytes_read over it: how often a chunk is fetched)
+CHUNK_BYTES = "chunk_bytes"
 BYTES_ENCODED = "bytes_encoded"
 RECORDS_WRITTEN = "records_written"
 BYTES_WRITTEN = "bytes_written"
@@ -70,7 +72,7 @@ class UnitCounts:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """What CutSamples yields for one unit.
+    """What CutSamples yields for one unit, or for one piece of it.
 
     ``samples``: an ``xr.Dataset`` with a leading ``sample`` dim, one data variable per selected
     variable (already in its record dtype), and per-sample coordinates ``sample_id``, ``split``,
@@ -86,6 +88,9 @@ class Block:
     samples: xr.Dataset
     counts: dict[str, UnitCounts]
     filled: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    #: which of the unit's pieces this is, of how many (a unit over the budget yields a block per piece)
+    piece: int = 0
+    pieces: int = 1
 
     @property
     def num_samples(self) -> int:

@@ -83,9 +83,10 @@ def sources_path(output: str, run_id: str) -> str:
     return join(run_dir(output, run_id), "sources.npz")
 
 
-def bucket_path(directory: str, shard: int, unit: int) -> str:
-    """The bucket file a unit writes for one shard."""
-    return join(directory, f"shard-{shard:05d}", f"unit-{unit:06d}.bucket")
+def bucket_path(directory: str, shard: int, unit: int, piece: int = 0) -> str:
+    """The bucket file a unit (or a piece of it, after the first) writes for one shard."""
+    name = f"unit-{unit:06d}" if piece == 0 else f"unit-{unit:06d}-{piece}"
+    return join(directory, f"shard-{shard:05d}", f"{name}.bucket")
 
 
 def relative(base: str, path: str) -> str:

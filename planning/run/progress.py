@@ -16,13 +16,17 @@ import os
 from planning.run.cancellation import writing
 
 
-def mark(directory: str | None, kind: str, index: int, **numbers: int) -> None:
-    """Record that unit or shard ``index`` is done, with its sample and byte counts."""
+def mark(directory: str | None, kind: str, index: int, piece: int = 0, pieces: int = 1, **numbers: int) -> None:
+    """Record that unit or shard ``index`` (or piece ``piece`` of the unit's ``pieces``) is done, with its sample
+    and byte counts."""
     if directory is None:
         return
     with writing():
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{kind}-{index:06d}.json")
+        name = f"{kind}-{index:06d}" if pieces == 1 else f"{kind}-{index:06d}-{piece}"
+        if pieces > 1:
+            numbers["of"] = pieces
+        path = os.path.join(directory, f"{name}.json")
         temporary = f"{path}.tmp"
         with open(temporary, "w") as stream:
             json.dump(numbers, stream)
@@ -41,6 +45,7 @@ class Progress:
 def read_progress(directory: str) -> Progress:
     """What the markers in ``directory`` add up to."""
     units = samples = shards = records = written = 0
+    pieces: dict[str, int] = {}  # units done in pieces: how many of their pieces are
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -54,8 +59,14 @@ def read_progress(directory: str) -> Progress:
         except (OSError, ValueError):
             continue  # being replaced right now; the next look counts it
         if name.startswith("unit-"):
-            units += 1
             samples += numbers.get("samples", 0)
+            of = numbers.get("of", 1)
+            if of == 1:
+                units += 1
+            else:
+                unit = name.rsplit("-", 1)[0]
+                pieces[unit] = pieces.get(unit, 0) + 1
+                units += pieces[unit] == of  # done with its last piece
         elif name.startswith("shard-"):
             shards += 1
             records += numbers.get("records", 0)

@@ -16,6 +16,7 @@ import xarray as xr
 from pipelines.inspect import summary
 from planning.config import parse_config
 from planning.plan import make_plan
+from planning.run.names import work_dir
 from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas import load_schema
 
@@ -86,7 +87,8 @@ def ocean(tmp_path_factory):
 
 
 def strategy(config: dict) -> WriteStrategy:
-    return choose_write_strategy(make_plan(parse_config(config)), shared_filesystem=True)[0]
+    plan = make_plan(parse_config(config))
+    return choose_write_strategy(plan, work_dir(plan.output, plan.run_id)).strategy
 
 
 def window_of(record: dict, schema, dim: str):

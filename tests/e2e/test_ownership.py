@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import pipelines.graph as graph
+import transforms.files as file_helpers
 import transforms.finalize as finalize
-import transforms.shards as shards
 from pipelines.build import main
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from planning.run.cancellation import allow_writes
@@ -258,7 +258,7 @@ def test_a_full_disk_while_the_manifest_is_written_leaves_nothing_that_blocks_a_
 ):
     """The disk fills up as the manifest's last bytes are flushed, at close."""
     output = tmp_path / "out"
-    real_create = shards.FileSystems.create
+    real_create = file_helpers.FileSystems.create
 
     def create(path, *args, **kwargs):
         stream = real_create(path, *args, **kwargs)
@@ -272,7 +272,7 @@ def test_a_full_disk_while_the_manifest_is_written_leaves_nothing_that_blocks_a_
             stream.close = close
         return stream
 
-    monkeypatch.setattr(shards.FileSystems, "create", create)
+    monkeypatch.setattr(file_helpers.FileSystems, "create", create)
     assert _build(_config(small_archive, output), tmp_path) == 1
     assert "no space left on device" in _one_error_line(capsys)
     assert not [p.name for p in output.rglob("*") if ".tmp-" in p.name]

@@ -42,3 +42,23 @@ def test_in_place_equals_buckets(small_archive, tmp_path, name):
     assert sorted(p.name for p in Path(outputs[True]).iterdir()) == sorted(
         p.name for p in Path(outputs[False]).iterdir()
     )  # no temporary shards or layout files left behind
+
+
+def test_a_shard_no_sample_falls_into_is_written_empty_in_place_as_through_buckets(small_archive, tmp_path):
+    """The in-place stage creates each shard as its first record comes: one that gets none is created at commit."""
+    outputs = {}
+    for in_place in (True, False):
+        output = tmp_path / f"in_place_{in_place}"
+        config = {
+            "input": {"paths": str(small_archive / "*.nc")},
+            "variables": ["t"],
+            "sample": {"window": {"lat": 20, "lon": 24}, "keep": ["level"]},  # one sample a step: 12
+            "output": {"path": str(output), "num_shards": 12, "in_place": in_place},
+        }
+        path = tmp_path / f"{in_place}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert main(["--config", str(path), "--quiet"]) == 0
+        outputs[in_place] = {shard.file: shard.examples for shard in load_schema(str(output)).splits["data"]}
+        for file in outputs[in_place]:
+            assert (output / file).exists(), file
+    assert outputs[True] == outputs[False] and 0 in outputs[True].values() and sum(outputs[True].values()) == 12

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -13,7 +14,9 @@ import xarray as xr
 import yaml
 from arco_like import PACKED, STATIC, arco_like, set_codecs, write_netcdf, write_store
 
+from pipelines import graph
 from pipelines.build import main
+from planning.plan import make_plan
 from schemas import load_schema, load_stats
 
 from conftest import BUCKET, REPO
@@ -98,6 +101,42 @@ def test_a_store_gives_the_shards_of_its_netcdf_copy(inputs, from_netcdf, tmp_pa
     assert_records_are_slices(output, inputs[layout])
     sources = load_schema(str(output)).sources
     assert (sources["files"], sources["listed"][0]["path"]) == (1, str(inputs[layout]))
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_units_cut_in_pieces_write_the_shards_of_the_netcdf_copy(
+    inputs, from_netcdf, tmp_path, monkeypatch, capsys, in_place
+):
+    """A unit budget under one chunk: each unit (a step) is read once and cut in pieces, a block each, written in
+    place or through bucket files; the summary says what was fetched against the chunks needed."""
+    monkeypatch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=2e4))
+    path = _config(tmp_path, [inputs["v3"]], tmp_path / "out")
+    config = yaml.safe_load(path.read_text())
+    config["output"]["in_place"] = in_place
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet"]) == 0
+    assert _shards(tmp_path / "out") == _shards(from_netcdf)
+    # The same statistics, to the rounding of another order of float additions (blocks of other sizes).
+    _assert_close(load_stats(str(tmp_path / "out")), load_stats(str(from_netcdf)))
+    out = capsys.readouterr().out
+    found = re.search(r"read ([\d.]+) MB from the store for ([\d.]+) MB of chunks needed \(([\d.]+)x", out)
+    assert found, out
+    assert 1 < float(found.group(3)) < 1.1  # above 1x by the static field, which every unit fetches, the first owns
+
+
+def _assert_close(found, expected) -> None:
+    if isinstance(expected, dict):
+        assert found.keys() == expected.keys()
+        for key in expected:
+            _assert_close(found[key], expected[key])
+    elif isinstance(expected, list):
+        assert len(found) == len(expected)
+        for a, b in zip(found, expected):
+            _assert_close(a, b)
+    elif isinstance(expected, float):
+        assert found == pytest.approx(expected, rel=1e-12, abs=1e-300, nan_ok=True)
+    else:
+        assert found == expected
 
 
 def test_the_packed_variable_decodes_as_xarray_decodes_it(inputs, from_netcdf):

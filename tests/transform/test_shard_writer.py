@@ -16,20 +16,22 @@ from apache_beam.testing import test_pipeline
 
 from pipelines.graph import build_pipeline
 from pipelines.output import prepare_output
-from planning import plan as plan_module
+from planning import sizing
 from planning.config import parse_config
+from planning.plan import make_plan
 from planning.run.names import work_dir
 from planning.specs import WriteSpec, compile_specs
 from planning.splits import SplitPlan
-from planning.write_strategy import WriteStrategy
+from planning.write_strategy import WritePlan, WriteStrategy
 from schemas import load_schema
-from schemas.bucket_sort import INDEX_BYTES_PER_RECORD, BufferLedger, SortedBuckets
-from schemas.buckets import bucket_pieces, row_dtype
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature, Schema
 from schemas.tfrecord import frame, frame_parts
-from transforms.shards import write_atomically, write_shard
+from transforms.buckets.blobs import bucket_pieces, row_dtype
+from transforms.buckets.sorting import INDEX_BYTES_PER_RECORD, BufferLedger, SortedBuckets
+from transforms.files import write_atomically
+from transforms.shards import write_shard
 
 SEED = 7
 
@@ -207,7 +209,7 @@ def test_a_shard_over_the_cap_fails_in_one_line_with_the_fix(tmp_path, per_recor
 def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_path, monkeypatch, per_record):
     """With the cap lowered to 100 kB, planning splits the one configured shard; none written exceeds it."""
     cap = 100_000
-    monkeypatch.setattr(plan_module, "MAX_SHARD_BYTES", cap)
+    monkeypatch.setattr(sizing, "MAX_SHARD_BYTES", cap)
     config = parse_config(
         {
             "input": {"paths": str(small_archive / "*.nc")},
@@ -216,10 +218,12 @@ def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_pat
             "output": {"path": str(tmp_path / "out"), "num_shards": 1, "examples_per_record": per_record},
         }
     )
-    plan = plan_module.make_plan(config)
+    plan = make_plan(config)
     assert plan.num_shards > 1
     prepare_output(plan.output, overwrite=False, manifest=plan.manifest())
-    specs = compile_specs(plan, WriteStrategy.BUCKET_FILES, work_dir(plan.output, plan.run_id))
+    specs = compile_specs(
+        plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", work_dir(plan.output, plan.run_id))
+    )
     specs = dataclasses.replace(specs, write=dataclasses.replace(specs.write, max_shard_bytes=cap))
     with test_pipeline.TestPipeline(runner=fn_runner.FnApiRunner()) as p:
         build_pipeline(p, list(plan.units), specs)
@@ -230,7 +234,7 @@ def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_pat
 
 
 def test_a_record_larger_than_a_shard_may_hold_fails_at_planning(small_archive, tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_module, "MAX_SHARD_BYTES", 10_000)
+    monkeypatch.setattr(sizing, "MAX_SHARD_BYTES", 10_000)
     config = parse_config(
         {
             "input": {"paths": str(small_archive / "*.nc")},
@@ -240,7 +244,7 @@ def test_a_record_larger_than_a_shard_may_hold_fails_at_planning(small_archive, 
         }
     )
     with pytest.raises(UserError, match=r"^output: a record of 64 samples may take .* output.examples_per_record$"):
-        plan_module.make_plan(config)
+        make_plan(config)
 
 
 def test_runs_beyond_the_open_file_limit_merge_in_several_passes(tmp_path):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import errno
 import io
 import pickle
+import threading
+import time
 
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -21,16 +21,15 @@ from planning.plan import make_plan
 from planning.run.contracts import SAMPLE_ID
 from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
-from planning.write_strategy import WriteStrategy
+from planning.write_strategy import WritePlan, WriteStrategy
 from schemas import load_schema
-from schemas.bucket_sort import SortedBuckets
-from schemas.buckets import unpack_bucket
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import frame, read_records
-from transforms.cut import CutSamples, cut_unit
+from transforms.buckets.blobs import unpack_bucket
+from transforms.buckets.sorting import SortedBuckets
+from transforms.cut import CutSamples, HeldBytes, cut_unit
 from transforms.encode import bucket_block
-from transforms.shards import write_atomically
 from transforms.stats import ComputeStats
 
 
@@ -40,8 +39,8 @@ def local_pipeline() -> test_pipeline.TestPipeline:
 
 
 @pytest.fixture
-def plan(small_archive, tmp_path):
-    config = parse_config(
+def config(small_archive, tmp_path):
+    return parse_config(
         {
             "input": {"paths": str(small_archive / "*.nc")},
             "variables": ["t", "q"],
@@ -49,6 +48,10 @@ def plan(small_archive, tmp_path):
             "output": {"path": str(tmp_path / "out"), "num_shards": 3},
         }
     )
+
+
+@pytest.fixture
+def plan(config):
     return make_plan(config)
 
 
@@ -116,7 +119,7 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
 
 def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     encoder = ExampleEncoder(plan.schema.features)
-    specs = compile_specs(plan, WriteStrategy.RUNNER_SHUFFLE)
+    specs = compile_specs(plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
         for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, unit)):
@@ -141,18 +144,19 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     assert len(seen) == len(set(seen)) == plan.num_samples
 
 
-def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
+def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
     """The local-runner path (bucket files) and the distributed path (blobs through GroupByKey)."""
     outputs = {}
     for local in (True, False):
         output = str(tmp_path / f"local_{local}")
-        config = plan.config.model_copy(update={"output": plan.config.output.model_copy(update={"path": output})})
-        this_plan = make_plan(config)
+        this_plan = make_plan(config.model_copy(update={"output": config.output.model_copy(update={"path": output})}))
         prepare_output(output, overwrite=False, manifest=this_plan.manifest())
         if local:
-            specs = compile_specs(this_plan, WriteStrategy.BUCKET_FILES, work_dir(output, this_plan.run_id))
+            specs = compile_specs(
+                this_plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", work_dir(output, this_plan.run_id))
+            )
         else:
-            specs = compile_specs(this_plan, WriteStrategy.RUNNER_SHUFFLE)
+            specs = compile_specs(this_plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
         with local_pipeline() as p:
             schemas = build_pipeline(p, list(this_plan.units), specs)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
@@ -162,16 +166,6 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(plan, tmp_path):
         }
     assert outputs[True] == outputs[False]
     assert not (tmp_path / "local_True" / "_tmp").exists()
-
-
-def test_write_atomically_keeps_every_byte_in_order_when_it_joins_small_writes(tmp_path):
-    rng = np.random.default_rng(0)
-    sizes = [int(n) for n in rng.integers(1, 70_000, 400)] + [9 * 2**20] + [5, 3]  # ~14 MB small, one big
-    chunks = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
-    path = str(tmp_path / "shard.tfrecord")
-    assert write_atomically(path, iter(chunks)) == sum(sizes)
-    assert (tmp_path / "shard.tfrecord").read_bytes() == b"".join(chunks)
-    assert [p.name for p in tmp_path.iterdir()] == ["shard.tfrecord"]  # the temporary name is gone
 
 
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():
@@ -196,30 +190,26 @@ def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_
     np.testing.assert_array_equal(columns["mask/wind"], np.stack([filled_u, np.zeros_like(filled_u)], axis=1))
 
 
-@pytest.mark.parametrize("failing", ["write", "close", "rename"])
-def test_write_atomically_leaves_no_temporary_whatever_fails(tmp_path, monkeypatch, failing):
-    """A full disk may show at a write, at the flush when the file is closed, or at the rename."""
-    full = OSError(errno.ENOSPC, "No space left on device")
-    real_create = FileSystems.create
+def test_units_in_pieces_take_turns_holding_their_chunks():
+    """Two threads each holding 0.6 of the limit: the second waits for the first; one over the limit passes alone."""
+    held = HeldBytes(10)
+    inside, most = [], []
+    lock = threading.Lock()
 
-    def create(path, *args, **kwargs):
-        stream = real_create(path, *args, **kwargs)
-        if failing in ("write", "close"):
-            real = getattr(stream, failing)
+    def unit(nbytes):
+        with held.holding(nbytes):
+            with lock:
+                inside.append(nbytes)
+                most.append(sum(inside))
+            time.sleep(0.05)
+            with lock:
+                inside.remove(nbytes)
 
-            def fail(*args):
-                real(*args)
-                raise full
-
-            setattr(stream, failing, fail)
-        return stream
-
-    def rename(*args, **kwargs):
-        raise full
-
-    monkeypatch.setattr(FileSystems, "create", create)
-    if failing == "rename":
-        monkeypatch.setattr(FileSystems, "rename", rename)
-    with pytest.raises(OSError, match="No space left"):
-        write_atomically(str(tmp_path / "schema.json"), [b"{}"])
-    assert list(tmp_path.iterdir()) == []
+    threads = [threading.Thread(target=unit, args=(n,)) for n in (6, 6, 3, 25)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(most) == 4 and max(most) <= 25 and all(m <= 10 or m == 25 for m in most)
+    with held.holding(0), held.holding(0):  # units of one piece never wait
+        pass

@@ -12,12 +12,16 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planning.config import parse_config
 from planning.formats.hdf5_reads import read_box
 from planning.formats.sources import SourceFile
 from planning.inputs.local_probe import probe_local, probe_local_files
+from planning.plan import make_plan
 from planning.reads.slabs import read_slabs
 from planning.run.variables import VariablePlan
+from planning.specs import cut_spec
 from schemas.errors import UserError
+from transforms.cut import cut_pieces, read_unit
 
 DIMS = ("time", "y", "x")
 SHAPE = (6, 5, 7)
@@ -215,3 +219,37 @@ def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
             other.concat_attrs,
         )
         np.testing.assert_array_equal(one.concat_raw, other.concat_raw)
+
+
+def test_units_hold_whole_netcdf4_chunks_and_cut_the_samples_of_a_contiguous_copy(tmp_path):
+    """A variable chunked 4 along y: units start and end only where chunks do, whatever the budget, and are cut
+    in pieces on the worker; the samples are those a contiguous copy of the file gives."""
+    values = np.random.default_rng(0).normal(size=(3, 16, 8)).astype("f4")
+    plans = {}
+    for name, options in (("chunked", {"chunksizes": (1, 4, 8)}), ("contiguous", {"contiguous": True})):
+        directory = tmp_path / name
+        directory.mkdir()
+        with netCDF4.Dataset(directory / "a.nc", "w") as nc:
+            for dim, size in zip(DIMS, (3, 16, 8)):
+                nc.createDimension(dim, size)
+            nc.createVariable("time", "f8", ("time",))[:] = np.arange(3)
+            nc["time"].units = "hours since 2000-01-01"
+            nc.createVariable("v", "f4", DIMS, **options)[:] = values
+        config = parse_config(
+            {
+                "input": {"paths": str(directory / "*.nc")},
+                "variables": ["v"],
+                "sample": {"window": {"y": {"size": 2, "stride": 2}, "x": 8}},
+                "output": {"path": str(tmp_path / "out")},
+            }
+        )
+        plans[name] = make_plan(config, unit_budget_bytes=300)  # under one chunk: 1 KB a step
+    chunked, contiguous = plans["chunked"], plans["contiguous"]
+    assert {u.ranges[1] for u in chunked.units} == {(0, 2), (2, 4), (4, 6), (6, 8)}  # y positions 2p: 4 a chunk
+    assert chunked.pieces and not contiguous.pieces and len(contiguous.units) > len(chunked.units)
+    blocks = {}
+    for name, plan in plans.items():
+        spec = cut_spec(plan)
+        found = [b.samples for u in plan.units for b in cut_pieces(spec, u, read_unit(spec, plan.sources, u))]
+        blocks[name] = xr.concat(found, "sample").sortby("sample_id")
+    xr.testing.assert_identical(blocks["chunked"], blocks["contiguous"])

@@ -43,3 +43,13 @@ def test_a_terminal_gets_one_redrawn_line_and_a_log_gets_lines(tmp_path):
     with ProgressLine(str(tmp_path), units=2, shards=1, input_bytes=100, stream=log, log_every=0.02):
         time.sleep(0.1)
     assert log.getvalue().count("\n") >= 2 and "\r" not in log.getvalue()
+
+
+def test_a_unit_in_pieces_counts_once_when_its_last_piece_is_done(tmp_path):
+    mark(str(tmp_path), "unit", 7, 0, 3, samples=10)
+    mark(str(tmp_path), "unit", 7, 2, 3, samples=10)
+    mark(str(tmp_path), "unit", 8, samples=4)
+    assert read_progress(str(tmp_path)) == Progress(units=1, samples=24)
+    mark(str(tmp_path), "unit", 7, 1, 3, samples=5)
+    mark(str(tmp_path), "unit", 7, 1, 3, samples=5)  # a retried piece rewrites its marker
+    assert read_progress(str(tmp_path)) == Progress(units=2, samples=29)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from planning.config import parse_config
 from planning.formats.sources import SourceFile
 from planning.plan import make_plan
+from planning.reads import slabs
+from planning.reads.slabs import read_selected
 from planning.reads.source_index import SourceIndex
 from planning.specs import cut_spec
 
@@ -78,3 +81,26 @@ def test_the_job_graph_and_schema_do_not_grow_with_the_file_count(tmp_path):
     assert len(pickle.dumps(cut_spec(many))) > sizes[1] + 58 * 40  # in the spec, every file would travel
     schema_sizes = [len(plan.schema.dumps()) for plan in (few, many)]
     assert abs(schema_sizes[1] - schema_sizes[0]) < 200, schema_sizes
+
+
+def test_each_files_format_travels_from_its_probe_to_the_worker(tmp_path, monkeypatch):
+    """The worker reads each file through the reader of the format its probe found, without telling it again;
+    a format column not of this index (edited, truncated) is dropped: each file is then told from its bytes."""
+    plan = _plan(tmp_path / "a", 3, 2, tmp_path / "out")
+    assert plan.sources.classic is not None and plan.sources.classic.tolist() == [False] * 3
+    again = SourceIndex.from_bytes(plan.sources.to_bytes())
+    assert list(again) == list(plan.sources) and {f.classic for f in again} == {False}
+    box = plan.grid.source_box(plan.units[0])
+    expected = read_selected(plan.sources, "time", plan.variables, box, plan.selection).values["t"]
+
+    def sniffed(path):
+        raise AssertionError(f"{path}: format told again")
+
+    monkeypatch.setattr(slabs, "is_hdf5", sniffed)
+    found = read_selected(again, "time", plan.variables, box, plan.selection).values["t"]
+    np.testing.assert_array_equal(found, expected)
+    monkeypatch.undo()
+    edited = SourceIndex.from_bytes(dataclasses.replace(plan.sources, classic=np.array([True])).to_bytes())
+    assert edited.classic is None and {f.classic for f in edited} == {None}
+    read = read_selected(edited, "time", plan.variables, box, plan.selection).values["t"]
+    np.testing.assert_array_equal(read, expected)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
+import xarray as xr
 import zarr
 from arco_like import STATIC, arco_like, set_codecs, write_store
 
@@ -12,9 +15,11 @@ from planning.formats import zarr_store
 from planning.formats.zarr_store import is_store, store_input
 from planning.plan import make_plan
 from planning.reads import zarr_reads
+from planning.run.contracts import SAMPLE_ID
+from planning.sampling import unit_pieces
 from planning.specs import cut_spec
 from schemas.errors import UserError
-from transforms.cut import read_unit
+from transforms.cut import cut_pieces, cut_unit, read_unit
 
 pytestmark = pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
 
@@ -32,9 +37,9 @@ def keys_read(monkeypatch) -> list[tuple[str, bool]]:
     seen = []
     note = zarr_store.RecordingStore._note
 
-    def recording(self, key, buffer):
+    def recording(self, key, buffer, byte_range=None):
         seen.append((key, buffer is not None))
-        note(self, key, buffer)
+        note(self, key, buffer, byte_range)
 
     monkeypatch.setattr(zarr_store.RecordingStore, "_note", recording)
     monkeypatch.setattr(zarr_reads, "_OPENED", {})
@@ -109,18 +114,82 @@ def test_a_hundred_thousand_steps_plan_without_reading_a_chunk(tmp_path, keys_re
         assert start % 4 == 0 and (stop % 4 == 0 or stop == 100_000), unit
 
 
-def test_a_chunk_over_the_budget_is_split_along_the_window_dims(tmp_path):
+def test_a_chunk_over_the_budget_is_one_unit_cut_in_pieces_on_its_worker(tmp_path):
     _empty_store(tmp_path / "big.zarr", 12, chunk=4)
     config = _config(
         tmp_path / "big.zarr", tmp_path, ["temperature"], window={"latitude": 1, "longitude": 2}, keep=["level"]
     )
     one_step = 37 * 4 * 8 * 4
     plan = make_plan(config, unit_budget_bytes=3 * one_step)  # one chunk (4 steps) does not fit
-    time_ranges = {unit.ranges[0] for unit in plan.units}
-    assert time_ranges == {(0, 4), (4, 8), (8, 12)}
-    assert len(plan.units) > len(time_ranges)  # each chunk's positions split along latitude or longitude
-    covered = sorted(position for unit in plan.units for position in _positions(unit))
+    # A chunk is never split between units (each would fetch and decode it whole) ...
+    assert [unit.ranges[0] for unit in plan.units] == [(0, 4), (4, 8), (8, 12)]
+    assert all(unit.ranges[1:] == ((0, 4), (0, 4)) for unit in plan.units)
+    # ... its worker cuts it in pieces that fit the budget instead, covering each position once.
+    pieces = [piece for unit in plan.units for piece in unit_pieces(unit, plan.pieces)]
+    assert len(pieces) > len(plan.units)
+    covered = sorted(position for piece in pieces for position in _positions(piece))
     assert covered == sorted(set(covered)) and len(covered) == plan.num_samples
+
+
+def test_units_hold_whole_chunks_along_the_window_dims_too(tmp_path):
+    """Chunks of 4 latitudes: units start and end at them whatever the budget; pieces are cut inside."""
+    ds = arco_like(steps=2, lat=16, lon=8)
+    store = tmp_path / "arco.zarr"
+    ds[["temperature"]].to_zarr(store, encoding={"temperature": {"chunks": (1, 37, 4, 8)}}, zarr_format=3)
+    config = _config(store, tmp_path, ["temperature"], window={"latitude": 3, "longitude": 8}, keep=["level"])
+    plan = make_plan(config, unit_budget_bytes=2e4)  # under one chunk
+    for unit in plan.units:
+        start, stop = unit.ranges[1]  # window 3, stride 3: position p starts at latitude 3p
+        assert (3 * start) // 4 != (3 * start - 3) // 4 or start == 0, unit
+        assert stop == 5 or (3 * stop) // 4 != (3 * stop - 3) // 4, unit
+    assert len({unit.ranges[1] for unit in plan.units}) > 1 and plan.pieces
+
+
+def _fetched(keys_read) -> collections.Counter:
+    return collections.Counter(k for k, there in keys_read if there and "/c/" in k and k.split("/")[0] not in COORDS)
+
+
+@pytest.mark.parametrize("levels", [None, [500, 700, 850]])
+def test_each_chunk_is_fetched_once_whatever_the_budget_and_levels(tmp_path, keys_read, levels):
+    """ARCO's chunking (a step of every level over the whole globe), a budget under one chunk, all levels or
+    three selected ones (three runs of each chunk): every chunk is fetched once, by one unit, and the blocks of
+    the pieces are the unit's block."""
+    store = write_store(arco_like(steps=3, lat=16, lon=24), tmp_path / "arco.zarr")
+    config = _config(
+        store, tmp_path, ["temperature", "2m_temperature"], window={"latitude": 4, "longitude": 4}, keep=["level"]
+    )
+    if levels:
+        config = BuildConfig.model_validate(config.model_dump() | {"select": {"level": levels}})
+    plan = make_plan(config, unit_budget_bytes=2e4)
+    spec = cut_spec(plan)
+    keys_read.clear()
+    fetched = needed = 0
+    for unit in plan.units:
+        slabs = read_unit(spec, plan.sources, unit)
+        fetched, needed = fetched + slabs.bytes_read, needed + slabs.chunk_bytes
+        blocks = list(cut_pieces(spec, unit, slabs))
+        assert len(blocks) > 1 and [b.piece for b in blocks] == list(range(len(blocks)))
+        whole = cut_unit(spec, plan.sources, unit).samples
+        joined = xr.concat([b.samples for b in blocks], "sample").sortby(SAMPLE_ID)
+        xr.testing.assert_identical(joined, whole)
+    counts = _fetched(keys_read)
+    assert counts and set(counts.values()) == {2}  # once by the units' reads, once by the whole-unit checks
+    assert fetched == needed > 0
+
+
+def test_a_window_across_chunks_reads_its_halo_and_counts_it(tmp_path, keys_read):
+    """Pairs of steps, a step per chunk: each unit fetches the next step's chunk too, which another unit owns."""
+    store = write_store(arco_like(steps=4), tmp_path / "arco.zarr")
+    sample = {"window": {"latitude": 5, "longitude": 6}, "offsets": {"time": [0, 1]}}
+    plan = make_plan(_config(store, tmp_path, ["2m_temperature"], **sample), unit_budget_bytes=3e3)
+    assert [unit.ranges[0] for unit in plan.units] == [(0, 1), (1, 2), (2, 3)]  # a step per unit
+    spec = cut_spec(plan)
+    keys_read.clear()
+    reads = [read_unit(spec, plan.sources, unit) for unit in plan.units]
+    counts = _fetched(keys_read)
+    assert counts["2m_temperature/c/0/0/0"] == 1 and counts["2m_temperature/c/1/0/0"] == 2
+    chunk = reads[0].chunk_bytes
+    assert all(r.chunk_bytes == chunk and r.bytes_read == 2 * chunk for r in reads)
 
 
 def _positions(unit):
@@ -154,3 +223,28 @@ def test_a_codec_the_worker_lacks_is_named(tmp_path, keys_read):
         UserError, match=r"arco.zarr: codec 'zfpy' is not available; install zfpy \(pip install zfpy\)$"
     ):
         read_unit(cut_spec(plan), plan.sources, plan.units[0])
+
+
+def test_a_sharded_store_fetches_each_inner_chunk_once(tmp_path, monkeypatch):
+    """Zarr v3 shards (two inner chunks each along latitude): units hold whole shards, each byte range is fetched
+    once, and the stored bytes counted are those fetched."""
+    ds = arco_like(steps=2, lat=10, lon=18)[["temperature"]]
+    store = tmp_path / "sharded.zarr"
+    encoding = {"temperature": {"chunks": (1, 37, 5, 18), "shards": (1, 37, 10, 18)}}
+    ds.to_zarr(store, encoding=encoding, zarr_format=3, consolidated=True)
+    plan = make_plan(_config(store, tmp_path, ["temperature"]), unit_budget_bytes=2e4)
+    seen = []
+    note = zarr_store.RecordingStore._note
+
+    def recording(self, key, buffer, byte_range=None):
+        if buffer is not None and key.startswith("temperature/c/"):
+            seen.append((key, repr(byte_range)))
+        note(self, key, buffer, byte_range)
+
+    monkeypatch.setattr(zarr_store.RecordingStore, "_note", recording)
+    monkeypatch.setattr(zarr_reads, "_OPENED", {})
+    spec = cut_spec(plan)
+    reads = [read_unit(spec, plan.sources, unit) for unit in plan.units]
+    assert len(plan.units) == 2 and plan.pieces  # a shard a unit, in pieces
+    assert seen and len(seen) == len(set(seen))
+    assert sum(r.bytes_read for r in reads) == sum(r.chunk_bytes for r in reads) > 0

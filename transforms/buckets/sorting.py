@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from schemas.buckets import payload_start, read_bucket_count, read_bucket_entries
+from transforms.buckets.blobs import payload_start, read_bucket_count, read_bucket_entries
 
 #: Index bytes per record while it is sorted: key, bucket, offset and length (24) plus the
 #: sort's order (8), one permuted column (8) and slack for the sort's scratch (8).

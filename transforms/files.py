@@ -1,0 +1,180 @@
+"""Writing, removing and reading files, local or gs:// (Beam's FileSystems): every file the stages and the driver write.
+
+Not a stage: the helpers the stages (transforms/) and the driver (pipelines/) share. A file is
+written under a temporary name and renamed, so a reader never meets half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import stat
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from planning.run.cancellation import check_cancelled, writing
+from planning.run.names import join, new_temporary_token, temporary_path
+from schemas.errors import UserError
+from schemas.urls import is_remote
+
+logger = logging.getLogger(__name__)
+
+_WRITE_BYTES = 8 * 2**20
+#: Bytes handed to the compressor at a time: zlib builds each call's output in blocks and then
+#: joins them, so a large write would briefly hold its compressed size twice.
+_COMPRESS_BYTES = 2**16
+
+
+def _batched(chunks, size: int = _WRITE_BYTES):
+    """Join small chunks into writes of about ``size`` bytes; pass large ones through uncopied."""
+    pending: list = []
+    pending_bytes = 0
+    for chunk in chunks:
+        if len(chunk) >= size:
+            if pending:
+                yield b"".join(pending)
+                pending, pending_bytes = [], 0
+            yield chunk
+            continue
+        pending.append(chunk)
+        pending_bytes += len(chunk)
+        if pending_bytes >= size:
+            yield b"".join(pending)
+            pending, pending_bytes = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+def write_atomically(path: str, chunks, compression: str | None = None, join_small: bool = True) -> int:
+    """Write bytes chunks to a temporary name beside ``path``, then rename; returns the file's size.
+
+    ``compression="gzip"`` writes one gzip stream (what TensorFlow's GZIP TFRecord reader expects);
+    its bytes do not depend on how the data is cut into chunks. ``join_small``: join small chunks
+    into writes of about 8 MB (pass False when the chunks are batches already).
+    """
+    with writing():  # an interrupted build waits for this write to end, then removes the run's files
+        return _write_atomically(path, chunks, compression, join_small)
+
+
+def _write_atomically(path: str, chunks, compression: str | None, join_small: bool) -> int:
+    temporary = temporary_path(path, new_temporary_token())
+    written = 0
+    kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
+    stream = FileSystems.create(temporary, compression_type=kind)
+    try:
+        try:
+            for chunk in _batched(chunks) if join_small else chunks:
+                check_cancelled()
+                if compression is None:
+                    stream.write(chunk)
+                else:
+                    with memoryview(chunk) as view:
+                        for start in range(0, len(view), _COMPRESS_BYTES):
+                            stream.write(view[start : start + _COMPRESS_BYTES])
+                written += len(chunk)
+                del chunk  # let it go before the next chunk is made
+        except BaseException:
+            with contextlib.suppress(Exception):  # the write's error is the one to report
+                stream.close()
+            raise
+        stream.close()  # a full disk may show only here, when the last bytes are flushed
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([temporary], [path])
+    except BaseException:
+        # Whatever failed (a write, the flush at close, the rename), no temporary is left behind:
+        # a rerun would otherwise meet it.
+        try:
+            if FileSystems.exists(temporary):
+                FileSystems.delete([temporary])
+        except Exception as error:  # the write's error is the one to report
+            logger.warning("could not remove %s: %s", temporary, error)
+        raise
+    if compression is None:
+        return written
+    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+
+
+def remove_tree(path: str, inside: str | None = None) -> None:
+    """Delete a file or a directory with everything under it; on object stores, every object under the prefix.
+
+    Locally no link is ever followed: a link is removed itself, never what it points to, and a
+    link on the way from ``inside`` (default: the parent of ``path``) to ``path`` is an error.
+    """
+    if is_remote(path):
+        found = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
+        if found:
+            FileSystems.delete(found)
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        return
+    base = inside if inside is not None else os.path.dirname(os.path.abspath(path))
+    parts = os.path.relpath(os.path.abspath(path), os.path.abspath(base)).split(os.sep)
+    if parts[0] in (os.curdir, os.pardir) or os.pardir in parts:
+        raise ValueError(f"{path} is not inside {base}: not removed")
+    try:
+        directory = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            except FileNotFoundError:
+                return
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise UserError(
+                    f"{path}: {part} on the way to it is a link or a file, not a directory this tool made; "
+                    "remove it by hand"
+                ) from None
+            os.close(directory)
+            directory = inner
+        try:
+            info = os.stat(parts[-1], dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(parts[-1], dir_fd=directory)  # descends by descriptors, never through a link
+        else:
+            os.unlink(parts[-1], dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def remove_if_empty(directory: str) -> None:
+    """Remove a local directory left empty (object stores have no directories)."""
+    if not is_remote(directory):
+        with contextlib.suppress(OSError):  # missing, or holds something: leave it
+            os.rmdir(directory)
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        return stream.read()
+
+
+def use_anonymous_credentials_for_emulator() -> bool:
+    """Tell Beam's GCS filesystem there are no credentials to find when a storage emulator is configured.
+
+    google-cloud-storage already uses anonymous credentials when STORAGE_EMULATOR_HOST is set,
+    but Beam first looks for Google credentials itself and retries for about 25 s per process
+    before giving up. Called by the driver and by every DoFn that writes files, in setup(); does
+    nothing without the variable.
+    """
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        return False
+    from apache_beam.internal.gcp import auth
+
+    cache = getattr(auth, "_Credentials", None)
+    if cache is None or not hasattr(cache, "_credentials_init"):
+        return False  # a Beam version that looks credentials up differently: nothing to skip
+    with cache._credentials_lock:
+        cache._credentials = None
+        cache._credentials_init = True
+    return True
