@@ -88,3 +88,36 @@ def scan_index(read_at, shard_bytes: int, records: int, name: str) -> ShardIndex
     index = ShardIndex(offsets, sizes)
     index.check(name, shard_bytes)
     return index
+
+
+class FrameSizes:
+    """The framed size of each record in a stream of TFRecord bytes, read from the length headers as chunks pass."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self._left = 0  # bytes of the current record still to pass
+        self._head = b""  # a length header split between two chunks
+
+    def passing(self, chunks):
+        """The chunks, unchanged, noting each record's size on the way."""
+        for chunk in chunks:
+            self._walk(memoryview(chunk).cast("B"))
+            yield chunk
+        if self._left or self._head:
+            raise CorruptRecordError(f"a record was cut short: {self._left + 8 - len(self._head)} bytes missing")
+
+    def _walk(self, view: memoryview) -> None:
+        pos, end = 0, len(view)
+        while pos < end:
+            if self._left:
+                step = min(self._left, end - pos)
+                pos += step
+                self._left -= step
+                continue
+            need = 8 - len(self._head)
+            self._head += bytes(view[pos : pos + need])
+            pos += min(need, end - pos)
+            if len(self._head) == 8:
+                size = int.from_bytes(self._head, "little") + FRAMING_BYTES
+                self.sizes.append(size)
+                self._left, self._head = size - 8, b""
