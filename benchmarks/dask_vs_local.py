@@ -26,8 +26,26 @@ from benchmarks.run import REPO, input_bytes, same_shards, warm_page_cache
 DEFAULT_FILES = 12  # a quarter of the 1x patches set: ~200 MB, 4,704 samples
 
 
-def build_command(config: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet", *flags]
+#: ``python -c`` program: pipelines.build with another unit budget (the first argument), to get more, smaller units.
+_WITH_BUDGET = (
+    "import functools, sys; from pipelines import graph; from planning.plan import make_plan; "
+    "graph.make_plan = functools.partial(make_plan, unit_budget_bytes=float(sys.argv.pop(1))); "
+    "from pipelines.build import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def build_command(config: Path, *flags: str, unit_budget: float | None = None) -> list[str]:
+    arguments = ["--config", str(config), "--overwrite", "--quiet", *flags]
+    if unit_budget is None:
+        return [sys.executable, "-m", "pipelines.build", *arguments]
+    return [sys.executable, "-c", _WITH_BUDGET, str(unit_budget), *arguments]
+
+
+def count_units(config: Path, unit_budget: float | None) -> int:
+    from planning.config import load_config
+    from planning.plan import UNIT_BUDGET_BYTES, make_plan
+
+    return len(make_plan(load_config(str(config)), unit_budget_bytes=unit_budget or UNIT_BUDGET_BYTES).units)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"))
     parser.add_argument("--json", help="write the results here")
     parser.add_argument(
+        "--unit-budget", type=float, help="bytes a unit may take (default 64e6): lower it for more, smaller units"
+    )
+    parser.add_argument(
         "--dask-flag", action="append", default=[], help="another flag for the Dask build, e.g. --dask_npartitions=4"
     )
     args = parser.parse_args(argv)
 
-    from distributed import LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
 
     workdir = Path(args.workdir).resolve()
     spec = datasets.patches(1, args.quick, num_files=None if args.quick else args.files)
@@ -58,17 +79,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dask = ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}", "--shared_filesystem"]
         dask += args.dask_flag
-        commands = {"local": build_command(configs["local"]), "dask": build_command(configs["dask"], *dask)}
-        print(f"{spec.name}: {spec.num_samples:,} samples, {input_bytes(archive) / 1e6:,.0f} MB; warming the cluster")
+        budget = args.unit_budget
+        commands = {
+            "local": build_command(configs["local"], unit_budget=budget),
+            "dask": build_command(configs["dask"], *dask, unit_budget=budget),
+        }
+        units = count_units(configs["local"], budget)
+        print(
+            f"{spec.name}: {spec.num_samples:,} samples, {input_bytes(archive) / 1e6:,.0f} MB, {units:,} units; "
+            "warming the cluster"
+        )
         warm = run_measured(commands["dask"], str(REPO), env)
         if not warm.ok:
             print(warm.output_tail, file=sys.stderr)
             return 1
         walls: dict[str, list[float]] = {"local": [], "dask": []}
+        tasks: list[int] = []
         for round_ in range(args.rounds):
             for name, command in commands.items():
                 warm_page_cache(archive)
-                measurement = run_measured(command, str(REPO), env)
+                with Client(cluster) as client, get_task_stream(client) as stream:
+                    measurement = run_measured(command, str(REPO), env)
+                if name == "dask":
+                    tasks.append(len(stream.data))
                 if not measurement.ok:
                     print(measurement.output_tail, file=sys.stderr)
                     return 1
@@ -83,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         "samples": spec.num_samples,
         "input_bytes": input_bytes(archive),
         "workers": args.workers,
+        "units": units,
+        "dask_tasks": tasks,
+        "dask_tasks_per_unit": max(tasks) / max(units, 1),
         "dask_flags": args.dask_flag,
         "walls": walls,
         "medians": medians,
@@ -91,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"local runner {medians['local']:.1f} s, Dask ({args.workers} workers) {medians['dask']:.1f} s: "
-        f"Dask/local = {results['dask_over_local']:.2f}x (medians of {args.rounds}); identical shards: {identical}"
+        f"Dask/local = {results['dask_over_local']:.2f}x (medians of {args.rounds}); identical shards: {identical}; "
+        f"{max(tasks):,} Dask tasks for {units:,} units ({results['dask_tasks_per_unit']:.2f} a unit)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

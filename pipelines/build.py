@@ -118,6 +118,7 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     )
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
+    print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
     reads = store_reads_line(counters or {}) if plan.zarr_store is not None else None
@@ -167,6 +168,14 @@ def _calendar_line(paths: tuple[str, ...]) -> str:
     )
 
 
+def graph_line(plan: BuildPlan) -> str:
+    """'  job graph: 0.05 MB (Dataflow's limit: 10 MB)': what the run submitted, which must not grow with the data."""
+    from pipelines.graph import DATAFLOW_GRAPH_LIMIT
+
+    size = plan.job_graph_bytes or 0
+    return f"  job graph: {size / 1e6:,.2f} MB (Dataflow's limit: {DATAFLOW_GRAPH_LIMIT / 1e6:.0f} MB)"
+
+
 def _print_dry_run(plan: BuildPlan) -> None:
     from pipelines.graph import OUTLINE
 
@@ -175,6 +184,7 @@ def _print_dry_run(plan: BuildPlan) -> None:
     inputs = f"{len(plan.sources):,} file(s), {plan.sources.total_bytes / 1e6:,.1f} MB"
     print(f"  plan: {splits}; {len(plan.units):,} work unit(s) from {inputs}; output {plan.output}")
     print(f"  graph: {OUTLINE}")
+    print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
 

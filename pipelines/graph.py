@@ -7,9 +7,11 @@ built from its spec (planning.specs).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Sequence
 from typing import TextIO
 
 import apache_beam as beam
@@ -26,12 +28,14 @@ from pipelines.remote_job import RemoteJob
 from pipelines.runners import (
     DATAFLOW_RUNNER,
     close_run,
+    is_dask_runner,
     is_dry_run,
     is_local_runner,
     load_runner_options,
     make_runner,
     runner_context,
     runner_name,
+    unit_ranges,
     with_runner_defaults,
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
@@ -41,9 +45,9 @@ from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
-from planning.run.names import INVENTORY_FILE, join, sources_path, work_dir
-from planning.sampling import Unit
-from planning.specs import StageSpecs, compile_specs
+from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
+from planning.sampling import Unit, Units
+from planning.specs import StageSpecs, compile_specs, run_files
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -53,6 +57,8 @@ from transforms.cut import CutSamples
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output
 from transforms.stats import ComputeStats
+from transforms.streamed import StreamBlocks
+from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
 logger = logging.getLogger(__name__)
@@ -61,17 +67,39 @@ logger = logging.getLogger(__name__)
 #: build_pipeline's stages, as a dry run reports them.
 OUTLINE = "EnumerateUnits -> SpreadUnits -> CutSamples -> (WriteShards, ComputeStats) -> Finalize"
 
+#: Dataflow refuses a job graph (the pipeline proto it is sent) larger than this.
+DATAFLOW_GRAPH_LIMIT = 10_000_000
 
-def build_pipeline(pipeline: beam.Pipeline, units: list[Unit], specs: StageSpecs) -> beam.PCollection:
-    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema."""
-    blocks = (
+
+def build_pipeline(
+    pipeline: beam.Pipeline,
+    units: Units | Sequence[Unit],
+    specs: StageSpecs,
+    ranges: int = DEFAULT_RANGES,
+    stream_blocks: bool = False,
+) -> beam.PCollection:
+    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
+
+    ``units``: the plan's (the graph holds ``ranges`` ranges of their numbers, and the units
+    themselves only without ``specs.units_file``), or a list of units, which the graph holds.
+    ``stream_blocks``: cut, write and summarise each unit in one step (transforms.streamed), for
+    runners that hold a stage's whole output at once (Beam's DaskRunner); the same bytes.
+    """
+    if isinstance(units, Units):
+        enumerate_units = EnumerateUnits(units, specs.units_file, ranges)
+    else:
+        enumerate_units = beam.Create(list(units), reshuffle=False)
+    spread = (
         pipeline
-        | "EnumerateUnits" >> beam.Create(units)  # Unit
+        | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
-        | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     )
-    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
-    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if stream_blocks:
+        shards, summaries = spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats)
+    else:
+        blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
+        shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+        summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -117,18 +145,17 @@ def run_build(
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
-        sources = sources_path(plan.output, plan.run_id)
+        files = run_files(plan, run_dir(plan.output, plan.run_id))
+        urls = {name: file for name, (file, _) in files.items()}
+        ranges = unit_ranges(options, len(plan.units))
         write = choose_write_strategy(plan, work)
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
-            specs = compile_specs(plan, write, sources)
+            specs = compile_specs(plan, write, urls)
             # Only Dataflow's runner honours --dry_run; any other would run the graph, and build.
-            if runner_name(options) != DATAFLOW_RUNNER:
-                build_pipeline(pipeline, list(plan.units), specs)
-                pipeline.to_runner_api()  # pickles every stage, as Dataflow's dry run does
-                return plan, None
-            with pipeline:
-                build_pipeline(pipeline, list(plan.units), specs)
+            with pipeline if runner_name(options) == DATAFLOW_RUNNER else contextlib.nullcontext():
+                build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
+                plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
             return plan, None
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
@@ -139,14 +166,16 @@ def run_build(
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
-            specs = compile_specs(plan, lay_out(plan, write), sources)
-            write_atomically(sources, [plan.sources.to_bytes()])
+            specs = compile_specs(plan, lay_out(plan, write), urls)
+            for file, data in files.values():
+                write_atomically(file.url, [data])
             with contextlib.ExitStack() as stack:
                 stack.enter_context(runner_context(options))
                 if progress is not None and specs.write.progress_dir is not None:
                     counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
-                build_pipeline(pipeline, list(plan.units), specs)
+                build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
+                plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
                 check_stopped()  # stopped while the graph was built: the pipeline does not start
                 result = _run_and_wait(pipeline, options, local)
                 if counters is not None:
@@ -201,6 +230,22 @@ def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool
         logger.warning("%s; its files were left (--overwrite removes them once it has stopped)", job.problem)
         return True
     return remove_run_files(output, manifest, work)
+
+
+def job_graph_size(pipeline: beam.Pipeline) -> int:
+    """Bytes of the job graph a runner is sent: the pipeline's runner-API proto, every stage pickled in it."""
+    return len(pipeline.to_runner_api().SerializeToString())
+
+
+def _checked_graph_size(pipeline: beam.Pipeline, options: PipelineOptions) -> int:
+    """The job graph's size; refused for Dataflow over its limit, before it is submitted."""
+    size = job_graph_size(pipeline)
+    if runner_name(options) == DATAFLOW_RUNNER and size > DATAFLOW_GRAPH_LIMIT:
+        raise UserError(
+            f"job graph: {size / 1e6:,.1f} MB, over Dataflow's limit of {DATAFLOW_GRAPH_LIMIT / 1e6:.0f} MB; "
+            "build fewer variables or features at a time (one config each), or use another runner"
+        )
+    return size
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:

@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, 
 
 from pipelines.stopping import BEAM_WORKER_MODULE
 from schemas.errors import UserError
+from transforms.units import DEFAULT_RANGES
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +166,8 @@ def with_runner_defaults(beam_args: list[str]) -> list[str]:
     """Beam arguments with this tool's defaults for the chosen runner; the user's own choices win.
 
     - local: one thread per core, up to 4.
-    - Dask: one partition (one task) per work unit. Beam's default puts up to 128 elements in
-      one partition, so a build of up to 128 units would run on one worker.
+    - Dask: one partition per element of the graph's first stage, a range of units (``unit_ranges``).
+      Beam's default puts up to 128 elements in one partition, so all would run on one worker.
     - Dataflow, when nothing ships this package to the workers: ``--setup_file`` of this
       checkout, if the package is installed from one (check_remote_setup refuses otherwise).
     - Any runner that stages this package's ``--setup_file`` (Dataflow, portable runners): the
@@ -194,6 +195,44 @@ def with_runner_defaults(beam_args: list[str]) -> list[str]:
         if not _chosen(beam_args, "--requirements_cache"):
             beam_args.append("--requirements_cache=skip")
     return beam_args
+
+
+#: Dask partitions per thread of the cluster: two, so that a slow partition leaves its thread's other work to
+#: the rest; more add Dask tasks (each global combine shuffles over every partition), which cost more here
+#: (2 single-threaded workers, 12 files: 2 a thread 0.91x the local runner's time, one a unit 1.95x).
+DASK_PARTITIONS_PER_THREAD = 2
+
+
+def unit_ranges(options: PipelineOptions, units: int) -> int:
+    """Ranges of unit numbers the job graph starts from (transforms.units.EnumerateUnits).
+
+    On Dask each range is one partition: Beam's DaskRunner keeps the partitions of the graph's
+    first stage to the end (its Reshuffle does nothing) and runs every stage as one task per
+    partition, so a partition per unit made about 200 scheduler tasks a unit, each with its
+    overhead. Two partitions per thread of the cluster instead; ``--dask_npartitions`` chooses
+    another count (``--dask_partition_size=N``, Beam's, would put N of these ranges in each).
+    Elsewhere the runner spreads the units over its workers after the Reshuffle: a few hundred ranges.
+    """
+    if not is_dask_runner(options):
+        return DEFAULT_RANGES
+    chosen = options.get_all_options().get("npartitions")
+    if chosen:
+        return max(1, min(units, chosen))
+    return max(1, min(units, DASK_PARTITIONS_PER_THREAD * dask_threads(options)))
+
+
+def dask_threads(options: PipelineOptions) -> int:
+    """Threads of the Dask cluster's workers, all told (at least 1; none yet: as many as this machine's cores)."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    from distributed import Client
+
+    dask = options.view_as(DaskOptions)
+    if not (dask.address or dask.scheduler_file):
+        return os.cpu_count() or 1  # Beam starts a LocalCluster of this machine's cores
+    timeout = {"timeout": dask.timeout} if dask.timeout is not None else {}
+    with Client(address=dask.address, scheduler_file=dask.scheduler_file, set_as_default=False, **timeout) as client:
+        threads = sum(client.nthreads().values())
+    return threads or os.cpu_count() or 1
 
 
 def make_runner(options: PipelineOptions):

@@ -38,7 +38,7 @@ from planning.reads.source_index import SourceIndex
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, Unit, UnitCost, chunk_breaks, piece_positions, plan_units
+from planning.sampling import SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, assign_splits
 from schemas.errors import UserError
@@ -63,7 +63,7 @@ class BuildPlan:
     positions: Positions  # the sample grid, each position's split and coordinate values
     variables: tuple[VariablePlan, ...]
     stacks: tuple[StackPlan, ...]
-    units: tuple[Unit, ...]
+    units: Units  # the work units: per-dim spans, never one object per unit
     splits: tuple[SplitPlan, ...]
     schema: Schema  # without shards yet: Finalize adds them
     run_id: str
@@ -90,6 +90,8 @@ class BuildPlan:
     #: positions per piece along each grid dim: units over the budget (a Zarr store's whole chunks) are cut in
     #: pieces of this size on their worker (planning.sampling.unit_pieces); empty: every unit is one piece
     pieces: tuple[int, ...] = ()
+    #: bytes of the job graph the run submitted (pipelines.graph), once it is built
+    job_graph_bytes: int | None = None
 
     @property
     def grid(self) -> SampleGrid:
@@ -227,7 +229,7 @@ def make_plan(
         positions=positions,
         variables=tuple(variables),
         stacks=tuple(stacks),
-        units=tuple(units),
+        units=units,
         pieces=pieces,
         splits=tuple(splits),
         schema=schema,
@@ -262,7 +264,7 @@ def _plan_units(
     making: dict[str, np.ndarray],
     held: tuple = (),
     selection: Selection | None = None,
-) -> tuple[list[Unit], tuple[int, ...]]:
+) -> tuple[Units, tuple[int, ...]]:
     """Units of the grid, and the positions per piece workers cut them in (none: each unit is one piece).
 
     ``files``: their ranges on the selected concat dim (units prefer to end where files do);
@@ -327,13 +329,15 @@ def _chunk_breaks(
     return out
 
 
-def _making_samples(units: list[Unit], grid_dims: list[str], making: dict[str, np.ndarray]) -> list[Unit]:
-    """The units that make samples, numbered anew: each holds a position that can along every dim of ``making``."""
-    if not making:
-        return units
+def _making_samples(units: Units, grid_dims: list[str], making: dict[str, np.ndarray]) -> Units:
+    """The units that make samples, numbered anew: each holds a position that can along every dim of ``making``.
+
+    Whether a unit does depends on its span along each dim alone, so the spans are filtered, not the units.
+    """
     for dim, can in making.items():
         which = grid_dims.index(dim)
-        # Positions that can, counted up to each position: a unit has some if the count grows.
+        # Positions that can, counted up to each position: a span has some if the count grows.
         made = np.concatenate([[0], np.cumsum(can)])
-        units = [u for u in units if made[u.ranges[which][1]] > made[u.ranges[which][0]]]
-    return [dataclasses.replace(u, index=i) for i, u in enumerate(units)]
+        spans = units.spans[which]
+        units = units.keep(which, made[spans[:, 1]] > made[spans[:, 0]])
+    return units

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import io
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -111,6 +112,89 @@ class Unit:
     @property
     def num_samples(self) -> int:
         return math.prod(stop - start for start, stop in self.ranges)
+
+
+#: Units made into objects at a time when a range of them is iterated (bounds the arrays behind them).
+_UNITS_AT_A_TIME = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Units:
+    """The work units of a build: the product of one list of spans per grid dim, never one object per unit.
+
+    Unit ``i`` is the ``i``-th box of ``itertools.product`` over the dims in ``order`` (the last
+    varies fastest), so a plan of 30M units is a few arrays of spans, and a worker makes the
+    units of a range of indices (``ranges``) from them alone.
+    """
+
+    spans: tuple[np.ndarray, ...]  # per grid dim (grid order): [start, stop) of each span, shape (n, 2), int64
+    order: tuple[int, ...]  # the grid dims by how slowly they vary in the numbering (a permutation)
+
+    def __post_init__(self):
+        if sorted(self.order) != list(range(len(self.spans))):
+            raise ValueError(f"units: order {self.order} is not a permutation of {len(self.spans)} dims")
+        for span in self.spans:
+            if span.ndim != 2 or span.shape[1] != 2:
+                raise ValueError(f"units: spans of shape {span.shape}, not (n, 2)")
+
+    @classmethod
+    def of(cls, spans, order) -> Units:
+        return cls(tuple(np.asarray(s, dtype=np.int64).reshape(-1, 2) for s in spans), tuple(order))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Spans along each dim of ``order``."""
+        return tuple(len(self.spans[which]) for which in self.order)
+
+    def __len__(self) -> int:
+        return math.prod(self.sizes)
+
+    def __getitem__(self, index: int) -> Unit:
+        count = len(self)
+        if not -count <= index < count:
+            raise IndexError(f"unit {index} of {count}")
+        return next(self.ranges(index % count, index % count + 1))
+
+    def __iter__(self):
+        return self.ranges(0, len(self))
+
+    def ranges(self, start: int, stop: int):
+        """The units numbered [start, stop), in order."""
+        start, stop = max(0, start), min(stop, len(self))
+        for first in range(start, stop, _UNITS_AT_A_TIME):
+            numbers = np.arange(first, min(stop, first + _UNITS_AT_A_TIME), dtype=np.int64)
+            picks = np.unravel_index(numbers, self.sizes) if self.order else ()
+            bounds: list = [None] * len(self.spans)
+            for which, pick in zip(self.order, picks):
+                bounds[which] = self.spans[which][pick].tolist()
+            for i, number in enumerate(numbers.tolist()):
+                yield Unit(number, tuple(tuple(b[i]) for b in bounds))
+
+    def keep(self, which: int, kept: np.ndarray) -> Units:
+        """These units without those whose span along grid dim ``which`` is not ``kept`` (renumbered)."""
+        spans = list(self.spans)
+        spans[which] = spans[which][np.asarray(kept, dtype=bool)]
+        return Units(tuple(spans), self.order)
+
+    def slices(self, count: int) -> list[tuple[int, int]]:
+        """[start, stop) ranges of unit numbers, ``count`` of them at most, as even as they can be."""
+        total = len(self)
+        count = max(1, min(count, total))
+        bounds = [total * i // count for i in range(count + 1)]
+        return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(
+            buffer, order=np.asarray(self.order, dtype=np.int64), **{f"spans{i}": s for i, s in enumerate(self.spans)}
+        )
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Units:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            order = [int(w) for w in arrays["order"]]
+            return cls.of([arrays[f"spans{i}"] for i in range(len(order))], order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +391,7 @@ def plan_units(
     preferred_breaks: Sequence[int] = (),
     least_first: int = 1,
     chunked: Mapping[str, Sequence[int]] | None = None,
-) -> list[Unit]:
+) -> Units:
     """Cut the grid into boxes of positions whose estimated cost fits ``budget_bytes``.
 
     Units are narrowed along ``first_dim`` (the concat dim) first, then along the other grid
@@ -318,10 +402,11 @@ def plan_units(
     positions along it. ``chunked``: per grid dim, the positions where a Zarr store's chunks
     start (planning.sampling.chunk_breaks): along it units start and end only there, so a chunk
     is never split between units (a unit over the budget is cut in pieces on its worker:
-    piece_positions). Time is linear in the units.
+    piece_positions). Time and memory are linear in the spans along each dim, not in the units
+    (their product).
     """
     if grid.num_samples == 0:
-        return []
+        return Units.of([np.zeros((0, 2))] * len(grid.grid_axes), range(len(grid.grid_axes)))
     dims = [a.dim for a in grid.grid_axes]
     order = _order(grid, first_dim)
     least = [1] * len(dims)
@@ -344,15 +429,11 @@ def plan_units(
             f"sample: the plan would make up to {most:,} work units ({along}), over the {MAX_UNITS:,} a build can "
             "hold; select a smaller part of the input (select:) or take fewer samples (a window stride)"
         )
-    spans = {}
-    for which in order:
+    spans = []
+    for which in range(len(dims)):
         bounds = _bounds(grid.shape[which], chunk[which], breaks[which])
-        spans[which] = list(zip(bounds[:-1], bounds[1:]))
-    units = []
-    for index, picked in enumerate(itertools.product(*(spans[which] for which in order))):
-        ranges = dict(zip(order, picked))
-        units.append(Unit(index, tuple(ranges[which] for which in range(len(dims)))))
-    return units
+        spans.append(np.column_stack([bounds[:-1], bounds[1:]]))
+    return Units.of(spans, order)
 
 
 def unit_pieces(unit: Unit, piece: Sequence[int]) -> list[Unit]:

@@ -7,6 +7,7 @@ files travel only in the cut spec, the shard layout only in the write spec.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -18,7 +19,8 @@ from planning.positions import Positions
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
-from planning.run.names import run_dir, shard_path, temporary_path
+from planning.run.names import join, run_dir, shard_path, temporary_path
+from planning.run.run_files import RunFile
 from planning.run.variables import StackPlan, VariablePlan
 from planning.splits import SplitPlan
 from planning.write_strategy import WritePlan, WriteStrategy
@@ -33,10 +35,12 @@ WRITER_BUDGET_BYTES = 64 * 2**20
 class CutSpec:
     """CutSamples: where the input is, which positions make samples, and how values are stored."""
 
-    #: the files along the concat dim: in the spec (small runs, tests) or saved at sources_url,
-    #: which each worker loads once (the job graph does not grow with the archive)
+    #: the files along the concat dim: in the spec (small runs, tests) or saved in sources_file,
+    #: which each worker process loads once (the job graph does not grow with the archive)
     sources: SourceIndex | None
-    sources_url: str | None
+    sources_file: RunFile | None
+    #: hollow when positions_file is set: each worker process loads the arrays (coordinates,
+    #: split labels) from there once, so the job graph does not grow with the grid
     positions: Positions
     variables: tuple[VariablePlan, ...]
     split_names: tuple[str, ...]
@@ -53,6 +57,7 @@ class CutSpec:
     coords: tuple[VariablePlan, ...] = ()
     #: positions per piece along each grid dim: a unit is cut in pieces of this size, a block each (empty: whole)
     pieces: tuple[int, ...] = ()
+    positions_file: RunFile | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -127,12 +132,32 @@ class FinalizeSpec:
     fill_value: float | None = None  # nan_policy: fill's value: normalisation must know the filled points
 
 
-def cut_spec(plan: BuildPlan, sources_url: str | None = None) -> CutSpec:
-    """The cut stage's spec; with ``sources_url`` the files' index is loaded from there, not pickled."""
+#: The run's files for the workers (``run_files``), by name.
+SOURCES, UNITS, POSITIONS = "sources", "units", "positions"
+
+
+def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes]]:
+    """What the job graph leaves out because it grows with the input, saved under ``directory`` for the workers.
+
+    The input files' index, the work units, and the positions' arrays (coordinates, splits):
+    the graph carries each file's URL and digest only, the same few bytes for a month as for 85 years.
+    """
+    contents = {
+        SOURCES: plan.sources.to_bytes(),
+        UNITS: plan.units.to_bytes(),
+        POSITIONS: plan.positions.to_bytes(),
+    }
+    return {name: (RunFile.of(join(directory, f"{name}.npz"), data), data) for name, data in contents.items()}
+
+
+def cut_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> CutSpec:
+    """The cut stage's spec; with ``files`` (run_files), workers load the input index and positions from there."""
+    files = files or {}
     return CutSpec(
-        sources=None if sources_url else plan.sources,
-        sources_url=sources_url,
-        positions=plan.positions,
+        sources=None if SOURCES in files else plan.sources,
+        sources_file=files.get(SOURCES),
+        positions=plan.positions.hollow() if POSITIONS in files else plan.positions,
+        positions_file=files.get(POSITIONS),
         variables=plan.variables,
         split_names=tuple(s.name for s in plan.splits),
         nan_policy=plan.nan_policy,
@@ -192,14 +217,16 @@ class StageSpecs:
     write: WriteSpec
     stats: StatsSpec
     finalize: FinalizeSpec
+    units_file: RunFile | None = None  # where workers load the units from (None: the graph holds them)
 
 
-def compile_specs(plan: BuildPlan, write: WritePlan, sources_url: str | None = None) -> StageSpecs:
+def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile] | None = None) -> StageSpecs:
     """Every stage's spec. ``write``: how records are written (planning.write_strategy);
-    ``sources_url``: where the files' index is saved for the workers."""
+    ``files``: the run's files for the workers (run_files), which the graph then leaves out."""
     return StageSpecs(
-        cut_spec(plan, sources_url),
+        cut_spec(plan, files),
         write_spec(plan, write),
         stats_spec(plan),
         finalize_spec(plan, write.work_dir),
+        (files or {}).get(UNITS),
     )

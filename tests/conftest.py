@@ -27,6 +27,15 @@ def real_eraint() -> Path | None:
     return path if path.exists() else None
 
 
+@pytest.fixture(autouse=True)
+def no_stop_left_behind():
+    """A test that cancels writes (a failed or stopped build's clean-up, called directly) leaves no stop to the next."""
+    yield
+    from planning.run.cancellation import reset
+
+    reset()
+
+
 @pytest.fixture(scope="session")
 def sample_file(tmp_path_factory):
     """`sample_file(name)`: the path of a sample file, wherever this checkout has it.

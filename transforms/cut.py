@@ -42,7 +42,7 @@ from planning.run.variables import VariablePlan
 from planning.sampling import Unit, unit_pieces
 from planning.specs import CutSpec
 from schemas.errors import UserError
-from transforms.files import read_bytes, use_anonymous_credentials_for_emulator
+from transforms.units import load_run_file
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
@@ -223,6 +223,20 @@ def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:
     return cut_slabs(spec, unit, read_unit(spec, sources, unit))
 
 
+def with_run_files(spec: CutSpec) -> CutSpec:
+    """The spec with what it left in the run's files (the input files' index, the positions' arrays) loaded.
+
+    Once per worker process (transforms.units.load_run_file), not per DoFn instance: Beam's
+    DaskRunner sets a DoFn up again for every partition.
+    """
+    changes: dict = {}
+    if spec.sources is None and spec.sources_file is not None:
+        changes.update(sources=load_run_file(spec.sources_file, SourceIndex.from_bytes), sources_file=None)
+    if spec.positions_file is not None:
+        changes.update(positions=load_run_file(spec.positions_file, spec.positions.filled), positions_file=None)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
 class BlockCoder(beam.coders.Coder):
     """Pickles blocks like Beam's fallback coder, but estimates their size from the arrays.
 
@@ -294,10 +308,8 @@ class _CutUnitFn(beam.DoFn):
         self._chunk_bytes = Metrics.counter(METRICS_NAMESPACE, CHUNK_BYTES)
 
     def setup(self):
-        spec = self._spec
-        if spec.sources is None:
-            use_anonymous_credentials_for_emulator()
-        self._sources = spec.sources or SourceIndex.from_bytes(read_bytes(spec.sources_url))
+        self._spec = with_run_files(self._spec)
+        self._sources = self._spec.sources
 
     def process(self, unit: Unit):
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit

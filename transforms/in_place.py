@@ -110,6 +110,20 @@ def _record_sizes(path: str, records: int, nbytes: int):
 
 
 @dataclasses.dataclass
+class CommitInPlace(beam.PTransform):
+    """What each block wrote ({shard: [records, bytes]}) -> one ShardResult per shard: WriteInPlace after its writes."""
+
+    spec: WriteSpec
+
+    def expand(self, written):
+        return (
+            written
+            | "AddCounts" >> beam.CombineGlobally(_add_counts).without_defaults()
+            | "CommitShards" >> beam.FlatMap(commit_shards, self.spec)
+        )
+
+
+@dataclasses.dataclass
 class WriteInPlace(beam.PTransform):
     """Blocks -> records written in place -> one ShardResult per shard once all are written."""
 

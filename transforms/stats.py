@@ -219,7 +219,7 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
 UNITS_PER_GROUP = 256
 
 
-def _keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str]):
+def keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str]):
     return block.unit // UNITS_PER_GROUP, ((block.unit, block.piece), summarize_block(block, split_names, per))
 
 
@@ -249,6 +249,19 @@ class _MergeGroupsInOrderFn(beam.CombineFn):
 
 
 @dataclasses.dataclass
+class MergeSummaries(beam.PTransform):
+    """keyed_summary's parts -> ComputeStats' one merged dict: its steps after the per-block one."""
+
+    def expand(self, parts):
+        return (
+            parts
+            | "GroupUnits" >> beam.GroupByKey()
+            | "MergeGroup" >> beam.MapTuple(_merge_group)
+            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
+        )
+
+
+@dataclasses.dataclass
 class ComputeStats(beam.PTransform):
     """Blocks -> one {split: SplitSummary} dict over every sample (none without blocks), merged in unit order."""
 
@@ -257,7 +270,7 @@ class ComputeStats(beam.PTransform):
     def expand(self, blocks):
         return (
             blocks
-            | "SummarizeBlock" >> beam.Map(_keyed_summary, self.spec.split_names, self.spec.per)
+            | "SummarizeBlock" >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per)
             | "GroupUnits" >> beam.GroupByKey()
             | "MergeGroup" >> beam.MapTuple(_merge_group)
             # Without defaults: a global combine's default value is a side input, which Beam's

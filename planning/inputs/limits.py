@@ -10,7 +10,7 @@ from schemas.errors import UserError
 #: and a store's metadata may declare any size it likes for a dim without a coordinate.
 MAX_POSITIONS = 2**31
 
-#: Work units of one build: planning holds each as an object (and the runner each as an element).
+#: Work units of one build (planning holds per-dim spans, not one object per unit; runners get ranges of them).
 MAX_UNITS = 2**31
 
 

@@ -78,11 +78,6 @@ def work_dir(output: str, run_id: str) -> str:
     return run_dir(output, run_id)
 
 
-def sources_path(output: str, run_id: str) -> str:
-    """Where a run saves its input files' index for the workers (beside the output, which every worker reaches)."""
-    return join(run_dir(output, run_id), "sources.npz")
-
-
 def bucket_path(directory: str, shard: int, unit: int, piece: int = 0) -> str:
     """The bucket file a unit (or a piece of it, after the first) writes for one shard."""
     name = f"unit-{unit:06d}" if piece == 0 else f"unit-{unit:06d}-{piece}"

@@ -14,7 +14,7 @@ import yaml
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-from pipelines import runners
+from pipelines import graph, runners
 from pipelines.build import main
 from pipelines.inspect import main as inspect_main
 from planning.config import parse_config
@@ -242,6 +242,22 @@ def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path,
     assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--setup_file=" in err and "--sdk_container_image=" in err, err
+
+
+def test_a_dataflow_dry_run_prints_the_job_graph_size_and_refuses_one_over_the_limit(
+    uploaded, tmp_path, capsys, monkeypatch
+):
+    config = str(_dry_run_config(tmp_path))
+    assert main(["--config", config, *DATAFLOW]) == 0
+    out = capsys.readouterr().out
+    sizes = [line for line in out.splitlines() if line.startswith("  job graph: ")]
+    assert len(sizes) == 1 and sizes[0].endswith(" MB (Dataflow's limit: 10 MB)"), out
+    monkeypatch.setattr(graph, "DATAFLOW_GRAPH_LIMIT", 10_000)  # as a graph over 10 MB would be
+    assert main(["--config", config, *DATAFLOW]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: job graph: ") and "over Dataflow's limit" in err, err
+    assert "Dry run" not in captured.out
 
 
 def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, tmp_path, capsys, caplog):

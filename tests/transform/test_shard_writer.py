@@ -226,7 +226,7 @@ def test_planning_keeps_every_written_shard_under_the_cap(small_archive, tmp_pat
     )
     specs = dataclasses.replace(specs, write=dataclasses.replace(specs.write, max_shard_bytes=cap))
     with test_pipeline.TestPipeline(runner=fn_runner.FnApiRunner()) as p:
-        build_pipeline(p, list(plan.units), specs)
+        build_pipeline(p, plan.units, specs)
     shards = load_schema(plan.output).splits["data"]
     assert sum(s.examples for s in shards) == plan.num_samples
     assert max(s.bytes for s in shards) <= cap

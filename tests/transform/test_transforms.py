@@ -145,10 +145,11 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 
 
 def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
-    """The local-runner path (bucket files) and the distributed path (blobs through GroupByKey)."""
+    """The local-runner path (bucket files), the distributed path (blobs through GroupByKey), and the
+    Dask path (each unit cut, written and summarised in one step: transforms.streamed)."""
     outputs = {}
-    for local in (True, False):
-        output = str(tmp_path / f"local_{local}")
+    for name, local, streamed in [("local", True, False), ("shuffle", False, False), ("streamed", True, True)]:
+        output = str(tmp_path / name)
         this_plan = make_plan(config.model_copy(update={"output": config.output.model_copy(update={"path": output})}))
         prepare_output(output, overwrite=False, manifest=this_plan.manifest())
         if local:
@@ -158,14 +159,12 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
         else:
             specs = compile_specs(this_plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
         with local_pipeline() as p:
-            schemas = build_pipeline(p, list(this_plan.units), specs)
+            schemas = build_pipeline(p, this_plan.units, specs, ranges=3, stream_blocks=streamed)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
-        outputs[local] = {
-            name: (tmp_path / f"local_{local}" / name).read_bytes()
-            for name in (s.file for s in load_schema(output).splits["data"])
-        }
-    assert outputs[True] == outputs[False]
-    assert not (tmp_path / "local_True" / "_tmp").exists()
+        files = [*(s.file for s in load_schema(output).splits["data"]), "stats.json"]
+        outputs[name] = {file: (tmp_path / name / file).read_bytes() for file in files}
+    assert outputs["local"] == outputs["shuffle"] == outputs["streamed"]
+    assert not (tmp_path / "local" / "_tmp").exists() and not (tmp_path / "streamed" / "_tmp").exists()
 
 
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():

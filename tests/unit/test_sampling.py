@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planning.sampling import Axis, SampleGrid, UnitCost, plan_units
+from planning.sampling import Axis, SampleGrid, Unit, UnitCost, Units, plan_units
 from schemas.errors import UserError
 
 
@@ -146,3 +148,49 @@ def test_absurdly_many_units_are_refused_before_they_are_made():
 @pytest.mark.parametrize("size", [1, 5])
 def test_a_window_that_does_not_fit_gives_no_positions(size):
     assert Axis.window("lat", 4, 5, size).count == 0
+
+
+def _old_enumeration(spans, order, kept):
+    """The units as planning made them before Units: one object each, product over ``order``, then filtered."""
+    units = []
+    for index, picked in enumerate(itertools.product(*(spans[which] for which in order))):
+        ranges = dict(zip(order, picked))
+        units.append(Unit(index, tuple(tuple(ranges[which]) for which in range(len(spans)))))
+    for which, keep in kept.items():
+        allowed = {tuple(span) for span, k in zip(spans[which], keep) if k}
+        units = [u for u in units if u.ranges[which] in allowed]
+    return [Unit(i, u.ranges) for i, u in enumerate(units)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), lengths=st.lists(st.integers(0, 5), max_size=4))
+def test_units_are_numbered_and_filtered_as_the_old_enumeration(data, lengths):
+    spans = [[(i, i + 1 + (i % 2)) for i in range(n)] for n in lengths]
+    order = data.draw(st.permutations(range(len(lengths))))
+    kept = {w: data.draw(st.lists(st.booleans(), min_size=n, max_size=n)) for w, n in enumerate(lengths) if n}
+    kept = {w: k for w, k in kept.items() if data.draw(st.booleans())}
+    units = Units.of([np.array(s).reshape(-1, 2) for s in spans], order)
+    for which, keep in kept.items():
+        units = units.keep(which, np.array(keep, dtype=bool))
+    expected = _old_enumeration(spans, order, kept)
+    assert list(units) == expected and len(units) == len(expected)
+    assert all(isinstance(v, int) for u in units for r in u.ranges for v in r)  # plain ints, as pickled before
+    if expected:
+        i = data.draw(st.integers(-len(expected), len(expected) - 1))
+        assert units[i] == expected[i]
+        count = data.draw(st.integers(1, 2 * len(expected)))
+        slices = units.slices(count)
+        assert len(slices) <= count and [u for a, b in slices for u in units.ranges(a, b)] == expected
+    with pytest.raises(IndexError):
+        units[len(expected)]
+    assert list(Units.from_bytes(units.to_bytes())) == expected
+
+
+def test_units_of_a_huge_plan_are_arrays_not_objects():
+    """30M units (3,000 x 10,000 spans): planning and indexing hold the spans only."""
+    units = Units.of(
+        [np.column_stack([np.arange(3000), np.arange(1, 3001)]), [(i, i + 2) for i in range(10_000)]], (0, 1)
+    )
+    assert len(units) == 30_000_000 and len(units.to_bytes()) < 300_000
+    assert units[29_999_999] == Unit(29_999_999, ((2999, 3000), (9999, 10001)))
+    assert [u.index for u in units.ranges(12_345_678, 12_345_681)] == [12_345_678, 12_345_679, 12_345_680]

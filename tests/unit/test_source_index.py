@@ -15,7 +15,7 @@ from planning.plan import make_plan
 from planning.reads import slabs
 from planning.reads.slabs import read_selected
 from planning.reads.source_index import SourceIndex
-from planning.specs import cut_spec
+from planning.specs import cut_spec, run_files
 
 
 def _index(lengths: list[int]) -> SourceIndex:
@@ -75,8 +75,8 @@ def test_the_job_graph_and_schema_do_not_grow_with_the_file_count(tmp_path):
     few = _plan(tmp_path / "few", 2, 30, tmp_path / "out")
     many = _plan(tmp_path / "many", 60, 1, tmp_path / "out")
     assert (len(few.sources), len(many.sources)) == (2, 60)
-    url = str(tmp_path / "out" / "sources.npz")
-    sizes = [len(pickle.dumps(cut_spec(plan, sources_url=url))) for plan in (few, many)]
+    files = [{name: file for name, (file, _) in run_files(plan, str(tmp_path / "out")).items()} for plan in (few, many)]
+    sizes = [len(pickle.dumps(cut_spec(plan, files))) for plan, files in zip((few, many), files)]
     assert abs(sizes[1] - sizes[0]) < 200, sizes
     assert len(pickle.dumps(cut_spec(many))) > sizes[1] + 58 * 40  # in the spec, every file would travel
     schema_sizes = [len(plan.schema.dumps()) for plan in (few, many)]
