@@ -134,6 +134,42 @@ def measure(name: str, shape, records: int, shards: int, rounds: int, workdir: P
     return {"name": name, "records": records, "record_bytes": size, "per_second": rates}
 
 
+#: A build with the index written, or with writing it patched out (the A/B of what the index costs a build).
+_BUILD = """
+import sys
+from pipelines import build
+if sys.argv[1] == "without":
+    import transforms.files, transforms.in_place, transforms.shards
+    none = lambda path, sizes: None
+    transforms.shards.write_index = transforms.in_place.write_index = none
+    transforms.in_place._record_sizes = lambda path, records, nbytes: []
+sys.exit(build.main(["--config", sys.argv[2], "--quiet", "--overwrite"]))
+"""
+#: Target: a build writing the index takes at most this much longer (the 1x patches set).
+MAX_INDEX_BUILD_RATIO = 1.02
+
+
+def build_cost(workdir: Path, quick: bool, rounds: int) -> dict:
+    """Wall time of the same build with and without the index, rounds alternating (the best of each)."""
+    import subprocess
+    import sys
+
+    from benchmarks import datasets
+
+    spec = datasets.patches(1, quick=quick)
+    archive = datasets.ensure_archive(workdir, spec)
+    config = datasets.write_config(workdir, spec, archive, workdir / "index-cost-out")
+    walls: dict[str, list[float]] = {"with": [], "without": []}
+    order = ["with", "without"]
+    for _ in range(rounds):
+        for which in order:
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", _BUILD, which, str(config)], check=True, capture_output=True)
+            walls[which].append(time.perf_counter() - started)
+        order.reverse()
+    return {"set": spec.name, "walls": walls, "ratio": min(walls["with"]) / min(walls["without"])}
+
+
 def render(results: list[dict]) -> str:
     rows, lines = [], []
     for result in results:
@@ -156,14 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sets, one round (a smoke test)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--result", help="where to write the result JSON")
+    parser.add_argument("--build-cost", action="store_true", help="also: a build with the index against without")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="random-access-") as workdir:
         sets = QUICK_SETS if args.quick else SETS
         rounds = 1 if args.quick else args.rounds
         results = [measure(*spec, rounds, Path(workdir)) for spec in sets]
-    print(render(results))
+        print(render(results))
+        cost = build_cost(Path(workdir), args.quick, rounds) if args.build_cost else None
+    if cost is not None:
+        verdict = "ok" if cost["ratio"] <= MAX_INDEX_BUILD_RATIO else "MISSED"
+        print(
+            f"build of {cost['set']} with the index: {cost['ratio']:.3f}x without (target <= "
+            f"{MAX_INDEX_BUILD_RATIO}) {verdict}"
+        )
     if args.result:
-        Path(args.result).write_text(json.dumps(results, indent=2))
+        Path(args.result).write_text(json.dumps({"reads": results, "build_cost": cost}, indent=2))
     return 0
 
 

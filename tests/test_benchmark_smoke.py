@@ -81,9 +81,11 @@ def test_quick_zarr_comparison_builds_identical_shards(tmp_path):
 
 def test_quick_random_access_benchmark_reads_the_same_records_as_array_record(tmp_path):
     command = [sys.executable, "-m", "benchmarks.random_access", "--quick", "--result", str(tmp_path / "r.json")]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*command, "--build-cost"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads((tmp_path / "r.json").read_text())  # it checked both hold the same records first
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["build_cost"]["ratio"] > 0 and "with the index:" in result.stdout
+    results = document["reads"]  # it checked both hold the same records first
     assert [r["name"] for r in results] == ["patches 44 KB", "points 0.5 KB"]
     for row in results:
         assert len(row["per_second"]) == 7 and all(rate > 0 for rate in row["per_second"].values())
