@@ -87,6 +87,8 @@ setup(
             "gcp-storage-emulator>=2026.7.19",
             "psutil>=5.9",  # the benchmark measures the memory of process trees
             "xbatcher>=0.4,<0.5",  # the benchmark's naive peer
+            "grain>=0.2.18",  # open_source is a Grain random-access source: tested with Grain itself
+            "tfrecord>=1.14",  # the tfrecord package reads our shards by our .tfindex (tested)
             "ruff>=0.17,<0.18",  # the style test checks formatting: another minor release formats differently
         ],
     },

@@ -43,6 +43,7 @@ from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, assign_splits
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
+from schemas.shard_index import index_name
 from schemas.urls import is_remote
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
@@ -113,7 +114,8 @@ class BuildPlan:
         """What this build may write into its output (the only files a later --overwrite deletes)."""
         compression = self.compression
         names = [shard_name(s.name, i, s.num_shards, compression) for s in self.splits for i in range(s.num_shards)]
-        return build_manifest(self.run_id, names)
+        indexes = [] if compression else [index_name(name) for name in names]  # no index for a gzip shard
+        return build_manifest(self.run_id, names + indexes)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:

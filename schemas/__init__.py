@@ -16,6 +16,11 @@ _EXPORTS = {
     "load_dataset": "schemas.dataset",
     "load_schema": "schemas.dataset",
     "load_stats": "schemas.dataset",
+    "RandomAccessSource": "schemas.random_access",
+    "open_source": "schemas.random_access",
+    "epoch_order": "schemas.epochs",
+    "ShuffledStream": "schemas.stream",
+    "shuffled_stream": "schemas.stream",
 }
 
 __all__ = sorted(_EXPORTS)

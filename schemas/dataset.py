@@ -34,16 +34,64 @@ def load_stats(path: str) -> dict[str, Any]:
     return json.loads(_read_text(posixpath.join(str(path), STATS_FILE)))
 
 
-def load_dataset(path: str, split: str = "data", batch_size: int = 32, normalize: bool = False, **options):
+def load_dataset(
+    path: str,
+    split: str = "data",
+    batch_size: int = 32,
+    normalize: bool = False,
+    epoch: int | None = None,
+    **options,
+):
     """The same tf.data pipeline as the output's generated ``parser.make_dataset``.
 
     Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed, and
     normalized_fill: with ``normalize``, what the points nan_policy: fill filled become (default 0).
+    ``epoch``: the samples in that epoch's global order instead (``schemas.epoch_order`` with
+    ``seed``, default 0), read by offset through each shard's index: a fresh order every epoch,
+    the same on every machine; one thread reads, so it is slower than the sequential read.
     """
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 
     schema = load_schema(path)
     normalization = load_stats(path).get("normalization") if normalize else None
+    if epoch is not None:
+        return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
     return parser_template.build_dataset(
         schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
+    )
+
+
+#: Records read by offset together for the epoch-order dataset (one coalesced read per shard run).
+_EPOCH_READ = 1024
+
+
+def _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, seed=None, **options):
+    """Batches of a split in ``epoch_order(n, seed, epoch)``, read record by record through the shard indexes."""
+    import numpy as np
+    import tensorflow as tf
+
+    from schemas import parser_template
+    from schemas.epochs import epoch_order
+    from schemas.random_access import RandomAccessSource
+
+    unknown = set(options) - {"drop_remainder", "normalized_fill"}
+    if unknown:
+        raise UserError(f"load_dataset(epoch=...): {', '.join(sorted(unknown))} do not apply to a global order")
+    source = RandomAccessSource(path, split, schema=schema)
+    n, seed = len(source), 0 if seed is None else seed
+    source.records([])  # refuses packed records now, not inside tf.data
+
+    def records():
+        for start in range(0, n, _EPOCH_READ):
+            yield from source.records(epoch_order(n, seed, epoch, np.arange(start, min(n, start + _EPOCH_READ))))
+
+    dataset = tf.data.Dataset.from_generator(records, output_signature=tf.TensorSpec((), tf.string))
+    return parser_template.parse_batches(
+        dataset,
+        schema.to_json(),
+        batch_size,
+        options.get("drop_remainder", False),
+        normalize,
+        normalization,
+        options.get("normalized_fill", 0.0),
     )

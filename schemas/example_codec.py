@@ -196,7 +196,21 @@ def iter_fields(buf: bytes, start: int, end: int):
         pos += length
 
 
+#: Up to this many bytes, varints are decoded in Python: numpy's per-call cost is larger (random access, one record).
+_PYTHON_VARINT_BYTES = 32
+
+
 def decode_varints(buf: bytes, start: int, end: int) -> np.ndarray:
+    if end - start <= _PYTHON_VARINT_BYTES:
+        values, pos = [], start
+        while pos < end:
+            value, pos = read_varint(buf, pos)
+            if value >> 64:
+                raise ValueError("varint too long for int64 in tf.Example")
+            values.append(value)
+        if pos != end:
+            raise ValueError("truncated varint in tf.Example")
+        return np.array(values, dtype=np.uint64).view(np.int64)
     raw = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start)
     last = np.flatnonzero(raw < 0x80)  # the final byte of each varint
     values = np.zeros(len(last), dtype=np.uint64)

@@ -135,6 +135,11 @@ def build_dataset(
         dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     if repeat:
         dataset = dataset.repeat()
+    return parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill)
+
+
+def parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill):
+    """Serialized records -> parsed batches (unpacked, normalised if asked), prefetched."""
     spec = record_spec(schema)
     per_record = schema.get("examples_per_record", 1)
     # Batch before parsing: parse_example on a batch is far cheaper than per-record parsing.

@@ -94,6 +94,8 @@ class Shard:
     records: int
     bytes: int
     examples: int | None = None
+    #: the shard's record index beside it (schemas.shard_index); None: none (gzip shards cannot have one)
+    index: str | None = None
 
     def __post_init__(self):
         if self.examples is None:

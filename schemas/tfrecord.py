@@ -66,3 +66,21 @@ def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") 
             raise CorruptRecordError(f"{name}: record {index}: data CRC mismatch")
         yield data
         index += 1
+
+
+def check_frame(framed, shard: str, record: int) -> bytes:
+    """The data of one framed record read at an offset (a read-only buffer), its length and both CRCs checked."""
+    if len(framed) < HEADER_BYTES + FOOTER_BYTES:
+        raise CorruptRecordError(f"{shard}: record {record}: truncated ({len(framed)} bytes)")
+    head = bytes(framed[:8])  # google-crc32c takes bytes only
+    length = int.from_bytes(head, "little")
+    if int.from_bytes(framed[8:12], "little") != masked_crc(head):
+        raise CorruptRecordError(f"{shard}: record {record}: length CRC mismatch")
+    if length != len(framed) - HEADER_BYTES - FOOTER_BYTES:
+        raise CorruptRecordError(
+            f"{shard}: record {record}: {length} bytes of data where the index says {len(framed) - 16}"
+        )
+    data = bytes(framed[HEADER_BYTES : HEADER_BYTES + length])
+    if int.from_bytes(framed[HEADER_BYTES + length :], "little") != masked_crc(data):
+        raise CorruptRecordError(f"{shard}: record {record}: data CRC mismatch")
+    return data

@@ -9,11 +9,13 @@ import posixpath
 import time
 
 import fsspec
+import numpy as np
 
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema
+from schemas.shard_index import ShardIndex, scan_index
 from schemas.tfrecord import CorruptRecordError
 
 
@@ -51,16 +53,17 @@ def list_files(path: str) -> dict[str, int]:
 
 
 def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
-    listed = {shard.file for shards in schema.splits.values() for shard in shards}
+    listed = {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index)}
     for name in (STATS_FILE, PARSER_FILE):
         if name not in files:
             raise VerifyError(f"{posixpath.join(path, name)}: missing beside {SCHEMA_FILE}; build the output again")
     for shards in schema.splits.values():
         for shard in shards:
-            if shard.file not in files:
-                raise VerifyError(
-                    f"{posixpath.join(path, shard.file)}: missing, but {SCHEMA_FILE} lists it; build the output again"
-                )
+            for name in (shard.file, shard.index):
+                if name is not None and name not in files:
+                    raise VerifyError(
+                        f"{posixpath.join(path, name)}: missing, but {SCHEMA_FILE} lists it; build the output again"
+                    )
     extra = sorted(name for name in files if fnmatch.fnmatch(name, SHARD_GLOB) and name not in listed)
     if extra:
         raise VerifyError(
@@ -163,6 +166,8 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
         samples[name] = 0
         for shard in reader.shards:
             found = _read_shard(reader, shard)
+            if shard.index is not None:
+                _check_index(reader, shard)
             if found != shard.examples:
                 raise VerifyError(
                     f"{reader.url(shard)}: {found} samples, {SCHEMA_FILE} says {shard.examples}; build the output again"
@@ -178,6 +183,31 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
             size += shard.bytes
     _check_declared_totals(path, schema)  # after the shards, so a wrong shard count names its shard
     return VerifyReport(path, samples, shards, records, size, time.monotonic() - started)
+
+
+def _check_index(reader: Reader, shard) -> None:
+    """The shard's index: well-formed, and every record where it says (its length headers walked in order)."""
+    url = reader.url(shard)
+    name = posixpath.join(reader.path, shard.index)
+    try:
+        with fsspec.open(name, "rb") as stream:
+            index = ShardIndex.parse(stream.read(), name, shard.records, shard.bytes)
+        with fsspec.open(url, "rb") as stream:
+
+            def read_at(offset: int, size: int) -> bytes:
+                stream.seek(offset)  # forward, within the stream's read-ahead: the shard is read once, in order
+                return stream.read(size)
+
+            found = scan_index(read_at, shard.bytes, shard.records, url)
+    except CorruptRecordError as error:
+        raise VerifyError(f"{error}; build the output again") from None
+    differ = np.flatnonzero(found.sizes != index.sizes)
+    if len(differ):
+        line = int(differ[0])
+        raise VerifyError(
+            f"{name}: line {line + 1} says record {line} is {index.sizes[line]} bytes, the shard's is "
+            f"{found.sizes[line]}; build the output again"
+        )
 
 
 def _read_shard(reader: Reader, shard) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature, Schema, Shard
+from schemas.shard_index import index_lines, index_name
 from schemas.tfrecord import frame
 
 #: A mix of what readers must get right: multi-dim floats, scalars, negative and huge int64s.
@@ -61,25 +62,30 @@ def write_output(
     compression: str | None = None,
     examples_per_record: int = 1,
     split: str = "data",
+    index: bool = True,
 ) -> Schema:
-    """Write samples as shards of ``shard_sizes`` samples each, then schema.json and stats.json."""
+    """Write samples as shards of ``shard_sizes`` samples each (and their .tfindex), then schema.json, stats.json."""
     directory.mkdir(parents=True, exist_ok=True)
     schema = Schema(features=tuple(features), compression=compression, examples_per_record=examples_per_record)
     encoder = ExampleEncoder(schema.record_features())
     shards, start = [], 0
     suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
-    for index, size in enumerate(shard_sizes):
+    for number, size in enumerate(shard_sizes):
         part = {name: values[start : start + size] for name, values in columns.items()}
         start += size
         if examples_per_record > 1 and size:
             part = pack(part, examples_per_record)
         records = encoder.encode(part) if size else []
-        data = b"".join(frame(r) for r in records)
+        framed = [frame(r) for r in records]
+        data = b"".join(framed)
         if compression == "gzip":
             data = gzip.compress(data)
-        name = f"{split}-{index:05d}-of-{len(shard_sizes):05d}{suffix}"
+        name = f"{split}-{number:05d}-of-{len(shard_sizes):05d}{suffix}"
         (directory / name).write_bytes(data)
-        shards.append(Shard(name, len(records), len(data)))
+        indexed = index and not compression
+        if indexed:
+            (directory / index_name(name)).write_bytes(index_lines([len(f) for f in framed]))
+        shards.append(Shard(name, len(records), len(data), size, index_name(name) if indexed else None))
     schema = Schema(
         features=tuple(features),
         splits={split: tuple(shards)},

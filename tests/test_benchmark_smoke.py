@@ -79,6 +79,19 @@ def test_quick_zarr_comparison_builds_identical_shards(tmp_path):
         assert row in result.stdout, result.stdout
 
 
+def test_quick_random_access_benchmark_reads_the_same_records_as_array_record(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.random_access", "--quick", "--result", str(tmp_path / "r.json")]
+    result = subprocess.run([*command, "--build-cost"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["build_cost"]["ratio"] > 0 and "with the index:" in result.stdout
+    results = document["reads"]  # it checked both hold the same records first
+    assert [r["name"] for r in results] == ["patches 44 KB", "points 0.5 KB"]
+    for row in results:
+        assert len(row["per_second"]) == 7 and all(rate > 0 for rate in row["per_second"].values())
+        assert f"{row['name']}: single reads" in result.stdout
+
+
 def test_quick_unit_memory_benchmark_prints_every_row(tmp_path):
     command = [sys.executable, "-m", "benchmarks.unit_memory", "--quick", "--workdir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from planning.run.cancellation import check_cancelled, writing
 from planning.run.names import join, new_temporary_token, temporary_path
 from schemas.errors import UserError
+from schemas.shard_index import index_lines, index_name
 from schemas.urls import is_remote
 
 logger = logging.getLogger(__name__)
@@ -178,3 +179,10 @@ def use_anonymous_credentials_for_emulator() -> bool:
         cache._credentials = None
         cache._credentials_init = True
     return True
+
+
+def write_index(shard_path: str, sizes) -> str:
+    """Write the index of a shard whose records have these framed sizes beside it; returns its file name."""
+    path = index_name(shard_path)
+    write_atomically(path, [index_lines(sizes)])
+    return os.path.basename(path)

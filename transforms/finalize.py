@@ -32,6 +32,7 @@ from transforms.files import (
     remove_tree,
     use_anonymous_credentials_for_emulator,
     write_atomically,
+    write_index,
 )
 from transforms.stats import Moments, SplitSummary, merge_by_name, per_axes
 
@@ -47,8 +48,9 @@ def complete_split(spec: FinalizeSpec, split: SplitPlan, results: Iterable[Shard
         if result is None:
             path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression)
             size = write_atomically(path, [], spec.compression)
-            result = ShardResult(split.name, number, os.path.basename(path), 0, size, 0)
-        shards.append(Shard(result.file, result.records, result.bytes, result.examples))
+            index = None if spec.compression else write_index(path, [])
+            result = ShardResult(split.name, number, os.path.basename(path), 0, size, 0, index)
+        shards.append(Shard(result.file, result.records, result.bytes, result.examples, result.index))
     return tuple(shards)
 
 
@@ -232,6 +234,11 @@ def _check_shards_exist(output: str, shards: list[Shard]) -> None:
         posixpath.basename(m.path): m.size_in_bytes for m in FileSystems.match([join(output, "*")])[0].metadata_list
     }
     for shard in shards:
+        if shard.index is not None and shard.index not in found:
+            raise UserError(
+                f"output: {join(output, shard.index)} is missing (removed while the build ran), so schema.json was "
+                "not written; build again with --overwrite"
+            )
         size = found.get(shard.file)
         if size != shard.bytes:
             state = "is missing" if size is None else f"holds {size:,} bytes where {shard.bytes:,} were written"

@@ -20,8 +20,10 @@ from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRI
 from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
+from schemas.shard_index import scan_index
 from schemas.tfrecord import frame_parts
 from transforms.encode import record_columns
+from transforms.files import write_index
 
 
 class _WriteInPlaceFn(beam.DoFn):
@@ -91,10 +93,20 @@ def commit_shards(written: dict[int, list[int]], spec: WriteSpec):
         with writing():  # not once a stopped build is removing the run's files
             if records == 0:  # no writer created it
                 os.close(os.open(spec.temporary_shard_path(shard), os.O_WRONLY | os.O_CREAT, 0o666))
+            index = write_index(final, _record_sizes(spec.temporary_shard_path(shard), records, nbytes))
             os.replace(spec.temporary_shard_path(shard), final)
         split, number = spec.split_of_shard(shard)
         mark(spec.progress_dir, "shard", shard, records=records, bytes=nbytes)
-        yield ShardResult(split.name, number, os.path.basename(final), records, nbytes, records)
+        yield ShardResult(split.name, number, os.path.basename(final), records, nbytes, records, index)
+
+
+def _record_sizes(path: str, records: int, nbytes: int):
+    """The framed sizes of a shard written in place, from its length headers (the writers wrote it in pieces)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return scan_index(lambda offset, size: os.pread(fd, size, offset), nbytes, records, path).sizes
+    finally:
+        os.close(fd)
 
 
 @dataclasses.dataclass

@@ -28,11 +28,12 @@ from planning.specs import WriteSpec
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature
+from schemas.shard_index import FrameSizes
 from schemas.tfrecord import frame_parts
 from schemas.urls import is_remote
 from transforms.buckets.blobs import row_dtype
 from transforms.buckets.sorting import BufferLedger, SortedBuckets
-from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
+from transforms.files import use_anonymous_credentials_for_emulator, write_atomically, write_index
 
 logger = logging.getLogger(__name__)
 #: Payload bytes per batch, as a fraction of the writer's budget: a batch of framed records is
@@ -137,8 +138,10 @@ def write_shard(
         if spec.examples_per_record == 1 and sorted_buckets.payload_bytes > spec.max_shard_bytes:
             raise UserError(_too_large(name, sorted_buckets.payload_bytes, spec.max_shard_bytes))
         chunks = _capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)
-        size = write_atomically(path, chunks, spec.compression, join_small=False)
-    return ShardResult(split.name, number, name, tally.records, size, tally.examples)
+        frames = FrameSizes() if spec.compression is None else None  # a gzip shard cannot be read at an offset
+        size = write_atomically(path, frames.passing(chunks) if frames else chunks, spec.compression, join_small=False)
+    index = write_index(path, frames.sizes) if frames else None
+    return ShardResult(split.name, number, name, tally.records, size, tally.examples, index)
 
 
 class _WriteShardFn(beam.DoFn):

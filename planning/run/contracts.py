@@ -107,3 +107,4 @@ class ShardResult:
     records: int
     bytes: int
     examples: int
+    index: str | None = None  # the shard's .tfindex beside it (None: a gzip shard has none)

@@ -114,6 +114,8 @@ def assert_same_output(read, dask_output: str, local_output: Path) -> None:
     assert len(files) == 3 and reference.num_examples() > 0
     for file in files:
         assert read(f"{dask_output}/{file}") == (local_output / file).read_bytes(), file
+        # The index beside each shard, whichever path wrote it (in place, bucket files, the runner's shuffle).
+        assert read(f"{dask_output}/{file}.tfindex") == (local_output / f"{file}.tfindex").read_bytes(), file
     assert_close(json.loads(read(f"{dask_output}/stats.json")), json.loads((local_output / "stats.json").read_text()))
 
 

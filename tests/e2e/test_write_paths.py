@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from pipelines.build import main
-from schemas import load_schema
+from schemas import Reader, load_schema, open_source
+from schemas.shard_index import index_name
+from schemas.tfrecord import read_records
 
 SAMPLES = {
     "patches": {"window": {"lat": 9, "lon": 9}, "keep": ["level"]},
@@ -39,6 +42,16 @@ def test_in_place_equals_buckets(small_archive, tmp_path, name):
     assert len(files) == 6 and schema.num_examples() > 0
     for file in files:
         assert (outputs[True] / file).read_bytes() == (outputs[False] / file).read_bytes(), file
+        # Each shard's index, as each path writes it: one line per record, where its framing says it is.
+        with open(outputs[True] / file, "rb") as stream:
+            sizes = [len(record) + 16 for record in read_records(stream)]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        expected = "".join(f"{o} {s}\n" for o, s in zip(offsets, sizes)).encode()
+        for output in outputs.values():
+            assert (output / index_name(file)).read_bytes() == expected, (output, file)
+    source, reader = open_source(str(outputs[False]), "train"), list(Reader(str(outputs[False]), "train"))
+    for i in (0, len(reader) // 2, len(reader) - 1):
+        assert all(np.array_equal(source[i][k], reader[i][k]) for k in reader[i]), i
     assert sorted(p.name for p in Path(outputs[True]).iterdir()) == sorted(
         p.name for p in Path(outputs[False]).iterdir()
     )  # no temporary shards or layout files left behind

@@ -131,3 +131,14 @@ def test_masks_are_a_byte_a_value_laid_out_without_their_values_and_parse_with_t
     parsed = tf.io.parse_example(records, _spec(features))
     np.testing.assert_array_equal(parsed["mask/t"].numpy(), columns["mask/t"].astype(np.int64))
     np.testing.assert_array_equal(ExampleDecoder(features).decode_batch(records)["mask/t"], parsed["mask/t"].numpy())
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=12))
+def test_short_and_long_runs_of_varints_decode_alike(values):
+    """Short runs decode in Python (one record read at random), long ones with numpy: the same int64s."""
+    from schemas.example_codec import decode_varints
+
+    data = b"".join(varint(v & (2**64 - 1)) for v in values)
+    padded = data * 4  # past the Python path's limit
+    assert decode_varints(data, 0, len(data)).tolist() == values
+    assert decode_varints(padded, 0, len(padded)).tolist() == values * 4

@@ -78,3 +78,17 @@ def test_single_process_samples_and_distributed_ranks(output):
         SplitDataset(output, features=["nope"])
     doubled = SplitDataset(output, transform=lambda s: {**s, "w": s["w"] * 2})
     np.testing.assert_array_equal([float(s["w"]) for s in doubled], [2 * float(s["w"]) for s in samples])
+
+
+def test_a_map_style_dataloader_with_workers_reads_the_streams_order(tmp_path):
+    """The random-access source, a stream's indices as the sampler: the order is the stream's, whatever the workers."""
+    from schemas import open_source, shuffled_stream
+
+    write_output(tmp_path / "plain", make_columns(FEATURES, SAMPLES), [9, 17, 0, 20, 15])
+    stream = shuffled_stream(str(tmp_path / "plain"), seed=5, rank=1, world_size=2, epochs=1)
+    sampler = list(stream.indices())  # from the stream's state: before iterating it
+    expected = [int(s["index/time"]) for s in stream]
+    assert len(expected) == SAMPLES // 2
+    for workers in (0, 2):
+        loader = DataLoader(open_source(str(tmp_path / "plain")), batch_size=4, sampler=sampler, num_workers=workers)
+        assert concat(list(loader))["index/time"].tolist() == expected, workers

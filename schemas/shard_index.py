@@ -1,0 +1,123 @@
+"""A shard's record index, ``<shard>.tfindex``: a line ``"{offset} {size}"`` per record (DALI's, tfrecord's format).
+
+``offset`` is the byte where the record's 8-byte length starts and ``size`` the whole framed
+record (16 bytes of framing plus its data). The index is read from disk, so it is checked
+against the shard it describes before any offset in it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES, CorruptRecordError
+
+INDEX_SUFFIX = ".tfindex"
+FRAMING_BYTES = HEADER_BYTES + FOOTER_BYTES
+
+
+def index_name(shard_file: str) -> str:
+    """The index file beside a shard."""
+    return shard_file + INDEX_SUFFIX
+
+
+def index_lines(sizes) -> bytes:
+    """The index of records of these framed sizes, written one after another from byte 0."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+    return "".join(f"{o} {s}\n" for o, s in zip(offsets.tolist(), sizes.tolist())).encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardIndex:
+    """Where each record of one shard starts, and its framed size."""
+
+    offsets: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def parse(cls, data: bytes, name: str, records: int, shard_bytes: int) -> ShardIndex:
+        """The index in ``data``, checked to describe a shard of ``records`` records in ``shard_bytes`` bytes."""
+        try:
+            values = np.array(data.split(), dtype=np.int64)
+        except (ValueError, OverflowError):
+            raise CorruptRecordError(f"{name}: not an index (lines of two whole numbers); rebuild the output") from None
+        lines = data.count(b"\n")
+        if len(values) != 2 * records or lines != records:
+            raise CorruptRecordError(f"{name}: {lines} lines for a shard of {records} records; rebuild the output")
+        index = cls(values[0::2].copy(), values[1::2].copy())
+        index.check(name, shard_bytes)
+        return index
+
+    def check(self, name: str, shard_bytes: int) -> None:
+        """CorruptRecordError unless the records tile the shard from byte 0 to its end, each at least a frame."""
+        if not len(self):
+            if shard_bytes:
+                raise CorruptRecordError(f"{name}: no record for a shard of {shard_bytes} bytes; rebuild the output")
+            return
+        ends = self.offsets + self.sizes
+        bad = np.flatnonzero((self.sizes < FRAMING_BYTES) | (self.offsets != np.concatenate([[0], ends[:-1]])))
+        if len(bad):
+            i = int(bad[0])
+            raise CorruptRecordError(
+                f"{name}: line {i + 1} ({self.offsets[i]} {self.sizes[i]}) does not follow the record before it; "
+                "rebuild the output"
+            )
+        if int(ends[-1]) != shard_bytes:
+            raise CorruptRecordError(
+                f"{name}: its records end at byte {int(ends[-1])}, the shard at {shard_bytes}; rebuild the output"
+            )
+
+
+def scan_index(read_at, shard_bytes: int, records: int, name: str) -> ShardIndex:
+    """The index of a shard found by walking its length headers (``read_at(offset, size) -> bytes``)."""
+    offsets = np.empty(records, dtype=np.int64)
+    sizes = np.empty(records, dtype=np.int64)
+    offset = 0
+    for i in range(records):
+        header = read_at(offset, 8)
+        if len(header) < 8:
+            raise CorruptRecordError(f"{name}: record {i}: truncated header")
+        offsets[i] = offset
+        sizes[i] = int.from_bytes(header, "little") + FRAMING_BYTES
+        offset += int(sizes[i])
+    index = ShardIndex(offsets, sizes)
+    index.check(name, shard_bytes)
+    return index
+
+
+class FrameSizes:
+    """The framed size of each record in a stream of TFRecord bytes, read from the length headers as chunks pass."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self._left = 0  # bytes of the current record still to pass
+        self._head = b""  # a length header split between two chunks
+
+    def passing(self, chunks):
+        """The chunks, unchanged, noting each record's size on the way."""
+        for chunk in chunks:
+            self._walk(memoryview(chunk).cast("B"))
+            yield chunk
+        if self._left or self._head:
+            raise CorruptRecordError(f"a record was cut short: {self._left + 8 - len(self._head)} bytes missing")
+
+    def _walk(self, view: memoryview) -> None:
+        pos, end = 0, len(view)
+        while pos < end:
+            if self._left:
+                step = min(self._left, end - pos)
+                pos += step
+                self._left -= step
+                continue
+            need = 8 - len(self._head)
+            self._head += bytes(view[pos : pos + need])
+            pos += min(need, end - pos)
+            if len(self._head) == 8:
+                size = int.from_bytes(self._head, "little") + FRAMING_BYTES
+                self.sizes.append(size)
+                self._left, self._head = size - 8, b""
