@@ -140,3 +140,21 @@ def test_an_index_that_tiles_the_shard_but_lies_is_caught_by_the_read_and_by_ver
     index.unlink()
     with pytest.raises(VerifyError, match=r"data-00000-of-00001.tfrecord.tfindex: missing, but schema.json lists it"):
         verify_output(str(tmp_path / "out"))
+
+
+def test_a_split_on_cloud_storage_reads_by_ranged_requests(tmp_path, gcs):
+    """gs:// (the storage emulator): the same samples, each run of records one ranged request; no index, one line."""
+    from conftest import BUCKET
+
+    write_output(tmp_path / "out", make_columns(FEATURES, 19), [12, 7])
+    for path in (tmp_path / "out").iterdir():
+        gcs.put(str(path), f"{BUCKET}/ra/out/{path.name}")
+    local, remote = open_source(str(tmp_path / "out")), open_source(f"gs://{BUCKET}/ra/out")
+    indices = [18, 0, 1, 2, 13, 5]
+    for a, b in zip(local.__getitems__(indices), remote.__getitems__(indices)):
+        assert_same(a, b)
+    assert_same(remote[7], local[7])
+    assert remote.records([3, 4]) == local.records([3, 4])
+    gcs.rm(f"{BUCKET}/ra/out/data-00001-of-00002.tfrecord.tfindex")
+    with pytest.raises(UserError, match=r"data-00001-of-00002.tfrecord.tfindex is missing: random access needs"):
+        open_source(f"gs://{BUCKET}/ra/out")[15]
