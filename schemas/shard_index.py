@@ -8,6 +8,7 @@ against the shard it describes before any offset in it is used.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 
 import numpy as np
 
@@ -91,20 +92,40 @@ def scan_index(read_at, shard_bytes: int, records: int, name: str) -> ShardIndex
 
 
 class FrameSizes:
-    """The framed size of each record in a stream of TFRecord bytes, read from the length headers as chunks pass."""
+    """A shard's index, from the length headers of its TFRecord bytes as they pass on their way to disk.
+
+    The lines go to a temporary file as they are made: the writer's memory stays bounded however
+    many records the shard holds.
+    """
+
+    #: Bytes of lines held before they go to the temporary file (and read back at a time).
+    BUFFER_BYTES = 64 * 1024
 
     def __init__(self):
-        self.sizes: list[int] = []
+        self.records = 0
+        self._offset = 0  # where the next record starts
         self._left = 0  # bytes of the current record still to pass
         self._head = b""  # a length header split between two chunks
+        self._lines = bytearray()
+        self._spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by index_chunks, once the shard is written)
 
     def passing(self, chunks):
-        """The chunks, unchanged, noting each record's size on the way."""
+        """The chunks, unchanged, noting each record's place on the way."""
         for chunk in chunks:
             self._walk(memoryview(chunk).cast("B"))
             yield chunk
         if self._left or self._head:
             raise CorruptRecordError(f"a record was cut short: {self._left + 8 - len(self._head)} bytes missing")
+
+    def index_chunks(self):
+        """The index's bytes, once every chunk has passed; closes the temporary file."""
+        self._flush()
+        self._spool.seek(0)
+        try:
+            while chunk := self._spool.read(self.BUFFER_BYTES):
+                yield chunk
+        finally:
+            self._spool.close()
 
     def _walk(self, view: memoryview) -> None:
         pos, end = 0, len(view)
@@ -119,5 +140,13 @@ class FrameSizes:
             pos += min(need, end - pos)
             if len(self._head) == 8:
                 size = int.from_bytes(self._head, "little") + FRAMING_BYTES
-                self.sizes.append(size)
+                self._lines += b"%d %d\n" % (self._offset, size)
+                if len(self._lines) >= self.BUFFER_BYTES:
+                    self._flush()
+                self.records += 1
+                self._offset += size
                 self._left, self._head = size - 8, b""
+
+    def _flush(self) -> None:
+        self._spool.write(self._lines)
+        self._lines.clear()

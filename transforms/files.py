@@ -181,8 +181,9 @@ def use_anonymous_credentials_for_emulator() -> bool:
     return True
 
 
-def write_index(shard_path: str, sizes) -> str:
-    """Write the index of a shard whose records have these framed sizes beside it; returns its file name."""
+def write_index(shard_path: str, sizes=None, chunks=None) -> str:
+    """Write a shard's index beside it, from its records' framed sizes or as ``chunks`` of its bytes; its name."""
     path = index_name(shard_path)
-    write_atomically(path, [index_lines(sizes)])
+    # Chunks of a streamed index are written as they come: joined, they would be held whole.
+    write_atomically(path, chunks if chunks is not None else [index_lines(sizes)], join_small=chunks is None)
     return os.path.basename(path)

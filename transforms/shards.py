@@ -140,7 +140,7 @@ def write_shard(
         chunks = _capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)
         frames = FrameSizes() if spec.compression is None else None  # a gzip shard cannot be read at an offset
         size = write_atomically(path, frames.passing(chunks) if frames else chunks, spec.compression, join_small=False)
-    index = write_index(path, frames.sizes) if frames else None
+    index = write_index(path, chunks=frames.index_chunks()) if frames else None
     return ShardResult(split.name, number, name, tally.records, size, tally.examples, index)
 
 

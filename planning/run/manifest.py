@@ -79,7 +79,13 @@ def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | Non
         document = json.loads(text)
         if document.get("format") != SCHEMA_FORMAT:
             return None
-        shards = [shard["file"] for entry in document.get("splits", {}).values() for shard in entry["shards"]]
+        shards = [
+            name
+            for entry in document.get("splits", {}).values()
+            for shard in entry["shards"]
+            for name in (shard["file"], shard.get("index"))  # the shard, and its index where it has one
+            if name is not None
+        ]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
     return Manifest(frozenset([*_checked_files(shards, source), *_METADATA, *BOOKKEEPING]), frozenset())

@@ -76,7 +76,7 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path):
     records = read_all_records(output, schema)  # every CRC checked
     assert len(records["t"]) == schema.num_records()
     expected = {"schema.json", "stats.json", "parser.py", "_inventory.json", "_manifest.json"}
-    expected |= {s.file for s in schema.splits["data"]}
+    expected |= {name for s in schema.splits["data"] for name in (s.file, s.index)}
     assert {p.name for p in output.iterdir()} == expected  # no _tmp, no temporary shard names
 
 

@@ -87,7 +87,9 @@ def test_overwrite_replaces_an_earlier_output_entirely_and_refuses_a_foreign_fil
     # The three old shards are gone (their names are not the new ones): only the new output is left.
     schema = load_schema(str(output))
     expected = {"schema.json", "stats.json", "parser.py", "_inventory.json", "_manifest.json"}
-    assert {p.name for p in output.iterdir()} == expected | {s.file for s in schema.splits["data"]}
+    assert {p.name for p in output.iterdir()} == expected | {
+        n for s in schema.splits["data"] for n in (s.file, s.index)
+    }
     assert len(schema.splits["data"]) == 2
 
 
@@ -97,7 +99,7 @@ def test_an_output_written_before_manifests_is_replaced_by_what_its_schema_lists
     (output / "_manifest.json").unlink()  # as an older version left it
     assert _build(_config(small_archive, output, num_shards=1), tmp_path, "--overwrite") == 0
     assert len(load_schema(str(output)).splits["data"]) == 1
-    assert len(list(output.glob("data-*"))) == 1
+    assert len(list(output.glob("data-*.tfrecord"))) == len(list(output.glob("data-*.tfindex"))) == 1
 
 
 def test_a_run_that_fails_while_finishing_leaves_no_shard_and_the_rerun_needs_no_overwrite(

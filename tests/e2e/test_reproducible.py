@@ -47,6 +47,7 @@ def test_the_output_directory_hashes_the_same_however_it_is_run(small_archive, t
         hashes[name] = _hashes(output)
     reference = hashes["default"]
     assert {"schema.json", "stats.json", "parser.py", "_manifest.json", "_inventory.json"} <= reference.keys()
-    assert sum(name.startswith(("train-", "valid-")) for name in reference) == 6
+    assert sum(name.startswith(("train-", "valid-")) and name.endswith(".tfrecord") for name in reference) == 6
+    assert sum(name.endswith(".tfrecord.tfindex") for name in reference) == 6
     for name, found in hashes.items():
         assert found == reference, name
