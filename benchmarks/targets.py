@@ -23,6 +23,8 @@ MAX_PLAN_UNITS_SCALING = 2.2
 #: planning over gs:// NetCDF-4 files: driver time and bytes received, per file
 MAX_REMOTE_PLAN_MS_PER_FILE = 10.0
 MAX_REMOTE_PLAN_BYTES_PER_FILE = 64 * 1024
+#: the launcher's peak RSS planning gs:// NetCDF-4 files: KiB more per file (benchmarks.scale, 2,100 to 10,000 files)
+MAX_REMOTE_PLAN_KIB_PER_FILE = 8.0
 
 
 @dataclasses.dataclass(frozen=True)
