@@ -64,6 +64,8 @@ def test_remote_probes_hold_one_batch_of_files_bytes_at_a_time(remote_files, mon
     )
     probes, peak = _traced_peak(remote_files)
     assert all(probes) and [_key(p) for p in probes] == [_key(p) for p in whole]
+    # What files share is held once: each probe keeps only its own path and concat values.
+    assert all(p.sizes is probes[0].sizes and p.concat_attrs is probes[0].concat_attrs for p in probes)
     assert requests == [2 * BATCH] * (FILES // BATCH)  # a head and a tail per file, a batch at a time
     fetched = probes[0].bytes_read  # each file's two ends, ~50 KB
     # All the files' ends held at once would be FILES x fetched; a batch's, with parsing's copies, is bounded.
