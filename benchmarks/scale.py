@@ -7,7 +7,9 @@
 2. How unit planning (``planning.plan._plan_units``) and the rest of ``make_plan`` after the
    inventory grow from 2,000 to 4,000 files.
 3. Planning over gs:// files on the storage emulator: ms per file and bytes the driver read
-   per file, against planning the same files locally.
+   per file, against planning the same files locally; and the launcher's peak memory while it
+   plans 300, 2,100 and 10,000 such files, as KB per file between sizes (the slope: what each
+   more file costs, the interpreter and its imports aside).
 4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
    byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS.
 
@@ -23,6 +25,7 @@ import dataclasses
 import filecmp
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -35,6 +38,7 @@ from benchmarks.report import table
 from benchmarks.targets import (
     MAX_PLAN_UNITS_SCALING,
     MAX_REMOTE_PLAN_BYTES_PER_FILE,
+    MAX_REMOTE_PLAN_KIB_PER_FILE,
     MAX_REMOTE_PLAN_MS_PER_FILE,
     MAX_SMALL_FILES_BUILD_RATIO,
     SMALL_FILES_TARGET_COUNT,
@@ -53,15 +57,24 @@ DEFAULT_SIZES = (1_000, 5_000)
 CLASSIC_FILES = 1_000
 UNIT_SIZES = (2_000, 4_000)
 REMOTE_FILES = 1_000
+#: NetCDF-4 files planned on gs:// for the launcher's peak memory (more than one batch of probes from 2,100 on).
+REMOTE_MEMORY_SIZES = (300, 2_100, 10_000)
 #: --quick: tiny archives, a smoke test of every row (not a measurement).
-QUICK = {"sizes": (12,), "classic": 12, "units": (8, 16), "remote": 12}
-FULL = {"sizes": DEFAULT_SIZES, "classic": CLASSIC_FILES, "units": UNIT_SIZES, "remote": REMOTE_FILES}
+QUICK = {"sizes": (12,), "classic": 12, "units": (8, 16), "remote": 12, "remote_memory": (6, 12)}
+FULL = {
+    "sizes": DEFAULT_SIZES,
+    "classic": CLASSIC_FILES,
+    "units": UNIT_SIZES,
+    "remote": REMOTE_FILES,
+    "remote_memory": REMOTE_MEMORY_SIZES,
+}
 PARTS = ("local", "units", "remote", "zarr")
 #: Repeats of the unit planning call (the fastest is kept): one call takes well under a millisecond.
 UNIT_REPEATS = 50
 BUCKET = "xtf-scale"
 _MARKER = "archive.json"
 KIB = 1024
+MIB = 1024 * KIB
 
 
 # -- archives ---------------------------------------------------------------------------------
@@ -228,6 +241,8 @@ def plan_child(config_path: str, cache: str | None, result_path: str) -> None:
         fastest = min(fastest, time.perf_counter() - begin)
     probed = [probe.bytes_read for _, probe in plan.probes if probe.bytes_read is not None]
     result = {
+        # the process's peak resident memory (Linux: KiB), imports included: the launcher's while it plans
+        "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB,
         "import_seconds": imported - started,
         "plan_seconds": seconds,
         "inventory_seconds": phases["inventory"],
@@ -385,6 +400,38 @@ def run_remote(bench: Bench, archives: list[Archive], local_plans: dict[str, dic
     return section
 
 
+def run_remote_memory(bench: Bench, archives: list[Archive]) -> dict:
+    """The launcher's peak RSS while it plans each archive's files on gs:// (the storage emulator)."""
+    import fsspec
+
+    from benchmarks.unit_memory import storage_emulator
+
+    rows = {}
+    with storage_emulator(BUCKET):
+        gcs = fsspec.filesystem("gs", skip_instance_cache=True)
+        for archive in archives:
+            folder = f"{BUCKET}/memory-{archive.directory.name}"
+            paths = archive.paths("many")
+            print(f"[scale] uploading {archive.label} to the storage emulator ...", flush=True)
+            gcs.put([str(p) for p in paths], [f"{folder}/{p.name}" for p in paths])
+            config = write_config(bench.workdir, f"memory-{archive.directory.name}", f"gs://{folder}/*.nc", "unused")
+            print(f"[scale] planning {archive.label} on gs:// (peak memory) ...", flush=True)
+            rows[str(archive.files)] = bench.plan(config, [])
+            gcs.rm(folder, recursive=True)
+    return rows
+
+
+def memory_slopes(rows: dict) -> list[tuple[int, int, float | None]]:
+    """(smaller, larger, KiB of peak RSS per file between them) for each pair of consecutive sizes."""
+    sizes = sorted(map(int, rows))
+    slopes = []
+    for small, large in zip(sizes, sizes[1:]):
+        low, high = _value(rows[str(small)], "max_rss"), _value(rows[str(large)], "max_rss")
+        slope = None if low is None or high is None else (high - low) / (large - small) / KIB
+        slopes.append((small, large, slope))
+    return slopes
+
+
 def run(
     workdir: Path,
     quick: bool = False,
@@ -394,12 +441,14 @@ def run(
     parts: tuple[str, ...] | None = None,
     repeat: int = 1,
     timeout: float = 3600,
+    remote_memory: tuple[int, ...] | None = None,
 ) -> dict:
     """Every measurement this benchmark makes, as one JSON-ready dict (None: the default, or --quick's)."""
     defaults = QUICK if quick else FULL
     sizes = tuple(sizes or defaults["sizes"])
     classic = defaults["classic"] if classic is None else classic
     remote = defaults["remote"] if remote is None else remote
+    remote_memory = defaults["remote_memory"] if remote_memory is None else tuple(remote_memory)
     unit_sizes = defaults["units"]
     parts = tuple(parts or PARTS)
     workdir = Path(workdir).resolve()
@@ -431,6 +480,9 @@ def run(
         results["remote"] = run_remote(bench, archives, local_plans)
     if "zarr" in parts:
         results["zarr"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout)
+    if "remote" in parts and remote_memory:
+        archives = [ensure_archive(workdir, "nc4", n) for n in remote_memory]
+        results["remote_memory"] = run_remote_memory(bench, archives)
     results["targets"] = [t.to_json() for t in targets(results)]
     results["failed"] = failed(results)
     shutil.rmtree(workdir / "out" / "scale", ignore_errors=True)
@@ -502,6 +554,18 @@ def targets(results: dict) -> list[Target]:
             )
         )
     found += zarr_reads.targets(results.get("zarr") or {})
+    slopes = memory_slopes(results.get("remote_memory") or {})
+    if slopes:
+        small, large, _ = slopes[-1]
+        found.append(
+            Target(
+                f"gs:// planning: launcher peak RSS per file, {small:,} to {large:,} files",
+                slopes[-1][2],
+                MAX_REMOTE_PLAN_KIB_PER_FILE,
+                True,
+                "KiB",
+            )
+        )
     return found
 
 
@@ -517,6 +581,7 @@ def failed(results: dict) -> list[str]:
     names += [f"units {k}" for k, row in (results.get("units") or {}).items() if not row["ok"]]
     names += [f"remote {k}" for k, row in (results.get("remote") or {}).items() if not row["ok"]]
     names += [f"zarr {k}" for k, row in (results.get("zarr") or {}).items() if not row["ok"]]
+    names += [f"remote memory {k}" for k, row in (results.get("remote_memory") or {}).items() if not row["ok"]]
     return names
 
 
@@ -576,6 +641,7 @@ def render(results: dict) -> str:
     for fmt, row in (results.get("remote") or {}).items():
         rows += _remote_rows(fmt, row, by_name if fmt == "nc4" else {})
     rows += zarr_reads.report_rows(results.get("zarr") or {}, by_name)
+    rows += _memory_rows(results.get("remote_memory") or {}, by_name)
     headers = ("what", "wall s", "against s", "ratio", "target", "result")
     quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["quick"] else ""
     load = ", ".join(f"{x:.2f}" for x in results["load_at_start"])
@@ -658,6 +724,35 @@ def _remote_rows(fmt: str, row: dict, by_name: dict) -> list[list[str]]:
     return rows
 
 
+def _memory_rows(rows: dict, by_name: dict) -> list[list[str]]:
+    """Peak RSS planning N files on gs://, and its growth per file between sizes (KiB a file)."""
+    found = []
+    for files in sorted(rows, key=int):
+        rss = _value(rows[files], "max_rss")
+        found.append(
+            [
+                f"launcher peak RSS planning {int(files):,} NetCDF-4 files on gs:// (MiB)",
+                "FAILED" if rss is None else f"{rss / MIB:.1f}",
+                "-",
+                "-",
+                "-",
+                "",
+            ]
+        )
+    for small, large, slope in memory_slopes(rows):
+        name = f"gs:// planning: launcher peak RSS per file, {small:,} to {large:,} files"
+        found.append(
+            [
+                f"  KiB per file between {small:,} and {large:,} files",
+                "FAILED" if slope is None else f"{slope:.2f}",
+                "-",
+                "-",
+                *_target_cells(by_name.get(name)),
+            ]
+        )
+    return found
+
+
 def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -672,6 +767,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--classic", type=int, help=f"files of the netCDF-3 archive (default {CLASSIC_FILES}; 0: none)")
     parser.add_argument("--remote", type=int, help=f"files planned on gs:// (default {REMOTE_FILES}; 0: none)")
+    parser.add_argument(
+        "--remote-memory",
+        type=int,
+        nargs="+",
+        help=f"files planned on gs:// for peak memory (default {' '.join(map(str, REMOTE_MEMORY_SIZES))}; 0: none)",
+    )
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), help="run only these parts")
     parser.add_argument("--quick", action="store_true", help="tiny archives: a smoke test, not a measurement")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each case; the fastest is kept")
@@ -691,8 +792,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child_plan:
         plan_child(args.child_plan, args.cache, args.result)
         return 0
+    memory_sizes = None if args.remote_memory is None else tuple(n for n in args.remote_memory if n)
     results = run(
-        Path(args.workdir), args.quick, args.sizes, args.classic, args.remote, args.parts, args.repeat, args.timeout
+        Path(args.workdir),
+        args.quick,
+        args.sizes,
+        args.classic,
+        args.remote,
+        args.parts,
+        args.repeat,
+        args.timeout,
+        memory_sizes,
     )
     print()
     print(render(results))

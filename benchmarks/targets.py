@@ -26,6 +26,8 @@ MAX_REMOTE_PLAN_BYTES_PER_FILE = 64 * 1024
 #: Zarr at ARCO-ERA5's chunking: bytes fetched per stored byte of the chunks needed; a build's peak RSS on 2 steps.
 MAX_ZARR_FETCHED_PER_STORED = 1.1
 MAX_ZARR_BUILD_RSS = 1.5 * GB
+#: the launcher's peak RSS planning gs:// NetCDF-4 files: KiB more per file (benchmarks.scale, 2,100 to 10,000 files)
+MAX_REMOTE_PLAN_KIB_PER_FILE = 8.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,6 +123,8 @@ SCALE_ROWS = [
     "Zarr 3 levels, 2 steps of 37 x 40 x 72: peak RSS (GB)",
     "planning 12 netCDF-3 (CDF-2) files: gs:// / local",
     "12 NetCDF-4 files: shards byte-identical to the one file's",
+    "launcher peak RSS planning 12 NetCDF-4 files on gs:// (MiB)",
+    "KiB per file between 6 and 12 files",
 ]
 
 
@@ -136,11 +138,12 @@ def test_quick_many_files_benchmark_prints_every_row(tmp_path):
         assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
     results = json.loads(result_file.read_text())
     assert results["failed"] == []
-    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(results["targets"]) == 8
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(results["targets"]) == 9
     assert [row["fetched_per_stored"] for row in results["zarr"].values()] == [1.0, 1.0]  # each chunk read once
     many = results["local"]["nc4-12"]["many"]
     assert many["plan"]["files"] == 12 and many["replan"]["cached_probes"] == 12
     assert results["remote"]["nc4"]["socket_bytes"] > 0 and results["remote"]["nc4"]["size_mismatches"] == 0
+    assert all(row["max_rss"] > 0 for row in results["remote_memory"].values())
 
 
 def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):

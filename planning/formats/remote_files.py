@@ -94,7 +94,10 @@ class BlockReader(io.RawIOBase):
         self._remote = remote
         self._block_bytes = block_bytes or HDF5_BLOCK_BYTES
         self._position = 0
-        self._block = functools.lru_cache(max(1, BLOCK_CACHE_BYTES // self._block_bytes))(self._fetch_block)
+        # A cache of a function of the file, not of this reader's bound method: that would be a reference
+        # cycle, kept (with every byte prefetched) until the cyclic GC runs, maybe after thousands of files.
+        fetch_block = functools.partial(_fetch_block, remote, self._block_bytes)
+        self._block = functools.lru_cache(max(1, BLOCK_CACHE_BYTES // self._block_bytes))(fetch_block)
         self._ready_starts: list[int] = []
         self._ready: list[bytes] = []
 
@@ -124,11 +127,6 @@ class BlockReader(io.RawIOBase):
         self._position = base + offset
         return self._position
 
-    def _fetch_block(self, number: int) -> bytes:
-        start = number * self._block_bytes
-        (data,) = self._remote.fetch([(start, min(start + self._block_bytes, self._remote.size))])
-        return data
-
     def _prefetched(self, start: int, stop: int) -> bytes | None:
         at = bisect.bisect_right(self._ready_starts, start) - 1
         if at < 0 or stop > self._ready_starts[at] + len(self._ready[at]):
@@ -153,3 +151,9 @@ class BlockReader(io.RawIOBase):
         view[: len(data)] = data
         self._position += len(data)
         return len(data)
+
+
+def _fetch_block(remote: RemoteFile, block_bytes: int, number: int) -> bytes:
+    start = number * block_bytes
+    (data,) = remote.fetch([(start, min(start + block_bytes, remote.size))])
+    return data

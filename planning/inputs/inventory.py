@@ -169,14 +169,25 @@ def probe_files(
     return [probes[f.path] for f in files]
 
 
-def _like(reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.ndarray | None) -> FileInfo:
-    """A probed file's info: the reference's variables and grid, its own size and concat coordinate."""
+def _like(
+    reference: FileInfo, probe: FileProbe, concat_dim: str, values: np.ndarray | None, shared: dict | None = None
+) -> FileInfo:
+    """A probed file's info: the reference's variables and grid, its own size and concat coordinate.
+
+    ``shared``: coordinate attributes made for earlier files, reused where equal (thousands of files
+    have a few kinds; nothing modifies them).
+    """
     coords, coord_attrs = dict(reference.coords), dict(reference.coord_attrs)
     if values is not None:
         coords[concat_dim] = values
         # Its own units and calendar: files of one structure may count time differently.
-        attrs = {k: v for k, v in coord_attrs.get(concat_dim, {}).items() if k not in _TIME_ATTRS}
-        coord_attrs[concat_dim] = attrs | {k: probe.concat_attrs[k] for k in _TIME_ATTRS if k in probe.concat_attrs}
+        own = {k: probe.concat_attrs[k] for k in _TIME_ATTRS if k in probe.concat_attrs}
+        shared = {} if shared is None else shared
+        key = (id(reference), repr(sorted(own.items())))
+        if key not in shared:
+            attrs = {k: v for k, v in coord_attrs.get(concat_dim, {}).items() if k not in _TIME_ATTRS}
+            shared[key] = coord_attrs | {concat_dim: attrs | own}
+        coord_attrs = shared[key]
     return dataclasses.replace(
         reference, path=probe.path, nbytes=probe.nbytes, sizes=probe.sizes, coords=coords, coord_attrs=coord_attrs
     )
@@ -211,8 +222,9 @@ def inspect_files(
         probed.append((len(infos), probe))
         infos.append(None)
     values = decode_concat_values([probe for _, probe in probed], concat_dim, decoding)
+    shared: dict = {}
     for (index, probe), decoded in zip(probed, values):
-        infos[index] = _like(full[probe.fingerprint], probe, concat_dim, decoded)
+        infos[index] = _like(full[probe.fingerprint], probe, concat_dim, decoded, shared)
     return infos
 
 

@@ -2,7 +2,7 @@
 
 Planning reads full metadata (through xarray) from one file per distinct structure only; every
 other file is probed (local files: planning.inputs.local_probe; remote ones here, from bytes fetched
-for all files at once). Files whose fingerprint equals
+for a batch of files at once). Files whose fingerprint equals
 the reference's have the reference's variables, grid and attributes; their own concat
 coordinate is decoded exactly as xarray decodes it (``decode_cf_variable``, the file's own
 units and calendar).
@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -138,7 +139,7 @@ def _hidden(key: str) -> bool:
     return key in ("CLASS", "NAME", "DIMENSION_LIST", "REFERENCE_LIST") or key.startswith("_Netcdf4")
 
 
-#: Bytes fetched up front from each end of every remote file, all files at once (with the tail
+#: Bytes fetched up front from each end of every remote file, a batch of files at once (with the tail
 #: aligned to a block, at most 64 KiB a file). NetCDF-4 keeps
 #: its metadata at the start and, written by the netCDF library, small coordinate variables
 #: after the data, at the end; what lies elsewhere is fetched block by block on demand.
@@ -146,14 +147,27 @@ END_BYTES = 24 * 1024
 _BLOCK = 16 * 1024
 #: Ranged requests in flight at once when fetching heads.
 REQUESTS_IN_FLIGHT = 32
+#: Files whose ends are fetched, then parsed, together: their bytes (64 KiB a file at most, 32 MiB a batch)
+#: are all the launcher holds of them, whatever the file count. A batch is 32 waves of REQUESTS_IN_FLIGHT,
+#: so the one partly filled wave at its end costs little.
+FILES_PER_BATCH = 512
 
 
 def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
-    """Probe remote files: both ends fetched for all files concurrently, then parsed one by one.
+    """Probe remote files, FILES_PER_BATCH at a time: both ends of a batch's files fetched concurrently, then
+    parsed one by one.
 
     None for a file that needs the full look (an unusual layout, a truncated or unreadable file:
     the full look names the problem).
     """
+    probes: list[FileProbe | None] = []
+    shared: dict[str, Any] = {}
+    for start in range(0, len(files), FILES_PER_BATCH):
+        probes += (_shared(probe, shared) for probe in _probe_batch(files[start : start + FILES_PER_BATCH], concat_dim))
+    return probes
+
+
+def _probe_batch(files: list[ListedFile], concat_dim: str) -> Iterator[FileProbe | None]:
     fs, _, _ = fsspec.get_fs_token_paths(files[0].path)
     paths = [fs._strip_protocol(f.path) for f in files]
     head_ends = [min(END_BYTES, f.nbytes) for f in files]
@@ -161,13 +175,13 @@ def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | N
     tail_starts = [max(end, (f.nbytes - END_BYTES) // _BLOCK * _BLOCK) for f, end in zip(files, head_ends)]
     starts, ends = [0] * len(files) + tail_starts, head_ends + [f.nbytes for f in files]
     fetched = fs.cat_ranges(paths + paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
-    probes: list[FileProbe | None] = []
     for i, listed in enumerate(files):
         head, tail = fetched[i], fetched[len(files) + i]
+        fetched[i] = fetched[len(files) + i] = None  # each file's bytes go once it is parsed
         remote = RemoteFile(listed.path, listed.nbytes)
         probe = None
         if not isinstance(head, bytes) or not isinstance(tail, bytes):
-            probes.append(None)  # the full look reports why the file cannot be read
+            yield None  # the full look reports why the file cannot be read
             continue
         with contextlib.suppress(Exception):
             if head.startswith(HDF5_SIGNATURE):
@@ -177,8 +191,22 @@ def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | N
             elif head.startswith(b"CDF"):
                 remote.bytes_read += len(head)
                 probe = probe_classic(listed.path, read_header(io.BytesIO(head)), remote, concat_dim)
-        probes.append(probe)
-    return probes
+        yield probe
+
+
+def _shared(probe: FileProbe | None, seen: dict[str, Any]) -> FileProbe | None:
+    """The probe with its dim sizes and concat attributes the very objects of earlier probes equal to them.
+
+    Files of one archive have the same few of each: sharing them keeps a probe's own memory to its
+    path, fingerprint and concat values (probes are never modified: FileProbe is frozen, its dicts
+    read only).
+    """
+    if probe is None:
+        return None
+    sizes = seen.setdefault(repr(sorted(probe.sizes.items())), probe.sizes)
+    attrs = seen.setdefault(repr(sorted(probe.concat_attrs.items())), probe.concat_attrs)
+    fingerprint = seen.setdefault(probe.fingerprint, probe.fingerprint)
+    return dataclasses.replace(probe, sizes=sizes, concat_attrs=attrs, fingerprint=fingerprint)
 
 
 def probe_classic(path: str, header: ClassicHeader, remote: RemoteFile, concat_dim: str) -> FileProbe:

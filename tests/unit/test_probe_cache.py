@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
 import os
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -114,14 +116,21 @@ def test_where_the_filesystem_hides_a_replacement_the_reads_by_offset_refuse(arc
 
 def _edit(cache, edit, keep_digest: bool = True) -> None:
     """Edit a cache's entries; keep_digest=False rewrites its digest too, as a cache that lies consistently."""
-    text = cache.read_text()
-    document = json.loads(text)
-    edit(document["files"])
-    if keep_digest:
-        cache.write_text(json.dumps(document))
-        return
-    files = json.dumps(document["files"])
-    cache.write_text(f"{probe_cache._head('time', probe_cache._digest(files))}{files}}}")
+    document = json.loads(cache.read_text())
+    files = json.loads(probe_cache._unpack(json.dumps(document["files"])))
+    edit(files)
+    _write_stored(cache, probe_cache._pack(json.dumps(files)), keep_digest)
+
+
+def _write_stored(cache, stored: str, keep_digest: bool = False) -> None:
+    """Write ``stored`` as a cache's files (as written: a JSON string of the compressed entries)."""
+    document = json.loads(cache.read_text())
+    digest = document["digest"] if keep_digest else probe_cache._digest(stored)
+    cache.write_text(f"{probe_cache._head('time', digest)}{stored}}}")
+
+
+def _compressed(data: bytes) -> str:
+    return json.dumps(base64.b64encode(data).decode())
 
 
 def _swap_offsets(files) -> None:
@@ -183,6 +192,13 @@ MALFORMED = {
         cache, _set("concat_raw", {"dtype": "|i1", "values": [1, 999]}), keep_digest=False
     ),
     "an entry not a map": lambda cache: _edit(cache, lambda files: files.append(3), keep_digest=False),
+    "entries not compressed": lambda cache: _write_stored(cache, json.dumps([])),
+    "entries a number": lambda cache: _write_stored(cache, "3"),
+    "not base64": lambda cache: _write_stored(cache, json.dumps("eJ*not base64")),
+    "not zlib": lambda cache: _write_stored(cache, _compressed(b"[]")),
+    "compressed data cut short": lambda cache: _write_stored(cache, _compressed(zlib.compress(b"[]" * 100)[:-6])),
+    "compressed data and more": lambda cache: _write_stored(cache, _compressed(zlib.compress(b"[]") + b"more")),
+    "not UTF-8": lambda cache: _write_stored(cache, _compressed(zlib.compress(b'["\xff"]'))),
 }
 
 
@@ -219,7 +235,22 @@ def test_another_versions_cache_or_another_dim_is_ignored_quietly(archive, tmp_p
         assert load_probes(str(cache), "lat") == {}
         cache.write_text(json.dumps({"format": "xarray-tfrecords-inventory/3", "concat_dim": "time", "files": []}))
         assert load_probes(str(cache), "time") == {}
+        four = {"format": "xarray-tfrecords-inventory/4", "concat_dim": "time", "digest": "sha256:0", "files": []}
+        cache.write_text(json.dumps(four))  # entries as plain JSON, before they were compressed
+        assert load_probes(str(cache), "time") == {}
     assert not caplog.records
+
+
+def test_a_cache_that_inflates_beyond_the_limit_is_not_read(archive, tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "_inventory.json"
+    listed = list_files([str(archive / "*.nc")])
+    save_probes(str(cache), "time", zip(listed, probe_files(listed, "time")))
+    assert len(load_probes(str(cache), "time")) == 3
+    assert len(cache.read_text()) < 0.5 * len(probe_cache._unpack(cache.read_text().rsplit('"files": ', 1)[1][:-1]))
+    monkeypatch.setattr(probe_cache, "MAX_ENTRIES_BYTES", 1000)  # a bomb: a little data, inflating a lot
+    with caplog.at_level(logging.WARNING):
+        assert load_probes(str(cache), "time") == {}
+    assert "files: more than 1,000 bytes decompressed" in caplog.text
 
 
 def test_a_read_of_part_of_a_file_checks_the_bytes_it_did_not_read(archive, tmp_path):

@@ -1,0 +1,97 @@
+"""Remote probes hold a bounded batch of files' bytes at once, whatever the file count (fsspec's memory://)."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import uuid
+import weakref
+
+import fsspec
+import numpy as np
+import pytest
+import xarray as xr
+
+from planning.formats.remote_files import BlockReader, RemoteFile
+from planning.formats.sources import ListedFile
+from planning.inputs import probe
+
+FILES = 12
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def remote_files():
+    """FILES NetCDF-4 files of ~130 KB (probes fetch ~50 KB of each) in fsspec's in-memory filesystem."""
+    fs = fsspec.filesystem("memory")
+    folder = f"/probe-{uuid.uuid4().hex}"
+    files = []
+    for i in range(FILES):
+        values = np.random.default_rng(i).normal(size=(1, 180, 180)).astype("f4")
+        grid = {"lat": np.arange(180.0), "lon": np.arange(180.0)}
+        ds = xr.Dataset({"t": (("time", "lat", "lon"), values)}, coords={"time": [float(i)], **grid})
+        data = bytes(ds.to_netcdf(engine="h5netcdf"))
+        fs.pipe(f"{folder}/{i:02d}.nc", data)
+        fs.cat_file(f"{folder}/{i:02d}.nc", 0, 1)  # the store copies a file on its first read: not the probe's
+        files.append(ListedFile(f"memory://{folder}/{i:02d}.nc", len(data), "v"))
+    yield files
+    fs.rm(folder, recursive=True)
+
+
+def _traced_peak(files) -> tuple[list, int]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        probes = probe.probe_remote(files, "time")
+        return probes, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _key(found: probe.FileProbe) -> tuple:
+    return found.path, found.fingerprint, found.sizes, found.concat_raw.tolist(), found.bytes_read
+
+
+def test_remote_probes_hold_one_batch_of_files_bytes_at_a_time(remote_files, monkeypatch):
+    whole, whole_peak = _traced_peak(remote_files)  # in one batch; h5py imported
+    monkeypatch.setattr(probe, "FILES_PER_BATCH", BATCH)
+    requests = []
+    cat_ranges = type(fsspec.filesystem("memory")).cat_ranges
+    monkeypatch.setattr(
+        type(fsspec.filesystem("memory")),
+        "cat_ranges",
+        lambda fs, paths, *args, **kwargs: requests.append(len(paths)) or cat_ranges(fs, paths, *args, **kwargs),
+    )
+    probes, peak = _traced_peak(remote_files)
+    assert all(probes) and [_key(p) for p in probes] == [_key(p) for p in whole]
+    # What files share is held once: each probe keeps only its own path and concat values.
+    assert all(p.sizes is probes[0].sizes and p.concat_attrs is probes[0].concat_attrs for p in probes)
+    assert requests == [2 * BATCH] * (FILES // BATCH)  # a head and a tail per file, a batch at a time
+    fetched = probes[0].bytes_read  # each file's two ends, ~50 KB
+    # All the files' ends held at once would be FILES x fetched; a batch's, with parsing's copies, is bounded.
+    assert peak < 2 * BATCH * fetched < FILES * fetched, (peak, fetched, whole_peak)
+
+
+def test_a_file_gone_at_a_batch_boundary_is_left_to_the_full_look_and_the_rest_probed(remote_files, monkeypatch):
+    monkeypatch.setattr(probe, "FILES_PER_BATCH", BATCH)
+    gone = ListedFile(remote_files[BATCH - 1].path.replace(".nc", "-gone.nc"), remote_files[0].nbytes, "v")
+    files = [*remote_files[: BATCH - 1], gone, *remote_files[BATCH - 1 : 2 * BATCH]]
+    probes = probe.probe_remote(files, "time")
+    assert probes[BATCH - 1] is None
+    assert [p.path for p in probes if p is not None] == [f.path for f in files if f is not gone]
+
+
+def test_a_block_reader_and_its_prefetched_bytes_go_with_their_last_reference(remote_files):
+    """No reference cycle: planning makes one reader per file, and the cyclic GC may not run for thousands."""
+    listed = remote_files[0]
+    reader = BlockReader(RemoteFile(listed.path, listed.nbytes), 1024)
+    reader.prefetch([(0, 2048)])
+    reader.seek(4096)
+    reader.read(10)  # a cached block
+    gone = weakref.ref(reader)
+    gc.disable()
+    try:
+        del reader
+        assert gone() is None
+    finally:
+        gc.enable()
