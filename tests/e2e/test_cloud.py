@@ -177,7 +177,7 @@ def _inputs_for(config_name: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("config_name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
-def test_dataflow_graph_builds_offline_for_every_config(uploaded, tmp_path, capsys, config_name):
+def test_dataflow_graph_builds_offline_for_every_config(uploaded, staged_once, tmp_path, capsys, config_name):
     config = yaml.safe_load((REPO / "configs" / config_name).read_text())
     config["input"]["paths"], config["input"]["concat_dim"] = _inputs_for(config_name)
     config["output"]["path"] = f"gs://{BUCKET}/dry/{config_name}"
@@ -227,7 +227,7 @@ def _dry_run_config(tmp_path: Path) -> Path:
     return _config(tmp_path, f"gs://{BUCKET}/in/era5/*.nc", f"gs://{BUCKET}/dry/ship", {"window": {"lat": 9, "lon": 9}})
 
 
-def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, tmp_path, capsys):
+def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, staged_once, tmp_path, capsys):
     assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
     out = capsys.readouterr().out
     assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}" in out
@@ -243,7 +243,7 @@ def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path,
     assert err.count("\n") == 0 and "--setup_file=" in err and "--sdk_container_image=" in err, err
 
 
-def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, tmp_path, capsys, caplog):
+def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, staged_once, tmp_path, capsys, caplog):
     flags = [f for f in DATAFLOW if not f.startswith("--region")] + ["--region=moon-central9"]
     assert main(["--config", str(_dry_run_config(tmp_path)), *flags]) == 0
     assert "Dry run: the job graph" in capsys.readouterr().out
