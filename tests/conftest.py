@@ -11,8 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# Property tests take their number of examples from the profile (a test that wants more asks for a
+# multiple of it). No deadline: a shared machine's pauses are not the code's. CI (CI=true) draws
+# fewer examples, the same ones every run, so that a failure there is reproducible.
+settings.register_profile("dev", deadline=None, max_examples=60)
+settings.register_profile("ci", deadline=None, max_examples=20, derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parents[1]
