@@ -38,7 +38,7 @@ TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing
 READ_BATCH = {"patches": 128, "points": 1024}
 READ_ROUNDS = 5
 PACKED = 32  # point series per record in the packed read-side set
-HELP_RUNS = 3
+HELP_RUNS = 3  # one with --quick: a smoke test, not a measurement
 #: The shard-writer competitor's shard and budget in MB (quick: a smoke test).
 SHARD_WRITER_MB = {False: (256, 64), True: (16, 4)}
 
@@ -305,7 +305,7 @@ def run_packed(bench: Bench, spec: DatasetSpec, archive: Path, output: Path) -> 
 def time_help(bench: Bench) -> dict:
     runs = [
         run_measured([sys.executable, "-m", "pipelines.build", "--help"], str(REPO), bench.env)
-        for _ in range(HELP_RUNS)
+        for _ in range(1 if bench.quick else HELP_RUNS)
     ]
     walls = [r.wall_seconds for r in runs]
     return {"ok": all(r.ok for r in runs), "runs": walls, "median": statistics.median(walls)}

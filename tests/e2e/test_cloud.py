@@ -177,7 +177,7 @@ def _inputs_for(config_name: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("config_name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
-def test_dataflow_graph_builds_offline_for_every_config(uploaded, tmp_path, capsys, config_name):
+def test_dataflow_graph_builds_offline_for_every_config(uploaded, staged_once, tmp_path, capsys, config_name):
     config = yaml.safe_load((REPO / "configs" / config_name).read_text())
     config["input"]["paths"], config["input"]["concat_dim"] = _inputs_for(config_name)
     config["output"]["path"] = f"gs://{BUCKET}/dry/{config_name}"
@@ -227,7 +227,7 @@ def _dry_run_config(tmp_path: Path) -> Path:
     return _config(tmp_path, f"gs://{BUCKET}/in/era5/*.nc", f"gs://{BUCKET}/dry/ship", {"window": {"lat": 9, "lon": 9}})
 
 
-def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, tmp_path, capsys):
+def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, staged_once, tmp_path, capsys):
     assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
     out = capsys.readouterr().out
     assert f"Shipping this checkout to the workers with --setup_file={REPO / 'setup.py'}, " in out
@@ -245,7 +245,7 @@ def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path,
 
 
 def test_a_dataflow_dry_run_prints_the_job_graph_size_and_refuses_one_over_the_limit(
-    uploaded, tmp_path, capsys, monkeypatch
+    uploaded, staged_once, tmp_path, capsys, monkeypatch
 ):
     config = str(_dry_run_config(tmp_path))
     assert main(["--config", config, *DATAFLOW]) == 0
@@ -260,7 +260,7 @@ def test_a_dataflow_dry_run_prints_the_job_graph_size_and_refuses_one_over_the_l
     assert "Dry run" not in captured.out
 
 
-def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, tmp_path, capsys, caplog):
+def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, staged_once, tmp_path, capsys, caplog):
     flags = [f for f in DATAFLOW if not f.startswith("--region")] + ["--region=moon-central9"]
     assert main(["--config", str(_dry_run_config(tmp_path)), *flags]) == 0
     assert "Dry run: the job graph" in capsys.readouterr().out

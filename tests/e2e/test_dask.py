@@ -119,6 +119,16 @@ def assert_same_output(read, dask_output: str, local_output: Path) -> None:
     assert_close(json.loads(read(f"{dask_output}/stats.json")), json.loads((local_output / "stats.json").read_text()))
 
 
+@pytest.fixture(scope="module")
+def local_build(small_archive, tmp_path_factory) -> Path:
+    """The local runner's build that every Dask build here must equal (built once: they all build the same)."""
+    tmp = tmp_path_factory.mktemp("local")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=UNIT_BUDGET_BYTES))
+        build(write_config(tmp, "local", str(small_archive / "*.nc"), str(tmp / "local")))
+    return tmp / "local"
+
+
 def read_local(path: str) -> bytes:
     return Path(path).read_bytes()
 
@@ -128,22 +138,18 @@ def strategy_logged(caplog) -> str:
     return line
 
 
-def test_in_place_on_a_shared_filesystem_equals_the_local_build(small_archive, tmp_path, client, caplog, monkeypatch):
+def test_in_place_on_a_shared_filesystem_equals_the_local_build(
+    small_archive, local_build, tmp_path, client, caplog, monkeypatch
+):
     caplog.set_level(logging.INFO, logger="pipelines.graph")
     budget = UNIT_BUDGET_BYTES / 8  # several units per partition
     monkeypatch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=budget))
-    inputs = str(small_archive / "*.nc")
-    local = write_config(tmp_path, "local", inputs, str(tmp_path / "local"))
-    build(local)
-    caplog.clear()
-    config = write_config(tmp_path, "dask", inputs, str(tmp_path / "dask"))
+    config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"))
     with get_task_stream(client) as tasks:
         build(config, "--shared_filesystem", *dask_flags(client))
     assert "in place" in strategy_logged(caplog)
-    assert_same_output(read_local, str(tmp_path / "dask"), tmp_path / "local")
-    assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == sorted(
-        p.name for p in (tmp_path / "local").iterdir()
-    )
+    assert_same_output(read_local, str(tmp_path / "dask"), local_build)
+    assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == sorted(p.name for p in local_build.iterdir())
 
     # The units were cut by tasks the scheduler ran on the worker processes, in a few partitions per
     # worker thread (runners.unit_ranges), not one per unit (about 200 tasks a unit, each with its overhead).
@@ -156,15 +162,14 @@ def test_in_place_on_a_shared_filesystem_equals_the_local_build(small_archive, t
     assert os.getpid() not in client.run(os.getpid).values()
 
 
-def test_bucket_files_on_a_shared_filesystem_equal_the_local_build(small_archive, tmp_path, client, caplog):
+def test_bucket_files_on_a_shared_filesystem_equal_the_local_build(
+    small_archive, local_build, tmp_path, client, caplog
+):
     caplog.set_level(logging.INFO, logger="pipelines.graph")
-    inputs = str(small_archive / "*.nc")
-    build(write_config(tmp_path, "local", inputs, str(tmp_path / "local")))
-    caplog.clear()
-    config = write_config(tmp_path, "dask", inputs, str(tmp_path / "dask"), in_place=False)
+    config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"), in_place=False)
     build(config, "--shared_filesystem", *dask_flags(client))
     assert "bucket files" in strategy_logged(caplog)
-    assert_same_output(read_local, str(tmp_path / "dask"), tmp_path / "local")
+    assert_same_output(read_local, str(tmp_path / "dask"), local_build)
     assert not (tmp_path / "dask" / "_tmp").exists()
 
 
@@ -181,19 +186,17 @@ def workers_see_the_emulator(gcs, client):
 
 
 def test_runner_shuffle_through_gs_equals_the_local_build(
-    small_archive, tmp_path, client, workers_see_the_emulator, caplog
+    small_archive, local_build, tmp_path, client, workers_see_the_emulator, caplog
 ):
     gcs = workers_see_the_emulator
     caplog.set_level(logging.INFO, logger="pipelines.graph")
     for path in sorted(small_archive.glob("*.nc")):
         gcs.put(str(path), f"{BUCKET}/dask/in/{path.name}")
-    build(write_config(tmp_path, "local", str(small_archive / "*.nc"), str(tmp_path / "local")))
-    caplog.clear()
     output = f"gs://{BUCKET}/dask/out"
     build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask/in/*.nc", output), *dask_flags(client))
     assert "runner shuffle" in strategy_logged(caplog)
-    assert_same_output(gcs.cat, output, tmp_path / "local")
-    assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert_same_output(gcs.cat, output, local_build)
+    assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local_build.iterdir())
 
 
 def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, capsys, monkeypatch):

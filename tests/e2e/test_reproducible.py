@@ -39,6 +39,8 @@ def test_the_output_directory_hashes_the_same_however_it_is_run(small_archive, t
         "default": [],
         "rerun": [],
         "one thread": ["--direct_num_workers=1"],
+        "three threads": ["--direct_running_mode=multi_threading", "--direct_num_workers=3"],
+        "in memory": ["--direct_running_mode=in_memory"],
         "two processes": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
     }
     hashes = {}

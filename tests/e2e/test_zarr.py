@@ -332,7 +332,7 @@ def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
     assert_records_are_slices(tmp_path / "out", inputs["v3"], levels=config["select"]["level"])
 
 
-def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, tmp_path, capsys):
+def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, staged_once, tmp_path, capsys):
     """The README's Dataflow command line, dry run against the storage emulator."""
     command = _readme_block("zarr:dataflow").replace("\\\n", " ").split()
     assert command[:4] == ["python", "-m", "pipelines.build", "--config"]

@@ -97,7 +97,7 @@ def _samples(directory: str, sample: dict, budget: float) -> dict[int, np.ndarra
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_split_files_and_units_give_the_samples_of_one_file(case):
     sizes, (lat, lon), sample, budget, storage = case

@@ -114,7 +114,7 @@ def _boxes(shape: tuple[int, ...]):
     return st.tuples(*[st.one_of(st.just((0, n)), one(n)) for n in shape]).map(list)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_box_of_any_variable_equals_xarray(classic_files, data):
     name = data.draw(st.sampled_from(sorted(classic_files)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -98,7 +98,6 @@ def test_varints_match_the_scalar_reference():
     assert lengths.tolist() == [len(e) for e in expected]
 
 
-@settings(max_examples=40, deadline=None)
 @given(
     shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
     n=st.integers(1, 5),

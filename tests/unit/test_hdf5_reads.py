@@ -95,7 +95,7 @@ def _box(draw_range) -> dict:
     return {d: draw_range(n) for d, n in zip(DIMS, SHAPE)}
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_box_of_any_encoding_equals_xarray_bit_for_bit(encoded_file, data):
     name = data.draw(st.sampled_from(sorted(ENCODINGS)))

@@ -10,7 +10,8 @@ from planning.keys import sample_keys, shard_of
 
 def test_distinct_ids_get_distinct_keys():
     ids = np.arange(2_000_000)
-    assert len(np.unique(sample_keys(ids, 7))) == len(ids)
+    keys = np.sort(sample_keys(ids, 7))  # not np.unique: numpy 2.4's hashing takes 70x as long over 2M keys
+    assert (keys[1:] != keys[:-1]).all()
 
 
 def test_keys_depend_only_on_id_and_seed():

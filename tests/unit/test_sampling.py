@@ -50,7 +50,7 @@ def grids(draw):
     return SampleGrid(tuple(axes))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=5 * settings.default.max_examples)  # the core property: the most examples
 @given(
     grid=grids(),
     budget=st.integers(1, 2000),

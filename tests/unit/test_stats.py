@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from transforms.stats import Moments
@@ -16,7 +16,6 @@ def merged(parts, keep_axes=()):
     return functools.reduce(Moments.merge, (Moments.of(p, keep_axes) for p in parts))
 
 
-@settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(0, 50), min_size=1, max_size=8), seed=st.integers(0, 1000))
 def test_merged_parts_equal_numpy_over_the_whole(sizes, seed):
     rng = np.random.default_rng(seed)

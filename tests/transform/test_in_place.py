@@ -1,0 +1,78 @@
+"""WriteInPlace's steps called as a runner calls them: blocks in any order, the same shards; a short count commits none.
+
+The build's own pipeline runs this stage end to end (tests/e2e); here its DoFn's lifecycle
+(setup, process, teardown), the count merge and the commit are called directly, in orders a
+runner may choose.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planning.config import parse_config
+from planning.layout import plan_layout
+from planning.plan import make_plan
+from planning.specs import compile_specs
+from planning.write_strategy import WriteStrategy
+from schemas.record_decoder import ExampleDecoder
+from schemas.tfrecord import read_records
+from transforms.cut import cut_unit
+from transforms.in_place import _add_counts, _WriteInPlaceFn, commit_shards, preallocate
+
+
+@pytest.fixture
+def planned(small_archive, tmp_path):
+    config = {
+        "input": {"paths": str(small_archive / "*.nc")},
+        "variables": ["t", "q"],
+        "sample": {"window": {"lat": 5, "lon": {"size": 6, "stride": 3}}, "keep": ["level"]},
+        "output": {"path": str(tmp_path / "out"), "num_shards": 3},
+    }
+    plan = make_plan(parse_config(config), unit_budget_bytes=2e5)  # several units, each a block
+    assert len(plan.units) > 3
+    specs = compile_specs(plan, WriteStrategy.IN_PLACE, layout=plan_layout(plan, str(tmp_path / "layout")))
+    blocks = [cut_unit(specs.cut, plan.sources, unit) for unit in plan.units]
+    return plan, specs, blocks
+
+
+def _write(spec, blocks) -> list[dict]:
+    """What each block's process() yields, one DoFn instance over all of them, as one worker runs it."""
+    preallocate(spec)
+    write = _WriteInPlaceFn(spec)
+    write.setup()
+    try:
+        return [part for block in blocks for part in write.process(block)]
+    finally:
+        write.teardown()
+
+
+def test_blocks_in_any_order_write_the_same_shards_each_record_once(planned):
+    plan, specs, blocks = planned
+    shards = {}
+    for order in (blocks, blocks[::-1], [blocks[i] for i in np.random.default_rng(1).permutation(len(blocks))]):
+        parts = _write(specs.write, order)
+        results = list(commit_shards(_add_counts(parts[::-1]), specs.write))
+        assert [r.records for r in results] == list(specs.write.layout.records)
+        written = {r.file: (Path(specs.write.output) / r.file).read_bytes() for r in results}
+        assert sorted(p.name for p in Path(specs.write.output).iterdir()) == sorted(written)  # no temporary left
+        shards.setdefault("first", written)
+        assert written == shards["first"]
+    decoder = ExampleDecoder(plan.schema.features)
+    seen = [
+        tuple(int(decoder.decode(record)[f"index/{d}"]) for d in ("time", "lat", "lon"))
+        for data in shards["first"].values()
+        for record in read_records(io.BytesIO(data))  # every CRC checked
+    ]
+    assert len(seen) == len(set(seen)) == plan.num_samples
+
+
+def test_a_shard_short_of_its_laid_out_records_is_not_committed(planned):
+    _, specs, blocks = planned
+    parts = _write(specs.write, blocks[1:])  # a unit's block never arrived
+    with pytest.raises(RuntimeError, match=r"records \(\d+ bytes\) written, \d+ \(\d+\) laid out; schema.json not"):
+        list(commit_shards(_add_counts(parts), specs.write))
+    assert all(".tmp-" in p.name for p in Path(specs.write.output).iterdir())  # no shard under a final name

@@ -1,0 +1,54 @@
+"""Position features (split, index/*, coord/*) from grid positions alone, on hand-made grids."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planning.positions import Positions
+from planning.sampling import Axis, SampleGrid
+
+GRID = SampleGrid(
+    (
+        Axis.offsets("time", 6, [0, -1]),  # pairs (t, t-1): position p is the sample of step p + 1
+        Axis.keep("level", 2),
+        Axis.window("lat", 10, 4, 3),  # windows at 0, 3, 6
+    )
+)
+TIMES = np.arange(100, 106, dtype=np.int64)
+LATS = np.linspace(-45, 45, 10, dtype=np.float32)
+
+
+def test_indices_and_coordinates_follow_each_axis_role():
+    positions = Positions(GRID, "time", None, {"time": TIMES, "lat": LATS})
+    time, lat = np.array([0, 4, 2]), np.array([2, 0, 1])
+    columns = positions.columns([time, lat])
+    assert set(columns) == {"index/time", "index/lat", "coord/time", "coord/lat"}
+    assert columns["index/time"][0] == () and columns["index/time"][1].tolist() == [1, 5, 3]  # the offset-0 step
+    assert columns["index/lat"][1].tolist() == [6, 0, 3]
+    dims, values = columns["coord/time"]
+    assert dims == ("time",) and values.tolist() == [[101, 100], [105, 104], [103, 102]]  # both steps of the pair
+    dims, values = columns["coord/lat"]
+    assert dims == ("lat",) and values.dtype == np.float32
+    np.testing.assert_array_equal(values, [LATS[6:10], LATS[0:4], LATS[3:7]])
+    assert all(values.dtype in (np.int64, np.float32) for _, values in columns.values())
+
+
+def test_an_iterated_dim_gives_one_coordinate_and_a_dim_without_coordinates_none():
+    grid = SampleGrid((Axis.iterate("time", 4), Axis.window("x", 5, 5, 5)))
+    columns = Positions(grid, "time", None, {"time": TIMES[:4]}).columns([np.array([3, 0]), np.array([0, 0])])
+    assert columns["coord/time"][0] == () and columns["coord/time"][1].tolist() == [103, 100]
+    assert "coord/x" not in columns and columns["index/x"][1].tolist() == [0, 0]
+
+
+def test_split_labels_come_from_the_split_dim_and_gaps_make_none():
+    split_of_position = np.array([0, 0, 1, 1, -1], dtype=np.int16)  # per pair position along time
+    positions = Positions(GRID, "time", split_of_position, {})
+    time, lat = np.array([0, 2, 3, 4]), np.array([0, 1, 2, 0])
+    assert positions.split_labels([time, lat]).tolist() == [0, 1, 1, -1]
+    # Splits along another dim (input.new_dim), and positions whose pair would join steps across a gap.
+    grid = SampleGrid((Axis.iterate("member", 3), Axis.offsets("time", 6, [0, 1])))
+    across_gap = np.array([False, False, True, False, False])
+    by_member = Positions(grid, "time", np.array([0, 1, 1], dtype=np.int16), {}, "member", across_gap)
+    assert by_member.split_labels([np.array([0, 1, 2, 0]), np.array([0, 2, 3, 2])]).tolist() == [0, -1, 1, -1]
+    # One split and no gaps: every sample is of split 0.
+    assert Positions(GRID, "time", None, {}).split_labels([time, lat]).tolist() == [0, 0, 0, 0]
