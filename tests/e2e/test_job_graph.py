@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
 from benchmarks.job_graph import patches_config, write_metadata_store
 from pipelines import graph
 from pipelines.build import graph_line

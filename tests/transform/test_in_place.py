@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from planning.config import parse_config
-from planning.layout import plan_layout
 from planning.plan import make_plan
 from planning.specs import compile_specs
-from planning.write_strategy import WriteStrategy
+from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import read_records
 from transforms.cut import cut_unit
-from transforms.in_place import _add_counts, _WriteInPlaceFn, commit_shards, preallocate
+from transforms.in_place import _add_counts, _WriteInPlaceFn, commit_shards
 
 
 @pytest.fixture
@@ -34,14 +33,15 @@ def planned(small_archive, tmp_path):
     }
     plan = make_plan(parse_config(config), unit_budget_bytes=2e5)  # several units, each a block
     assert len(plan.units) > 3
-    specs = compile_specs(plan, WriteStrategy.IN_PLACE, layout=plan_layout(plan, str(tmp_path / "layout")))
+    (tmp_path / "out").mkdir()  # as prepare_output leaves it
+    write = WritePlan(WriteStrategy.IN_PLACE, "in place", str(tmp_path / "work"))
+    specs = compile_specs(plan, lay_out(plan, write))
     blocks = [cut_unit(specs.cut, plan.sources, unit) for unit in plan.units]
     return plan, specs, blocks
 
 
 def _write(spec, blocks) -> list[dict]:
     """What each block's process() yields, one DoFn instance over all of them, as one worker runs it."""
-    preallocate(spec)
     write = _WriteInPlaceFn(spec)
     write.setup()
     try:
@@ -58,7 +58,10 @@ def test_blocks_in_any_order_write_the_same_shards_each_record_once(planned):
         results = list(commit_shards(_add_counts(parts[::-1]), specs.write))
         assert [r.records for r in results] == list(specs.write.layout.records)
         written = {r.file: (Path(specs.write.output) / r.file).read_bytes() for r in results}
-        assert sorted(p.name for p in Path(specs.write.output).iterdir()) == sorted(written)  # no temporary left
+        indexes = [r.index for r in results]  # each shard's .tfindex beside it
+        assert sorted(p.name for p in Path(specs.write.output).iterdir()) == sorted(
+            [*written, *indexes]
+        )  # no temporary
         shards.setdefault("first", written)
         assert written == shards["first"]
     decoder = ExampleDecoder(plan.schema.features)
