@@ -98,9 +98,10 @@ def test_gs_input_and_output_equal_a_local_build(gcs, uploaded, tmp_path, name):
         "parser.py",
         "_inventory.json",
         "_manifest.json",
-    } | {s.file for s in schema.splits["data"]}
+    } | {file for s in schema.splits["data"] for file in (s.file, s.index)}
     for shard in schema.splits["data"]:
-        assert (downloaded / shard.file).read_bytes() == (tmp_path / "local" / shard.file).read_bytes()
+        for file in (shard.file, shard.index):  # the shard, and its index written on gs:// as locally
+            assert (downloaded / file).read_bytes() == (tmp_path / "local" / file).read_bytes()
     assert inspect_main([remote_out, "--verify"]) == 0  # every shard read back through gcsfs
     parsed = parse_with_generated_parser(downloaded)
     source = xr.concat([xr.open_dataset(p) for p in uploaded[name]], dim=concat_dim)

@@ -106,7 +106,7 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
     spec = stats_spec(plan)
     # What SummarizeBlock makes of each block does not depend on the order: made once, then delivered in any order.
     keyed = [
-        stats_module._keyed_summary(cut_unit(cut_spec(plan), plan.sources, unit), spec.split_names, spec.per)
+        stats_module.keyed_summary(cut_unit(cut_spec(plan), plan.sources, unit), spec.split_names, spec.per)
         for unit in plan.units
     ]
     assert len({group for group, _ in keyed}) > 4

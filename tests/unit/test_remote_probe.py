@@ -16,7 +16,7 @@ from planning.formats.remote_files import BlockReader, RemoteFile
 from planning.formats.sources import ListedFile
 from planning.inputs import probe
 
-FILES = 12
+FILES = 24
 BATCH = 3
 
 
@@ -68,8 +68,9 @@ def test_remote_probes_hold_one_batch_of_files_bytes_at_a_time(remote_files, mon
     assert all(p.sizes is probes[0].sizes and p.concat_attrs is probes[0].concat_attrs for p in probes)
     assert requests == [2 * BATCH] * (FILES // BATCH)  # a head and a tail per file, a batch at a time
     fetched = probes[0].bytes_read  # each file's two ends, ~50 KB
-    # All the files' ends held at once would be FILES x fetched; a batch's, with parsing's copies, is bounded.
-    assert peak < 2 * BATCH * fetched < FILES * fetched, (peak, fetched, whole_peak)
+    # All the files' ends held at once would be FILES x fetched (as the probe in one batch holds them); a batch's,
+    # with parsing's copies and what a long test session has left around (a few hundred KB), is a fraction of it.
+    assert peak < FILES * fetched / 2 and peak < whole_peak / 2, (peak, fetched, whole_peak)
 
 
 def test_a_file_gone_at_a_batch_boundary_is_left_to_the_full_look_and_the_rest_probed(remote_files, monkeypatch):
