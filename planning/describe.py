@@ -69,16 +69,21 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
         "bytes": sources.total_bytes,
         "fingerprint": f"sha256:{sources.fingerprint()}",
         # Without the version (a modification time): touching an input must not change the output.
-        "listed": [_listed(sources[i], sources.members is not None) for i in dict.fromkeys(listed)],
+        "listed": [
+            _listed(sources[i], sources.members is not None, sources.groups is not None) for i in dict.fromkeys(listed)
+        ],
         "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
+        **({"variable_groups": inventory.groups.to_json()} if inventory.groups is not None else {}),
     }
 
 
-def _listed(source: SourceFile, with_member: bool) -> dict:
+def _listed(source: SourceFile, with_member: bool, with_group: bool) -> dict:
     entry = dataclasses.asdict(source)
     del entry["version"], entry["layouts"], entry["classic"]  # how workers read it, not what it holds
     if not with_member:
         del entry["member"]
+    if not with_group:
+        del entry["group"]
     return entry
 
 

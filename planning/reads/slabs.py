@@ -2,7 +2,8 @@
 
 One protocol, Reader: ``read(variables, box) -> Slabs``. FileReader reads one file, through the
 reader of its format, chosen once for every variable it reads; FilesReader the files along the
-concat dim that overlap the box; MembersReader each member's files (input.new_dim), stacked;
+concat dim that overlap the box (each group's own, where variables come from separate files);
+MembersReader each member's files (input.new_dim), stacked;
 SelectionReader a box of the selected grid (config ``select``), through the reader it wraps.
 A Zarr store's reader is planning.reads.zarr_reads.StoreReader.
 
@@ -257,8 +258,20 @@ class FilesReader:
     member: int = 0
 
     def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
-        files = self.sources.overlapping(*box[self.concat_dim], self.member)
-        return read_slabs(files, self.concat_dim, variables, box)
+        if not self.sources.group_names:
+            files = self.sources.overlapping(*box[self.concat_dim], self.member)
+            return read_slabs(files, self.concat_dim, variables, box)
+        # Variables from separate files: each group's read from its own files.
+        by_group: dict[int, list[VariablePlan]] = {}
+        for variable in variables:
+            by_group.setdefault(self.sources.group_of(variable.name), []).append(variable)
+        slabs = Slabs({})
+        for group, some in by_group.items():
+            files = self.sources.overlapping(*box[self.concat_dim], self.member, group)
+            part = read_slabs(files, self.concat_dim, some, box)
+            _add_counts(slabs, part)
+            slabs.values.update(part.values)
+        return slabs
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

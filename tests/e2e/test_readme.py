@@ -190,3 +190,13 @@ def test_ensemble_example_is_true_on_the_files_it_names(tmp_path, sample_file, c
     # 110 steps x 4 patches per member: 57, 59 and 60 train, 63 tests.
     assert plan.startswith("  plan: train: 1,320 samples in ") and ", test: 440 samples in " in plan, out
     assert f"as {cesm / TREFHT} and 3 other file(s) state none" in out
+
+
+def test_cmip_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file, capsys):
+    from test_cmip_layout import PERIODS, write_cmip_archive
+
+    write_cmip_archive(sample_file(TREFHT), tmp_path / "data" / "cmip6")
+    out = _run(_example_config("cmip:config", tmp_path), tmp_path, capsys, "--dry_run=True")
+    # Two members, 110 steps, 2 x 4 patches of 32 x 32 (64 x 128 cells).
+    assert out.splitlines()[1].startswith("  plan: data: 1,760 samples in "), out
+    assert sum(len(p) for p in PERIODS.values()) * 2 == len(list((tmp_path / "data" / "cmip6").glob("*.nc")))
