@@ -41,6 +41,7 @@ from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, assign_splits
+from planning.time_features import plan_time_features
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
@@ -200,7 +201,11 @@ def make_plan(
         variables = derived_plans(grid, chosen, preprocess)
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
-    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates], config)
+    time_features = plan_time_features(
+        config.sample.time_features, grid, config.input.concat_dim, coords, dataset.coordinate
+    )
+    extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
+    features = record_features(grid, variables, stacks, coords, extra, config)
     files = dataset.files_on_grid()
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
@@ -223,7 +228,9 @@ def make_plan(
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
     coord_values = {d: v for d, (v, _) in coords.items()}
-    positions = Positions(grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap)
+    positions = Positions(
+        grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap, False, time_features
+    )
     return BuildPlan(
         sources=sources,
         positions=positions,

@@ -1,4 +1,4 @@
-"""Per-sample position features (split, index/<dim>, coord/<dim>) computed from grid positions alone.
+"""Per-sample position features (split, index/<dim>, coord/<dim>, time features) from grid positions alone.
 
 Cutting a unit and laying out the shards before any data is read both need them, so they are
 one small spec with two functions of the positions.
@@ -13,6 +13,7 @@ import numpy as np
 
 from planning.run.contracts import coord_feature, index_feature
 from planning.sampling import SampleGrid
+from planning.time_features import TimeFeatures
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,6 +33,8 @@ class Positions:
     across_gap: np.ndarray | None = None
     #: the arrays above were left out (``hollow``): a worker loads them from the run's file (``filled``)
     is_hollow: bool = False
+    #: sample.time_features, computed from the concat dim's coordinate (None: none configured)
+    time_features: TimeFeatures | None = None
 
     def to_bytes(self) -> bytes:
         """The per-position arrays (splits, gaps, coordinates): what grows with the grid, saved for the workers."""
@@ -83,4 +86,6 @@ class Positions:
                     columns[coord_feature(axis.dim)] = ((), values[axis.first_index(where)])
                 else:
                     columns[coord_feature(axis.dim)] = ((axis.dim,), values[axis.element_indices(where)])
+        if self.time_features is not None:
+            columns.update(self.time_features.columns(self.grid, positions, self.coords[self.concat_dim]))
         return columns

@@ -19,8 +19,9 @@ RecordDtype = Literal["float32", "int64"]
 #: virtual dataset; coord: the coordinate values the sample covers along that dim; aux_coord:
 #: another coordinate of the files (config ``coords``, e.g. a curvilinear grid's 2-D lat) at
 #: the sample's points; count: how many samples a packed record holds; mask: 1 where a variable
-#: (or stack) of the same shape, named in ``source["of"]``, was NaN and filled, else 0 (config nan_mask).
-FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask"]
+#: (or stack) of the same shape, named in ``source["of"]``, was NaN and filled, else 0 (config nan_mask);
+#: time_feature: the sin or cos of a step's progress through its year or day (config sample.time_features).
+FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask", "time_feature"]
 #: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
 RECORD_COUNT = "record/count"
 

@@ -40,7 +40,7 @@ def record_columns(spec: WriteSpec, block: Block) -> dict[str, np.ndarray]:
         axis = 1 if stack.axis == 0 else -1  # after the leading sample axis
         columns[stack.feature.name] = np.stack([columns.pop(name) for name in stack.variables], axis=axis)
     for feature in spec.features:
-        if feature.role in ("index", "coord", "aux_coord"):
+        if feature.role in ("index", "coord", "aux_coord", "time_feature"):
             columns[feature.name] = samples[feature.name].values
         elif feature.role == "mask":
             of = feature.source["of"]

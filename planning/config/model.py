@@ -51,6 +51,14 @@ class SampleConfig(_Strict):
         json_schema_extra={"reference_type": "mapping: dim → list of int"},
     )
     keep: list[str] = Field(default_factory=list, description="dims kept whole in every sample")
+    time_features: list[Literal["year_progress", "day_progress"]] = Field(
+        default_factory=list,
+        description=(
+            "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
+            "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
+            "[year_progress, day_progress]"
+        ),
+    )
 
     @field_validator("offsets")
     @classmethod
@@ -71,6 +79,13 @@ class SampleConfig(_Strict):
                     f"{max(steps) - min(steps)} apart write {sorted(s - min(steps) for s in steps)}; to take "
                     f"only some {dim} values, use select: {{{dim}: [values]}} with sample.keep: [{dim}]"
                 )
+        return value
+
+    @field_validator("time_features")
+    @classmethod
+    def _time_features(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"time_features lists a feature twice: {value}")
         return value
 
     @model_validator(mode="after")
