@@ -51,6 +51,8 @@ def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedD
             for s in splits
         },
     }
+    if config.sample.roles:
+        out["roles"] = {name: role.model_dump() for name, role in config.sample.roles.items()}
     if dataset.selection:
         out["selection"] = dataset.to_json()
     return out

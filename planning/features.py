@@ -11,6 +11,7 @@ from planning.config.model import BuildConfig
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes
 from planning.inputs.metadata import VariableInfo
+from planning.roles import role_features
 from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import Axis, SampleGrid
 from schemas.errors import UserError
@@ -262,6 +263,9 @@ def record_features(
     """
     stack_of = {name: stack for stack in stacks for name in stack.variables}
     features: list[Feature] = []
+    if config is not None and config.sample.roles:
+        features.extend(role_features(config.sample.roles, grid, variables, config.input.concat_dim))
+        variables = []  # each variable only in its roles' features
     for var in variables:
         stack = stack_of.get(var.name)
         if stack is None:

@@ -18,6 +18,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from planning.roles import ROLE_KEY, variable_of
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.manifest import Manifest
 from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
@@ -121,13 +122,19 @@ def normalization(
     out = {}
     by_name = {v.name: v for v in spec.variables}
     stacked = {name for stack in spec.stacks for name in stack.variables}
+    # Each feature of a variable's values (with sample.roles, each role's; its variable's moments serve all).
+    role_features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    features_of = {v.name: [v.feature] for v in spec.variables}
+    if role_features:
+        features_of = {v.name: [f for f in role_features if variable_of(f) == v.name] for v in spec.variables}
     for variable in spec.variables:
         if variable.feature.dtype == "float32" and variable.name not in stacked and variable.name in moments:
-            mean, std = arrays(variable.name, variable.feature)
-            out[variable.name] = {"mean": mean.tolist(), "std": std.tolist()}
-            how = filled(variable.feature, [variable.name])
-            if how:
-                out[variable.name]["filled"] = how
+            for feature in features_of[variable.name]:
+                mean, std = arrays(variable.name, feature)
+                out[feature.name] = {"mean": mean.tolist(), "std": std.tolist()}
+                how = filled(feature, [variable.name])
+                if how:
+                    out[feature.name]["filled"] = how
     for stack in spec.stacks:
         if stack.feature.dtype != "float32" or not all(n in moments for n in stack.variables):
             continue

@@ -200,3 +200,20 @@ def test_cmip_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file,
     # Two members, 110 steps, 2 x 4 patches of 32 x 32 (64 x 128 cells).
     assert out.splitlines()[1].startswith("  plan: data: 1,760 samples in "), out
     assert sum(len(p) for p in PERIODS.values()) * 2 == len(list((tmp_path / "data" / "cmip6").glob("*.nc")))
+
+
+def test_roles_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file, capsys):
+    from test_cmip_layout import write_cmip_archive
+
+    write_cmip_archive(sample_file(TREFHT), tmp_path / "data" / "cmip6", members=("r1i1p1f1",))
+    config = _example_config("roles:config", tmp_path)
+    _run(config, tmp_path, capsys)
+    schema = load_schema(config["output"]["path"])
+    shapes = {f.name: f.shape for f in schema.features if "/" in f.name and f.role == "variable"}
+    assert shapes == {
+        "inputs/tas": (2, 16, 16),
+        "inputs/uas": (2, 16, 16),
+        "targets/tas": (1, 8, 8),
+        "forcings/vas": (1, 16, 16),
+    }
+    assert schema.feature("time_features/day_progress_sin").shape == (3, 16)
