@@ -31,7 +31,7 @@ from planning.inputs.coords import record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
 from planning.inputs.zarr_inventory import take_store_inventory
-from planning.positions import Positions
+from planning.positions import Positions, plan_time_features
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
@@ -41,7 +41,6 @@ from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import SplitPlan, assign_splits
-from planning.time_features import plan_time_features
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name

@@ -15,7 +15,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from planning.roles import ROLE_KEY, role_values, variable_of
+from planning.features import ROLE_KEY, role_values, variable_of
 from planning.run.contracts import BYTES_ENCODED, METRICS_NAMESPACE, SAMPLE_ID, SPLIT, Block
 from planning.run.names import bucket_path
 from planning.run.progress import mark

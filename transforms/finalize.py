@@ -18,7 +18,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from planning.roles import ROLE_KEY, variable_of
+from planning.features import ROLE_KEY, variable_of
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.manifest import Manifest
 from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
