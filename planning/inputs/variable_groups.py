@@ -6,7 +6,7 @@ periods. Files are grouped by the data variables they hold along the concat dim 
 variables such as ``time_bnds`` are not data: every group may hold them); each group is a run of
 files along the concat dim, and every group must cover the same steps, so the virtual dataset is
 the groups merged by variable (xarray's merge). Files that share some variables but not all are
-not a join but a file missing a variable, and are refused as such.
+not a join but a file missing (or adding) a variable: they stay one run, as without groups.
 """
 
 from __future__ import annotations
@@ -68,27 +68,20 @@ def data_along(info: FileInfo, concat_dim: str) -> tuple[str, ...]:
 def group_by_variables(infos: Sequence[FileInfo], concat_dim: str) -> list[tuple[tuple[str, ...], list[FileInfo]]]:
     """The files grouped by the data variables they hold along the concat dim, groups in order of their names.
 
-    Groups must hold disjoint variables: two groups that share one are a file missing a variable.
+    Only groups of disjoint variables join by variable: where two share one, a file lacks (or has
+    an extra) variable, and the files stay one run along the concat dim, checked variable by
+    variable for those the config takes (planning.inputs.inventory.check_variables_agree).
     """
     found: dict[tuple[str, ...], list[FileInfo]] = {}
     for info in infos:
         found.setdefault(data_along(info, concat_dim), []).append(info)
     groups = sorted(found.items())
-    for i, (names, files) in enumerate(groups):
-        for other_names, other_files in groups[i + 1 :]:
-            if set(names) & set(other_names):
-                raise _missing_variable((names, files), (other_names, other_files))
+    seen: set[str] = set()
+    for names, _ in groups:
+        if seen & set(names):
+            return [((), list(infos))]
+        seen |= set(names)
     return groups
-
-
-def _missing_variable(a: tuple[tuple[str, ...], list[FileInfo]], b: tuple[tuple[str, ...], list[FileInfo]]):
-    """Two groups that share variables: the file of the one lacking a variable the other has, named."""
-    (names, files), (other_names, other_files) = (a, b) if set(b[0]) - set(a[0]) else (b, a)
-    missing = sorted(set(other_names) - set(names))[0]
-    return UserError(
-        f"{files[0].path}: variable {missing!r} is missing ({other_files[0].path} has it); every input file needs "
-        f"the same variables, or, one variable per file (as CMIP), variables no other file holds"
-    )
 
 
 def check_same_steps_of_groups(
