@@ -40,6 +40,7 @@ from pipelines.runners import (
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
+from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
@@ -127,6 +128,7 @@ def run_build(
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
+    defer_dask()
     check_remote_setup(options, config, shared_filesystem)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
