@@ -51,7 +51,8 @@ READ_BATCH = {"patches": 128, "points": 1024}
 READ_ROUNDS = 5
 PACKED = 32  # point series per record in the packed read-side set
 HELP_RUNS = 3  # one with --quick: a smoke test, not a measurement
-DEMO_RUNS = 3  # timed runs of the demo build (its data written by an untimed one first); the median is kept
+#: Timed runs of the demo build (its data written by an untimed one first; one with --quick); the median is kept.
+DEMO_RUNS = 3
 #: The shard-writer competitor's shard and budget in MB (quick: a smoke test).
 SHARD_WRITER_MB = {False: (256, 64), True: (16, 4)}
 
@@ -343,7 +344,9 @@ def time_demo(bench: Bench) -> dict:
     first = run_measured(command, str(directory), bench.env, bench.timeout)  # writes the demo's archive
     if not first.ok:
         return {"ok": False, "error": first.output_tail}
-    runs = [run_measured(command, str(directory), bench.env, bench.timeout) for _ in range(DEMO_RUNS)]
+    runs = [
+        run_measured(command, str(directory), bench.env, bench.timeout) for _ in range(1 if bench.quick else DEMO_RUNS)
+    ]
     walls = [r.wall_seconds for r in runs]
     shutil.rmtree(directory, ignore_errors=True)
     return {
