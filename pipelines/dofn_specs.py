@@ -8,12 +8,34 @@ What it finds depends only on the DoFn's methods, which do not change once the D
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 _INSTALLED = False
 
 
+def once_per_object(look: Callable) -> Callable:
+    """``look``, answering again from a memo for an object still alive (by identity; held weakly)."""
+    memo: dict[int, tuple[weakref.ref, object]] = {}
+
+    def remembered(obj):
+        held = memo.get(id(obj))
+        if held is not None and held[0]() is obj:
+            return held[1]
+        found = look(obj)
+        try:
+            alive = weakref.ref(obj)
+        except TypeError:  # no weak references to it: asked again, it is looked over again
+            return found
+        key = id(obj)
+        memo[key] = (alive, found)
+        weakref.finalize(obj, memo.pop, key, None)  # gone with the object, before its id can be reused
+        return found
+
+    return remembered
+
+
 def look_once_per_dofn() -> None:
-    """Make Beam's ``userstate.get_dofn_specs`` answer from a memo per live DoFn object; idempotent.
+    """Make Beam's ``userstate.get_dofn_specs`` answer once per live DoFn object; idempotent.
 
     Installed when a build runs (never at import: importing the packages patches nothing).
     """
@@ -22,22 +44,5 @@ def look_once_per_dofn() -> None:
         return
     from apache_beam.transforms import userstate
 
-    original = userstate.get_dofn_specs
-    memo: dict[int, tuple[weakref.ref, tuple]] = {}
-
-    def get_dofn_specs(dofn):
-        held = memo.get(id(dofn))
-        if held is not None and held[0]() is dofn:
-            return held[1]
-        specs = original(dofn)
-        try:
-            seen = weakref.ref(dofn)
-        except TypeError:  # no weak references to it: asked again, it is looked over again
-            return specs
-        key = id(dofn)
-        memo[key] = (seen, specs)
-        weakref.finalize(dofn, memo.pop, key, None)  # gone with the DoFn, before its id can be reused
-        return specs
-
-    userstate.get_dofn_specs = get_dofn_specs
+    userstate.get_dofn_specs = once_per_object(userstate.get_dofn_specs)
     _INSTALLED = True
