@@ -43,7 +43,7 @@ class ShardLayout:
 
     def record_ends(self) -> np.ndarray:
         """Where each record ends, counted from the first shard's start as if the shards were one file, in the
-        order the records lie in the shards: a shard's index is its slice (``shard_ends``), without a re-read."""
+        order the records lie in the shards: a shard's index is its slice (``shard_sizes``), without a re-read."""
         return np.load(os.path.join(self.directory, "record_ends.npy"), mmap_mode="r")
 
     def shard_start(self, shard: int) -> int:
