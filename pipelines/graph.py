@@ -20,6 +20,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
+from pipelines.dofn_specs import look_once_per_dofn
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from pipelines.output_lock import open_private_folder, output_lock
 from pipelines.preflight import check_remote_setup
@@ -40,6 +41,7 @@ from pipelines.runners import (
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
+from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
@@ -127,6 +129,8 @@ def run_build(
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
+    defer_dask()
+    look_once_per_dofn()
     check_remote_setup(options, config, shared_filesystem)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
@@ -175,9 +179,14 @@ def run_build(
                     counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
-                plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
+                if not local:  # a local run's runner weighs the graph it is given (pipelines.runners)
+                    plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
                 check_stopped()  # stopped while the graph was built: the pipeline does not start
                 result = _run_and_wait(pipeline, options, local)
+                if local:
+                    weighed = getattr(pipeline.runner, "graph_bytes", None)
+                    size = weighed if weighed is not None else job_graph_size(pipeline)
+                    plan = dataclasses.replace(plan, job_graph_bytes=size)
                 if counters is not None:
                     counters.update(run_counters(result))
             record_complete(plan.output, manifest)

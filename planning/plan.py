@@ -26,11 +26,10 @@ from planning.features import (
 )
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
-from planning.formats.zarr_store import store_input
+from planning.formats.zarr_paths import store_input
 from planning.inputs.coords import record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
-from planning.inputs.zarr_inventory import take_store_inventory
 from planning.positions import Positions, plan_time_features
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
@@ -173,6 +172,9 @@ def make_plan(
             "give the store the dim itself, or build from NetCDF files"
         )
     if store is not None:
+        # Imported here: zarr (and numcodecs) load only for a store's build.
+        from planning.inputs.zarr_inventory import take_store_inventory
+
         inventory = take_store_inventory(store, config.input.concat_dim, decoding)
     else:
         inventory = take_inventory(

@@ -14,7 +14,7 @@ import numpy as np
 
 from planning.formats.calendars import GREGORIAN, as_cftime, calendar_of
 from planning.formats.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
-from planning.formats.zarr_store import StoreLayout
+from planning.formats.zarr_paths import StoreLayout
 from planning.inputs.coords import format_value
 from planning.inputs.input_config import NewDimConfig
 from planning.inputs.local_probe import probe_local_files

@@ -220,19 +220,25 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     begin, end = box[concat_dim]
     parts: dict[str, list[np.ndarray]] = {v.name: [] for v in along}
     files = [f for f in files if along and f.stop > begin and f.start < end]
-    # Local files are read holding the lock for the whole unit: HDF5 works one call at a time
-    # per process anyway, and two threads handing the lock (and the GIL, which h5py keeps while
-    # it works) back and forth at every small file read slower than one thread. Remote files
-    # let go of it while their bytes arrive.
-    with contextlib.nullcontext() if any(is_remote(f.path) for f in files) else NETCDF_LOCK:
-        for source in files:
-            local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
-            _check_unchanged(source)  # also what makes an offset planned for it still right
-            values = read_direct(source, along, local, concat_dim)
-            if values is None:
-                values = _read_file(slabs, source.path, along, local, source.nbytes, source.classic)
-            for variable in along:
-                parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
+    boxes = [
+        {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
+        for source in files
+    ]
+    read: list[dict[str, np.ndarray] | None] = []
+    for source, local in zip(files, boxes):  # by offset first, without the lock: plain reads, any thread at once
+        _check_unchanged(source)  # also what makes an offset planned for it still right
+        read.append(read_direct(source, along, local, concat_dim))
+    # Local files left to HDF5 are read holding the lock for all of the unit's: HDF5 works one call at a time
+    # per process anyway, and two threads handing the lock (and the GIL, which h5py keeps while it works)
+    # back and forth at every small file read slower than one thread. Remote files let go of it while their
+    # bytes arrive.
+    left = [i for i, values in enumerate(read) if values is None]
+    with contextlib.nullcontext() if not left or any(is_remote(f.path) for f in files) else NETCDF_LOCK:
+        for i in left:
+            read[i] = _read_file(slabs, files[i].path, along, boxes[i], files[i].nbytes, files[i].classic)
+    for source, local, values in zip(files, boxes, read):
+        for variable in along:
+            parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
     for variable in along:
         pieces = parts[variable.name]
         if not pieces:
