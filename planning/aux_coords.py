@@ -100,6 +100,7 @@ def coordinate_plans(
         shape, dims = grid.feature_shape(var.dims)
         dtype = "float32" if kind == "f" else "int64"
         source = {"coordinate": name, "dtype": var.dtype, "file_dtype": var.source_dtype, "attrs": var.attrs}
+        source["dims"] = list(var.dims)
         if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
             source["stored_as"] = "float32 (tf.Example holds no float64)"
         if not along:
