@@ -1,0 +1,467 @@
+"""Predictions back on the grid: keyed samples reassembled into an xarray Dataset on the output's source grid.
+
+    import schemas
+    ds = schemas.reassemble("out/patches", schemas.Reader("out/patches", "valid"), split="valid")
+
+Every record carries ``index/<dim>``, its start on the selected grid along each sample dim; with
+schema.json's ``grid`` (every cell's coordinate) that is all it takes to put a sample back. Overlapping
+samples are blended with weights per window dim, normalised per cell; ``coverage`` counts the samples
+that touched each cell (0: none, and the values there are NaN). xarray is imported here only: the base
+install reads outputs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from schemas.errors import UserError
+from schemas.grid import coordinate_attrs, coordinate_values
+from schemas.schema import Feature, Schema
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+BLENDS = ("mean", "cosine", "gaussian")
+#: MONAI's sliding-window gaussian: sigma as a fraction of the window.
+GAUSSIAN_SIGMA = 0.125
+#: A dim a prediction adds (more channels than the records had), unless ``dims`` names it.
+EXTRA_DIM = "channel"
+COVERAGE = "coverage"
+_SKIPPED_ROLES = ("index", "coord", "count")
+
+
+def import_xarray():
+    try:
+        import xarray
+    except ImportError:
+        raise UserError(
+            "reassembly needs xarray, which the base install leaves out: pip install 'xarray-tfrecords[reassemble]'"
+        ) from None
+    return xarray
+
+
+def window_weights(size: int, blend: str) -> np.ndarray:
+    """Weights along one window dim: ones (mean), a Hann window (cosine) or a gaussian, none of them zero."""
+    if blend == "mean":
+        return np.ones(size)
+    centre = (np.arange(size) + 0.5) / size  # cell centres in (0, 1): the edge cells keep a weight above 0
+    if blend == "cosine":
+        return np.sin(np.pi * centre) ** 2
+    if blend == "gaussian":
+        return np.exp(-0.5 * ((centre - 0.5) / GAUSSIAN_SIGMA) ** 2)
+    raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
+
+
+@dataclasses.dataclass(frozen=True)
+class GridAxis:
+    """One sample dim of the output grid: its role, and the cells reassembly covers ([first, first + length))."""
+
+    dim: str
+    role: str
+    length: int
+    first: int = 0
+    size: int = 1
+    stride: int = 1
+    positions: int = 0
+    offsets: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, entry: dict) -> GridAxis:
+        return cls(
+            entry["dim"],
+            entry["role"],
+            entry["length"],
+            size=entry.get("size", 1),
+            stride=entry.get("stride", 1),
+            positions=entry.get("positions", entry["length"]),
+            offsets=tuple(entry.get("offsets", ())),
+        )
+
+    def reach(self) -> tuple[int, int]:
+        """Cells a sample starting at 0 covers along this dim: [low, high)."""
+        if self.role == "window":
+            return 0, self.size
+        if self.role == "offsets":
+            return min(self.offsets), max(self.offsets) + 1
+        return 0, 1
+
+    def check(self, start: int, where: str) -> None:
+        """UserError unless ``start`` is a sample position of the output along this dim."""
+        low, high = self.reach()
+        held = self.first - low <= start and start + high <= self.first + self.length
+        if self.role == "window":
+            held = held and start % self.stride == 0 and start // self.stride < self.positions
+        if not held:
+            raise UserError(
+                f"{where}: index/{self.dim} = {start} is not a sample of the output (along {self.dim!r} it holds "
+                f"{self._described()}); reassemble samples of this output only"
+            )
+
+    def _described(self) -> str:
+        if self.role == "window":
+            return f"windows of {self.size} every {self.stride} from 0, {self.positions} of them"
+        return f"starts {self.first - self.reach()[0]} to {self.first + self.length - self.reach()[1]}"
+
+    def cells(self, start: int) -> slice | np.ndarray:
+        """Where a sample starting at ``start`` lands along this dim, in the reassembled array."""
+        at = start - self.first
+        if self.role == "window":
+            return slice(at, at + self.size)
+        if self.role == "offsets":
+            steps = np.diff(self.offsets)
+            if len(self.offsets) == 1 or (steps[0] > 0 and np.all(steps == steps[0])):
+                step = int(steps[0]) if len(steps) else 1
+                return slice(at + self.offsets[0], at + self.offsets[-1] + 1, step)
+            return at + np.asarray(self.offsets)
+        return slice(at, at + 1)
+
+
+@dataclasses.dataclass
+class Target:
+    """One variable being reassembled: the weighted sum and the weights of the samples that touched each cell."""
+
+    name: str
+    dims: tuple[str, ...]  # on the grid, in the files' order; a prediction's added dims last
+    sample_dims: tuple[str, ...]  # as the samples hold it
+    attrs: dict
+    dtype: str
+    is_coordinate: bool = False
+    source_dtype: str | None = None
+    total: np.ndarray | None = None
+    weight: np.ndarray | None = None
+
+
+class Reassembly:
+    """Samples added one by one (any order, from any reader) -> an xr.Dataset on the output's grid."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        split: str | None = None,
+        blend: str = "mean",
+        dims: Mapping[str, Sequence[str]] | None = None,
+        where: str = "output",
+    ):
+        if blend not in BLENDS:
+            raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
+        if not schema.grid:
+            raise UserError(
+                f"{where}: schema.json has no grid (the output was built before reassembly existed); build it again"
+            )
+        self.schema, self.split, self.blend, self.where = schema, split, blend, where
+        self.dims = {name: tuple(d) for name, d in (dims or {}).items()}
+        self.axes = self._axes(schema, split)
+        self.grid_axes = [a for a in self.axes.values() if a.role != "keep"]
+        self.keys: set[tuple[int, ...]] = set()
+        self.targets: dict[str, Target] = {}
+        self.extra_sizes: dict[str, int] = {}
+        self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
+        self._weights: dict[tuple[str, ...], np.ndarray] = {}
+
+    def _axes(self, schema: Schema, split: str | None) -> dict[str, GridAxis]:
+        axes = {e["dim"]: GridAxis.of(e) for e in schema.sample["axes"]}
+        if split is None:
+            return axes
+        if split not in schema.splits:
+            have = ", ".join(schema.splits) or "none"
+            raise UserError(f"{self.where}: no split {split!r}; it has: {have}; choose one of those")
+        info = schema.sample.get("splits", {}).get(split)
+        dim = schema.sample.get("split_dim", schema.sample["concat_dim"])
+        if info is None or dim not in axes:
+            return axes
+        axis = axes[dim]
+        start, stop = info["index_range"]
+        low, high = axis.reach()
+        first, last = max(0, start + low), min(axis.length, stop - 1 + high)
+        axes[dim] = dataclasses.replace(axis, first=first, length=max(0, last - first))
+        return axes
+
+    # ---- samples in -------------------------------------------------------------------------------------------
+
+    def add_all(self, samples: Iterable[Mapping[str, Any]]) -> Reassembly:
+        """Add samples: dicts of one sample, or batches of them (every array with a leading sample axis)."""
+        first_dim = f"index/{self.grid_axes[0].dim}" if self.grid_axes else None
+        for sample in samples:
+            index = sample.get(first_dim) if first_dim else None
+            if index is not None and np.ndim(index) == 1:
+                for i in range(len(index)):
+                    self.add({name: values[i] for name, values in sample.items()})
+            else:
+                self.add(sample)
+        return self
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
+        starts = []
+        for axis in self.grid_axes:
+            name = f"index/{axis.dim}"
+            if name not in sample:
+                raise UserError(
+                    f"{self.where}: a sample lacks {name} (it has: {', '.join(sample) or 'nothing'}); "
+                    "keep the records' index features beside each prediction"
+                )
+            start = int(np.asarray(sample[name]).reshape(()))
+            axis.check(start, f"{self.where}: sample {self._key_text(sample)}")
+            starts.append(start)
+        key = tuple(starts)
+        if key in self.keys:
+            raise UserError(
+                f"{self.where}: sample {self._key_text(sample)} was given twice; give each sample once "
+                "(duplicate keys: two readers over one split, or a prediction written twice)"
+            )
+        self.keys.add(key)
+        at = dict(zip([a.dim for a in self.grid_axes], starts))
+        self.coverage[tuple(a.cells(at[a.dim]) for a in self.grid_axes)] += 1
+        masks = {
+            f.source.get("of"): sample[f.name] for f in self.schema.features if f.role == "mask" and f.name in sample
+        }
+        for name, values in sample.items():
+            feature = self._feature(name)
+            if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
+                continue
+            if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
+                continue  # a static coordinate: schema.json's grid holds it exactly
+            values = np.asarray(values)
+            if name in masks:
+                values = np.where(np.asarray(masks[name]) != 0, np.nan, values.astype(np.float64))
+            for target, part in self._parts(name, feature, values):
+                self._place(target, part, at)
+
+    def _key_text(self, sample: Mapping[str, Any]) -> str:
+        return (
+            "("
+            + ", ".join(f"{n}={int(np.asarray(v).reshape(()))}" for n, v in sample.items() if n.startswith("index/"))
+            + ")"
+        )
+
+    def _feature(self, name: str) -> Feature | None:
+        try:
+            return self.schema.feature(name)
+        except KeyError:
+            return None
+
+    def _parts(self, name: str, feature: Feature | None, values: np.ndarray):
+        """(target, values in the target's sample dims) for a sample's array: a stack gives one per channel."""
+        channels = feature.source.get("channels") if feature is not None else None
+        if channels and name not in self.dims:
+            self._check_shape(name, values, feature.shape)
+            axis = feature.dims.index("channel")
+            for i, member in enumerate(channels):
+                info = feature.source["variables"][member]
+                dims = tuple(d for d in feature.dims if d != "channel")
+                target = self._target(member, dims, info, feature.dtype)
+                yield target, np.take(values, i, axis=axis)
+            return
+        if feature is not None and name not in self.dims:
+            self._check_shape(name, values, feature.shape)
+            is_coordinate = feature.role == "aux_coord"
+            named = feature.source.get("coordinate", name) if is_coordinate else name
+            yield self._target(named, feature.dims, feature.source, feature.dtype, is_coordinate), values
+            return
+        dims = self.dims.get(name) or self._guess_dims(name, values.shape)
+        if len(dims) != values.ndim:
+            raise UserError(
+                f"{self.where}: {name!r} has shape {values.shape} but dims {dims} were given for it; "
+                "name one dim per axis"
+            )
+        for dim, size in zip(dims, values.shape):
+            want = self._dim_size(dim)
+            if want is None:
+                want = self.extra_sizes.setdefault(dim, size)
+            if want != size:
+                raise UserError(
+                    f"{self.where}: {name!r} has {size} along {dim!r} where the output's samples have {want}; "
+                    "predict on the output's sample shape"
+                )
+        template = self.schema.variable_features[0]
+        source = {"dims": [*template.source.get("dims", template.dims)], "attrs": {}}
+        yield self._target(name, dims, source, "float32"), values
+
+    def _dim_size(self, dim: str) -> int | None:
+        axis = self.axes.get(dim)
+        if axis is None:
+            return None
+        return len(axis.offsets) if axis.role == "offsets" else axis.size if axis.role == "window" else axis.length
+
+    def _check_shape(self, name: str, values: np.ndarray, shape: tuple[int, ...]) -> None:
+        if values.shape != tuple(shape):
+            raise UserError(
+                f"{self.where}: {name!r} has shape {values.shape} where the output's feature has {tuple(shape)}; "
+                "predict on the output's sample shape, or say its dims (dims=...)"
+            )
+
+    def _guess_dims(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """A prediction under another name: the first variable's dims, without the kept ones, or with a channel."""
+        template = self.schema.variable_features[0]
+        unkept = tuple(d for d in template.dims if self.axes[d].role != "keep")
+        candidates = [
+            template.dims,
+            unkept,
+            (*template.dims, EXTRA_DIM),
+            (*unkept, EXTRA_DIM),
+        ]
+        for dims in candidates:
+            sizes = [self._dim_size(d) for d in dims]
+            if len(dims) == len(shape) and all(s is None or s == n for s, n in zip(sizes, shape)):
+                return dims
+        raise UserError(
+            f"{self.where}: {name!r} has shape {shape}, which fits no sample shape of the output "
+            f"({template.name!r} is {template.shape} over {template.dims}); pass dims={{{name!r}: (...)}} to say which"
+        )
+
+    def _target(self, name: str, sample_dims, source: dict, dtype: str, is_coordinate: bool = False) -> Target:
+        target = self.targets.get(name)
+        if target is not None:
+            return target
+        files = source.get("dims") or [*[a.dim for a in self.grid_axes if a.role == "iterate"], *sample_dims]
+        on_grid = [d for d in files if d in sample_dims or (d in self.axes and self.axes[d].role == "iterate")]
+        dims = (*on_grid, *[d for d in sample_dims if d not in on_grid])
+        attrs = dict(source.get("attrs", {}))
+        target = Target(name, dims, tuple(sample_dims), attrs, dtype, is_coordinate, source.get("dtype"))
+        sizes = [
+            self._dim_size(d) if d not in self.axes or self.axes[d].role == "keep" else self.axes[d].length
+            for d in dims
+        ]
+        sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
+        target.total = np.zeros(sizes)
+        target.weight = np.zeros(
+            [s if d in self.axes and self.axes[d].role != "keep" else 1 for d, s in zip(dims, sizes)]
+        )
+        self.targets[name] = target
+        return target
+
+    def _window_weight(self, target: Target) -> np.ndarray:
+        """The weight of one sample's cells, shaped to broadcast against the block it adds to ``target``."""
+        found = self._weights.get(target.dims)
+        if found is None:
+            found = np.ones([1] * len(target.dims))
+            for i, dim in enumerate(target.dims):
+                axis = self.axes.get(dim)
+                if axis is not None and axis.role == "window":
+                    shape = [1] * len(target.dims)
+                    shape[i] = axis.size
+                    found = found * window_weights(axis.size, self.blend).reshape(shape)
+            self._weights[target.dims] = found
+        return found
+
+    def _place(self, target: Target, values: np.ndarray, at: dict[str, int]) -> None:
+        if values.shape != tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims):
+            raise UserError(
+                f"{self.where}: {target.name!r} has shape {values.shape}, unlike its first sample's; "
+                "give every sample one shape"
+            )
+        order = [target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
+        block = np.transpose(values, order).astype(np.float64, copy=False)
+        index, weight_index = [], []
+        for dim in target.dims:
+            axis = self.axes.get(dim)
+            if dim not in target.sample_dims:  # an iterated dim: the sample is one step of it
+                block = np.expand_dims(block, target.dims.index(dim))
+            if axis is None or axis.role == "keep":
+                index.append(slice(None))
+                weight_index.append(slice(None))
+            else:
+                cells = axis.cells(at[dim])
+                index.append(cells)
+                weight_index.append(cells)
+        if any(isinstance(i, np.ndarray) for i in index):
+            index = _open_mesh(index, target.total.shape)
+            weight_index = _open_mesh(weight_index, target.weight.shape)
+        weight = self._window_weight(target)
+        target.total[tuple(index)] += weight * block
+        target.weight[tuple(weight_index)] += weight
+
+    # ---- the dataset out --------------------------------------------------------------------------------------
+
+    def dataset(self) -> xr.Dataset:
+        xr = import_xarray()
+        coords: dict[str, Any] = {}
+        for name, entry in self.schema.grid.items():
+            if "dims" in entry:  # a static coordinate of config ``coords`` (a curvilinear grid's 2-D lat, lon)
+                coords[self.schema.feature(name).source.get("coordinate", name)] = self._static(xr, entry)
+        for dim, axis in self.axes.items():
+            entry = self.schema.grid.get(dim)
+            if entry is None:
+                continue
+            values = coordinate_values(entry)[axis.first : axis.first + axis.length]
+            attrs, encoding = coordinate_attrs(entry)
+            variable = xr.Variable(dim, values, attrs)
+            variable.encoding.update(encoding)
+            coords[dim] = variable
+        for scalar in self.schema.scalar_coords:
+            coords[scalar["name"]] = xr.Variable(
+                (), np.asarray(scalar["value"], dtype=scalar["dtype"]), scalar["attrs"]
+            )
+        data = {}
+        for target in self.targets.values():
+            with np.errstate(invalid="ignore", divide="ignore"):
+                values = np.where(
+                    target.weight > 0, target.total / np.where(target.weight > 0, target.weight, 1), np.nan
+                )
+            dtype = np.float32 if target.dtype == "float32" else np.float64
+            stored = target.source_dtype
+            if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
+                dtype = np.dtype(stored)  # integers come back as the files held them, where every cell was covered
+            variable = xr.Variable(target.dims, values.astype(dtype), target.attrs)
+            if target.is_coordinate:
+                coords[target.name] = variable
+            else:
+                data[target.name] = variable
+        data[COVERAGE] = xr.Variable(
+            [a.dim for a in self.grid_axes],
+            self.coverage,
+            {"long_name": "samples that touched the cell", "comment": "0: no sample, the values there are NaN"},
+        )
+        attrs = {"reassembled_from": self.where, "blend": self.blend}
+        if self.split is not None:
+            attrs["split"] = self.split
+        return xr.Dataset(data, coords, attrs)
+
+    def _static(self, xr, entry: dict):
+        values = coordinate_values(entry).reshape(entry["shape"])
+        crop = tuple(
+            slice(self.axes[d].first, self.axes[d].first + self.axes[d].length) if d in self.axes else slice(None)
+            for d in entry["dims"]
+        )
+        attrs, encoding = coordinate_attrs(entry)
+        variable = xr.Variable(entry["dims"], values[crop], attrs)
+        variable.encoding.update(encoding)
+        return variable
+
+
+def _open_mesh(index: list, shape: tuple[int, ...]) -> tuple:
+    """Slices and index arrays -> arrays that index the block they name (np.ix_)."""
+    ranges = [np.arange(n)[i] if isinstance(i, slice) else i for i, n in zip(index, shape)]
+    return np.ix_(*ranges)
+
+
+def reassemble(
+    output: str,
+    samples: Iterable[Mapping[str, Any]] | None = None,
+    split: str | None = None,
+    blend: str = "mean",
+    *,
+    dims: Mapping[str, Sequence[str]] | None = None,
+    schema: Schema | None = None,
+) -> xr.Dataset:
+    """Samples of ``output`` (its records, or predictions keyed by their index/<dim>) on its source grid.
+
+    ``samples``: dicts of one sample or batches of them (``schemas.Reader`` yields them); None: the
+    split's own records. ``dims``: a prediction's dims by name, where its name is not a feature of the
+    output and its shape does not say them (a prediction may drop the kept dims or add a ``channel``).
+    """
+    import_xarray()
+    from schemas.dataset import load_schema
+    from schemas.reader import Reader
+    from schemas.schema import default_split
+
+    path = str(output).rstrip("/") or "/"
+    schema = schema if schema is not None else load_schema(path)
+    assembly = Reassembly(schema, split, blend, dims, where=path)
+    if samples is None:
+        samples = Reader(path, split or default_split(list(schema.splits)), schema=schema).iter_chunks()
+    return assembly.add_all(samples).dataset()
