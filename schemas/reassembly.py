@@ -31,6 +31,13 @@ GAUSSIAN_SIGMA = 0.125
 #: A dim a prediction adds (more channels than the records had), unless ``dims`` names it.
 EXTRA_DIM = "channel"
 COVERAGE = "coverage"
+#: Layouts: samples on the source grid, or (for pairs and sequences along the concat dim) as forecasts.
+LAYOUTS = ("grid", "forecast")
+#: The forecast layout's dims, as WeatherBench-X's PredictionsFromXarray opens them.
+INIT_TIME, LEAD_TIME, VALID_TIME = "init_time", "lead_time", "valid_time"
+AREA_WEIGHT = "area_weight"
+#: Roles whose dim every sample holds whole (no position along it).
+_WHOLE = ("keep", "lead")
 _SKIPPED_ROLES = ("index", "coord", "count")
 
 
@@ -68,6 +75,16 @@ class GridAxis:
     stride: int = 1
     positions: int = 0
     offsets: tuple[int, ...] = ()
+    #: the dim whose index/<dim> places samples along this one (the forecast layout's init_time: the concat dim)
+    key: str = ""
+
+    @property
+    def index_name(self) -> str:
+        return f"index/{self.key or self.dim}"
+
+    @property
+    def whole(self) -> bool:
+        return self.role in _WHOLE
 
     @classmethod
     def of(cls, entry: dict) -> GridAxis:
@@ -85,7 +102,7 @@ class GridAxis:
         """Cells a sample starting at 0 covers along this dim: [low, high)."""
         if self.role == "window":
             return 0, self.size
-        if self.role == "offsets":
+        if self.role in ("offsets", "init"):
             return min(self.offsets), max(self.offsets) + 1
         return 0, 1
 
@@ -97,8 +114,8 @@ class GridAxis:
             held = held and start % self.stride == 0 and start // self.stride < self.positions
         if not held:
             raise UserError(
-                f"{where}: index/{self.dim} = {start} is not a sample of the output (along {self.dim!r} it holds "
-                f"{self._described()}); reassemble samples of this output only"
+                f"{where}: {self.index_name} = {start} is not a sample of the output (along "
+                f"{(self.key or self.dim)!r} it holds {self._described()}); reassemble samples of this output only"
             )
 
     def _described(self) -> str:
@@ -145,9 +162,12 @@ class Reassembly:
         blend: str = "mean",
         dims: Mapping[str, Sequence[str]] | None = None,
         where: str = "output",
+        layout: str = "grid",
     ):
         if blend not in BLENDS:
             raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
+        if layout not in LAYOUTS:
+            raise UserError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}; choose one of those")
         if not schema.grid:
             raise UserError(
                 f"{where}: schema.json has no grid (the output was built before reassembly existed); build it again"
@@ -155,7 +175,11 @@ class Reassembly:
         self.schema, self.split, self.blend, self.where = schema, split, blend, where
         self.dims = {name: tuple(d) for name, d in (dims or {}).items()}
         self.axes = self._axes(schema, split)
-        self.grid_axes = [a for a in self.axes.values() if a.role != "keep"]
+        self.renamed: dict[str, str] = {}  # a sample dim -> its dim here (the forecast layout's lead_time)
+        if layout == "forecast":
+            self._as_forecasts(where)
+        self.layout = layout
+        self.grid_axes = [a for a in self.axes.values() if not a.whole]
         self.keys: set[tuple[int, ...]] = set()
         self.targets: dict[str, Target] = {}
         self.extra_sizes: dict[str, int] = {}
@@ -180,11 +204,30 @@ class Reassembly:
         axes[dim] = dataclasses.replace(axis, first=first, length=max(0, last - first))
         return axes
 
+    def _as_forecasts(self, where: str) -> None:
+        """The concat dim's offsets as lead_time, each sample's index along it as its init_time."""
+        concat_dim = self.schema.sample["concat_dim"]
+        axis = self.axes.get(concat_dim)
+        if axis is None or axis.role != "offsets":
+            raise UserError(
+                f"{where}: layout 'forecast' needs samples with offsets along {concat_dim!r} (sample.offsets), "
+                "which this output's samples do not have; use layout 'grid'"
+            )
+        axes = {}
+        for dim, each in self.axes.items():
+            if dim == concat_dim:
+                axes[INIT_TIME] = dataclasses.replace(axis, dim=INIT_TIME, role="init", key=concat_dim)
+                axes[LEAD_TIME] = dataclasses.replace(axis, dim=LEAD_TIME, role="lead", key=concat_dim)
+            else:
+                axes[dim] = each
+        self.axes = axes
+        self.renamed = {concat_dim: LEAD_TIME}
+
     # ---- samples in -------------------------------------------------------------------------------------------
 
     def add_all(self, samples: Iterable[Mapping[str, Any]]) -> Reassembly:
         """Add samples: dicts of one sample, or batches of them (every array with a leading sample axis)."""
-        first_dim = f"index/{self.grid_axes[0].dim}" if self.grid_axes else None
+        first_dim = self.grid_axes[0].index_name if self.grid_axes else None
         for sample in samples:
             index = sample.get(first_dim) if first_dim else None
             if index is not None and np.ndim(index) == 1:
@@ -198,7 +241,7 @@ class Reassembly:
         """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
         starts = []
         for axis in self.grid_axes:
-            name = f"index/{axis.dim}"
+            name = axis.index_name
             if name not in sample:
                 raise UserError(
                     f"{self.where}: a sample lacks {name} (it has: {', '.join(sample) or 'nothing'}); "
@@ -282,10 +325,13 @@ class Reassembly:
         yield self._target(name, dims, source, "float32"), values
 
     def _dim_size(self, dim: str) -> int | None:
-        axis = self.axes.get(dim)
+        """Cells a sample holds along ``dim`` (the grid's cells along an iterated one); None: not a dim of the grid."""
+        axis = self.axes.get(self.renamed.get(dim, dim))
         if axis is None:
             return None
-        return len(axis.offsets) if axis.role == "offsets" else axis.size if axis.role == "window" else axis.length
+        if axis.role in ("offsets", "lead"):
+            return len(axis.offsets)
+        return axis.size if axis.role == "window" else axis.length
 
     def _check_shape(self, name: str, values: np.ndarray, shape: tuple[int, ...]) -> None:
         if values.shape != tuple(shape):
@@ -297,7 +343,7 @@ class Reassembly:
     def _guess_dims(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
         """A prediction under another name: the first variable's dims, without the kept ones, or with a channel."""
         template = self.schema.variable_features[0]
-        unkept = tuple(d for d in template.dims if self.axes[d].role != "keep")
+        unkept = tuple(d for d in template.dims if d not in self.axes or self.axes[d].role != "keep")
         candidates = [
             template.dims,
             unkept,
@@ -317,20 +363,18 @@ class Reassembly:
         target = self.targets.get(name)
         if target is not None:
             return target
-        files = source.get("dims") or [*[a.dim for a in self.grid_axes if a.role == "iterate"], *sample_dims]
-        on_grid = [d for d in files if d in sample_dims or (d in self.axes and self.axes[d].role == "iterate")]
+        sample_dims = tuple(self.renamed.get(d, d) for d in sample_dims)
+        files = source.get("dims") or [*[a.key or a.dim for a in self.grid_axes if a.role == "iterate"], *sample_dims]
+        files = [n for d in files for n in ((INIT_TIME, LEAD_TIME) if d in self.renamed else (d,))]
+        placed = ("iterate", "init")
+        on_grid = [d for d in files if d in sample_dims or (d in self.axes and self.axes[d].role in placed)]
         dims = (*on_grid, *[d for d in sample_dims if d not in on_grid])
         attrs = dict(source.get("attrs", {}))
         target = Target(name, dims, tuple(sample_dims), attrs, dtype, is_coordinate, source.get("dtype"))
-        sizes = [
-            self._dim_size(d) if d not in self.axes or self.axes[d].role == "keep" else self.axes[d].length
-            for d in dims
-        ]
+        sizes = [self._dim_size(d) if d not in self.axes or self.axes[d].whole else self.axes[d].length for d in dims]
         sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
         target.total = np.zeros(sizes)
-        target.weight = np.zeros(
-            [s if d in self.axes and self.axes[d].role != "keep" else 1 for d, s in zip(dims, sizes)]
-        )
+        target.weight = np.zeros([s if d in self.axes and not self.axes[d].whole else 1 for d, s in zip(dims, sizes)])
         self.targets[name] = target
         return target
 
@@ -361,7 +405,7 @@ class Reassembly:
             axis = self.axes.get(dim)
             if dim not in target.sample_dims:  # an iterated dim: the sample is one step of it
                 block = np.expand_dims(block, target.dims.index(dim))
-            if axis is None or axis.role == "keep":
+            if axis is None or axis.whole:
                 index.append(slice(None))
                 weight_index.append(slice(None))
             else:
@@ -384,8 +428,11 @@ class Reassembly:
             if "dims" in entry:  # a static coordinate of config ``coords`` (a curvilinear grid's 2-D lat, lon)
                 coords[self.schema.feature(name).source.get("coordinate", name)] = self._static(xr, entry)
         for dim, axis in self.axes.items():
-            entry = self.schema.grid.get(dim)
+            entry = self.schema.grid.get(axis.key or dim)
             if entry is None:
+                continue
+            if axis.role == "lead":
+                coords[dim] = xr.Variable(dim, _lead_times(entry, axis.offsets), {"long_name": "forecast lead time"})
                 continue
             values = coordinate_values(entry)[axis.first : axis.first + axis.length]
             attrs, encoding = coordinate_attrs(entry)
@@ -419,7 +466,10 @@ class Reassembly:
         attrs = {"reassembled_from": self.where, "blend": self.blend}
         if self.split is not None:
             attrs["split"] = self.split
-        return xr.Dataset(data, coords, attrs)
+        dataset = xr.Dataset(data, coords, attrs)
+        if INIT_TIME in dataset.coords and LEAD_TIME in dataset.coords:
+            dataset = dataset.assign_coords({VALID_TIME: dataset[INIT_TIME] + dataset[LEAD_TIME]})
+        return _with_area_weights(dataset)
 
     def _static(self, xr, entry: dict):
         values = coordinate_values(entry).reshape(entry["shape"])
@@ -431,6 +481,42 @@ class Reassembly:
         variable = xr.Variable(entry["dims"], values[crop], attrs)
         variable.encoding.update(encoding)
         return variable
+
+
+def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:
+    """Offsets along the concat dim as lead times: offset x the dim's typical (median) step."""
+    values = coordinate_values(entry)
+    if len(values) < 2:
+        raise UserError("layout 'forecast': the concat dim has one step, so lead times have no step; use layout 'grid'")
+    steps = np.diff(values)
+    if steps.dtype == object:  # cftime dates: their differences are datetime.timedelta
+        steps = steps.astype("timedelta64[ns]")
+    step = np.sort(steps)[len(steps) // 2]
+    return np.asarray(offsets) * step
+
+
+def _latitude(dataset) -> Any:
+    """The grid's latitude coordinate (1-D, or 2-D on a curvilinear grid), if it has one."""
+    for name, coord in dataset.coords.items():
+        units = str(coord.attrs.get("units", "")).lower()
+        if coord.attrs.get("standard_name") == "latitude" or units in ("degrees_north", "degree_north", "degrees_n"):
+            return coord
+        if name in ("lat", "latitude") and coord.dtype.kind == "f":
+            return coord
+    return None
+
+
+def _with_area_weights(dataset):
+    """The dataset with cos-latitude cell-area weights (mean 1 over the grid's latitudes), where it has latitudes."""
+    latitude = _latitude(dataset)
+    if latitude is None:
+        return dataset
+    weights = np.cos(np.deg2rad(latitude.values.astype(np.float64))).clip(min=0)
+    if not weights.sum() > 0:
+        return dataset
+    weights = weights / weights.mean()
+    attrs = {"long_name": "cell area weight", "comment": "cos(latitude), normalised to mean 1 over the grid"}
+    return dataset.assign_coords({AREA_WEIGHT: (latitude.dims, weights, attrs)})
 
 
 def _open_mesh(index: list, shape: tuple[int, ...]) -> tuple:
@@ -446,6 +532,7 @@ def reassemble(
     blend: str = "mean",
     *,
     dims: Mapping[str, Sequence[str]] | None = None,
+    layout: str = "grid",
     schema: Schema | None = None,
 ) -> xr.Dataset:
     """Samples of ``output`` (its records, or predictions keyed by their index/<dim>) on its source grid.
@@ -453,6 +540,9 @@ def reassemble(
     ``samples``: dicts of one sample or batches of them (``schemas.Reader`` yields them); None: the
     split's own records. ``dims``: a prediction's dims by name, where its name is not a feature of the
     output and its shape does not say them (a prediction may drop the kept dims or add a ``channel``).
+    ``layout``: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along
+    the concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
+    WeatherBench-X opens predictions. Where the grid has latitudes, ``area_weight`` holds cos-latitude weights.
     """
     import_xarray()
     from schemas.dataset import load_schema
@@ -461,7 +551,7 @@ def reassemble(
 
     path = str(output).rstrip("/") or "/"
     schema = schema if schema is not None else load_schema(path)
-    assembly = Reassembly(schema, split, blend, dims, where=path)
+    assembly = Reassembly(schema, split, blend, dims, where=path, layout=layout)
     if samples is None:
         samples = Reader(path, split or default_split(list(schema.splits)), schema=schema).iter_chunks()
     return assembly.add_all(samples).dataset()

@@ -309,3 +309,35 @@ def test_a_prediction_under_another_name_without_the_kept_dims(overlapping, era5
     want = era5_source["t"].sel(level=level, time=ds["time"].values).astype("float32")
     covered = ds["coverage"] > 0
     np.testing.assert_array_equal(ds["t500"].where(covered).values, want.where(covered).values)
+
+
+def test_pairs_as_forecasts_init_time_and_lead_time_with_area_weights(overlapping, era5_source):
+    """WeatherBench-X's layout: each sample's index its init_time, its offsets x the step its lead_time."""
+    ds = schemas.reassemble(str(overlapping), plus_one(overlapping, "valid"), split="valid", layout="forecast")
+    assert ds["t"].dims == ("init_time", "lead_time", "level", "lat", "lon")
+    assert ds["lead_time"].values.tolist() == [np.timedelta64(0, "ns"), np.timedelta64(6 * 3600 * 10**9, "ns")]
+    np.testing.assert_array_equal(ds["valid_time"].values, (ds["init_time"] + ds["lead_time"]).values)
+    covered = (ds["coverage"] > 0).values[:-1, None]  # (init_time, level, lat, lon), the last init aside
+    for lead in range(2):
+        valid = ds["valid_time"].isel(lead_time=lead).values[:-1]
+        want = era5_source["t"].sel(time=valid).transpose("time", "level", "lat", "lon").values.astype("float32") + 1
+        got = ds["t"].isel(lead_time=lead, init_time=slice(0, -1)).values
+        np.testing.assert_array_equal(got, np.where(covered, want, np.nan))
+    assert np.isnan(ds["t"].isel(init_time=-1)).all()  # the last step starts no pair
+    weights = np.cos(np.deg2rad(era5_source["lat"].values.astype(np.float64)))
+    np.testing.assert_allclose(ds["area_weight"].values, weights / weights.mean())
+
+
+def test_the_forecast_layout_needs_offsets_along_the_concat_dim(era5, tmp_path):
+    config = {
+        "input": {"paths": str(era5 / "era5_*.nc")},
+        "variables": ["t"],
+        "sample": {"window": {"lat": 10, "lon": 12}, "keep": ["level"]},
+        "output": {"path": str(tmp_path / "o")},
+    }
+    output = build_quietly(config, tmp_path)
+    with pytest.raises(UserError, match=r"layout 'forecast' needs samples with offsets along 'time'") as error:
+        schemas.reassemble(str(output), layout="forecast")
+    assert "\n" not in str(error.value)
+    with pytest.raises(UserError, match=r"blend: 'box' is not one of mean, cosine, gaussian"):
+        schemas.reassemble(str(output), blend="box")
