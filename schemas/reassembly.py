@@ -163,7 +163,10 @@ class Reassembly:
         dims: Mapping[str, Sequence[str]] | None = None,
         where: str = "output",
         layout: str = "grid",
+        region: tuple[str | None, int, int] | None = None,
     ):
+        """``region``: (dim, start, stop): reassemble only those cells of a grid dim (one output chunk); samples
+        reaching beyond them add only their part inside."""
         if blend not in BLENDS:
             raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
         if layout not in LAYOUTS:
@@ -179,6 +182,13 @@ class Reassembly:
         if layout == "forecast":
             self._as_forecasts(where)
         self.layout = layout
+        self.checked = [a for a in self.axes.values() if not a.whole]  # keys are checked on the whole grid
+        self.whole_grid = dict(self.axes)
+        if region is not None:
+            dim, start, stop = region
+            dim = dim or (self.checked[0].dim if self.checked else None)  # None: the first placed dim
+            axis = self.axes[dim]
+            self.axes[dim] = dataclasses.replace(axis, first=axis.first + start, length=stop - start)
         self.grid_axes = [a for a in self.axes.values() if not a.whole]
         self.keys: set[tuple[int, ...]] = set()
         self.targets: dict[str, Target] = {}
@@ -237,10 +247,14 @@ class Reassembly:
                 self.add(sample)
         return self
 
-    def add(self, sample: Mapping[str, Any]) -> None:
-        """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
+    def checked_axis(self, dim: str) -> GridAxis:
+        """A placed dim of the whole grid (before any region)."""
+        return next(a for a in self.checked if a.dim == dim)
+
+    def check_key(self, sample: Mapping[str, Any]) -> tuple[int, ...]:
+        """The sample's start along every placed dim; UserError unless the output holds such a sample."""
         starts = []
-        for axis in self.grid_axes:
+        for axis in self.checked:
             name = axis.index_name
             if name not in sample:
                 raise UserError(
@@ -250,7 +264,11 @@ class Reassembly:
             start = int(np.asarray(sample[name]).reshape(()))
             axis.check(start, f"{self.where}: sample {self._key_text(sample)}")
             starts.append(start)
-        key = tuple(starts)
+        return tuple(starts)
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
+        key = starts = self.check_key(sample)
         if key in self.keys:
             raise UserError(
                 f"{self.where}: sample {self._key_text(sample)} was given twice; give each sample once "
@@ -258,7 +276,12 @@ class Reassembly:
             )
         self.keys.add(key)
         at = dict(zip([a.dim for a in self.grid_axes], starts))
-        self.coverage[tuple(a.cells(at[a.dim]) for a in self.grid_axes)] += 1
+        cells = [_clipped(a.cells(at[a.dim]), a.length)[0] for a in self.grid_axes]
+        if any(c is None for c in cells):
+            return  # all of it outside the region
+        if any(isinstance(c, np.ndarray) for c in cells):
+            cells = _open_mesh(cells, self.coverage.shape)
+        self.coverage[tuple(cells)] += 1
         masks = {
             f.source.get("of"): sample[f.name] for f in self.schema.features if f.role == "mask" and f.name in sample
         }
@@ -400,34 +423,41 @@ class Reassembly:
             )
         order = [target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
         block = np.transpose(values, order).astype(np.float64, copy=False)
-        index, weight_index = [], []
-        for dim in target.dims:
+        index = []
+        weight = self._window_weight(target)
+        for i, dim in enumerate(target.dims):
             axis = self.axes.get(dim)
             if dim not in target.sample_dims:  # an iterated dim: the sample is one step of it
-                block = np.expand_dims(block, target.dims.index(dim))
+                block = np.expand_dims(block, i)
             if axis is None or axis.whole:
                 index.append(slice(None))
-                weight_index.append(slice(None))
-            else:
-                cells = axis.cells(at[dim])
-                index.append(cells)
-                weight_index.append(cells)
+                continue
+            cells, inside = _clipped(axis.cells(at[dim]), axis.length)
+            if cells is None:
+                return  # outside the region
+            if inside is not None:  # the part inside the region
+                block = np.take(block, inside, axis=i)
+                if weight.shape[i] > 1:
+                    weight = np.take(weight, inside, axis=i)
+            index.append(cells)
+        weight_index = index
         if any(isinstance(i, np.ndarray) for i in index):
+            weight_index = _open_mesh(index, target.weight.shape)
             index = _open_mesh(index, target.total.shape)
-            weight_index = _open_mesh(weight_index, target.weight.shape)
-        weight = self._window_weight(target)
         target.total[tuple(index)] += weight * block
         target.weight[tuple(weight_index)] += weight
 
     # ---- the dataset out --------------------------------------------------------------------------------------
 
-    def dataset(self) -> xr.Dataset:
+    def coordinates(self, whole: bool = False) -> dict[str, Any]:
+        """The grid's coordinates as xarray Variables: of the region, or of the ``whole`` grid."""
         xr = import_xarray()
+        axes = self.whole_grid if whole else self.axes
         coords: dict[str, Any] = {}
         for name, entry in self.schema.grid.items():
             if "dims" in entry:  # a static coordinate of config ``coords`` (a curvilinear grid's 2-D lat, lon)
-                coords[self.schema.feature(name).source.get("coordinate", name)] = self._static(xr, entry)
-        for dim, axis in self.axes.items():
+                coords[self.schema.feature(name).source.get("coordinate", name)] = self._static(xr, entry, axes)
+        for dim, axis in axes.items():
             entry = self.schema.grid.get(axis.key or dim)
             if entry is None:
                 continue
@@ -443,6 +473,12 @@ class Reassembly:
             coords[scalar["name"]] = xr.Variable(
                 (), np.asarray(scalar["value"], dtype=scalar["dtype"]), scalar["attrs"]
             )
+        return coords
+
+    def dataset(self) -> xr.Dataset:
+        """The samples added so far on the grid (or the region): blended values, coverage, coordinates."""
+        xr = import_xarray()
+        coords = self.coordinates()
         data = {}
         for target in self.targets.values():
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -466,21 +502,24 @@ class Reassembly:
         attrs = {"reassembled_from": self.where, "blend": self.blend}
         if self.split is not None:
             attrs["split"] = self.split
-        dataset = xr.Dataset(data, coords, attrs)
-        if INIT_TIME in dataset.coords and LEAD_TIME in dataset.coords:
-            dataset = dataset.assign_coords({VALID_TIME: dataset[INIT_TIME] + dataset[LEAD_TIME]})
-        return _with_area_weights(dataset)
+        return finished(xr.Dataset(data, coords, attrs))
 
-    def _static(self, xr, entry: dict):
+    def _static(self, xr, entry: dict, axes: dict[str, GridAxis]):
         values = coordinate_values(entry).reshape(entry["shape"])
         crop = tuple(
-            slice(self.axes[d].first, self.axes[d].first + self.axes[d].length) if d in self.axes else slice(None)
-            for d in entry["dims"]
+            slice(axes[d].first, axes[d].first + axes[d].length) if d in axes else slice(None) for d in entry["dims"]
         )
         attrs, encoding = coordinate_attrs(entry)
         variable = xr.Variable(entry["dims"], values[crop], attrs)
         variable.encoding.update(encoding)
         return variable
+
+
+def finished(dataset):
+    """The derived coordinates: valid_time (init_time + lead_time) in the forecast layout, area weights."""
+    if INIT_TIME in dataset.coords and LEAD_TIME in dataset.coords:
+        dataset = dataset.assign_coords({VALID_TIME: dataset[INIT_TIME] + dataset[LEAD_TIME]})
+    return _with_area_weights(dataset)
 
 
 def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:
@@ -517,6 +556,17 @@ def _with_area_weights(dataset):
     weights = weights / weights.mean()
     attrs = {"long_name": "cell area weight", "comment": "cos(latitude), normalised to mean 1 over the grid"}
     return dataset.assign_coords({AREA_WEIGHT: (latitude.dims, weights, attrs)})
+
+
+def _clipped(cells: slice | np.ndarray, length: int) -> tuple[slice | np.ndarray | None, np.ndarray | None]:
+    """Cells within [0, length), and which of the sample's own cells they are (None: all of them); None: none."""
+    positions = np.arange(cells.start, cells.stop, cells.step or 1) if isinstance(cells, slice) else cells
+    inside = (positions >= 0) & (positions < length)
+    if inside.all():
+        return cells, None
+    if not inside.any():
+        return None, None
+    return positions[inside], np.flatnonzero(inside)
 
 
 def _open_mesh(index: list, shape: tuple[int, ...]) -> tuple:
