@@ -341,3 +341,82 @@ def test_the_forecast_layout_needs_offsets_along_the_concat_dim(era5, tmp_path):
     assert "\n" not in str(error.value)
     with pytest.raises(UserError, match=r"blend: 'box' is not one of mean, cosine, gaussian"):
         schemas.reassemble(str(output), blend="box")
+
+
+# ---- the command line ---------------------------------------------------------------------------------------
+
+
+def reassemble_cli(*argv: str, capsys=None) -> tuple[int, str]:
+    from pipelines.reassemble import main
+
+    code = main([*argv, "--quiet"])
+    err = capsys.readouterr().err if capsys is not None else ""
+    return code, err
+
+
+def write_predictions(output: Path, directory: Path, split: str) -> None:
+    """Predictions = records + 1, as .npz batches and as TFRecords of tf.Example made by TensorFlow itself."""
+    import tensorflow as tf
+
+    directory.mkdir()
+    batches = list(plus_one(output, split))
+    half = len(batches) // 2 or 1
+    for i, batch in enumerate(batches[:half]):
+        keep = {k: v for k, v in batch.items() if k in ("t", "wind") or k.startswith("index/")}
+        np.savez(directory / f"part-{i}.npz", **keep)
+    with tf.io.TFRecordWriter(str(directory / "rest.tfrecord")) as writer:
+        for batch in batches[half:]:
+            for i in range(len(batch["t"])):
+                feature = {
+                    name: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(batch[name][i])]))
+                    if name.startswith("index/")
+                    else tf.train.Feature(float_list=tf.train.FloatList(value=batch[name][i].reshape(-1)))
+                    for name in ("t", "wind", *[k for k in batch if k.startswith("index/")])
+                }
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+@pytest.mark.parametrize("suffix", ["zarr", "nc"])
+def test_the_command_line_writes_chunk_by_chunk_what_the_library_returns(overlapping, tmp_path, suffix, capsys):
+    predictions = tmp_path / "predictions"
+    write_predictions(overlapping, predictions, "valid")
+    to = tmp_path / f"out.{suffix}"
+    args = [str(overlapping), "--split", "valid", "--to", str(to), "--predictions", str(predictions)]
+    code, err = reassemble_cli(*args, "--chunk_mb", "0.05", capsys=capsys)
+    assert code == 0, err
+    written = xr.open_dataset(to, engine="zarr" if suffix == "zarr" else None).load()
+    want = schemas.reassemble(str(overlapping), plus_one(overlapping, "valid"), split="valid")
+    for name in ("t", "u", "v", "coverage"):
+        assert written[name].dtype == want[name].dtype
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
+    np.testing.assert_array_equal(written["time"].values, want["time"].values)
+    assert written["t"].attrs == want["t"].attrs and written["lat"].attrs == want["lat"].attrs
+    if suffix == "zarr":  # chunks along time of the size the budget gave: several, one task each
+        chunks = xr.open_zarr(to)["t"].encoding["chunks"]
+        assert chunks[0] < written.sizes["time"] and chunks[1:] == written["t"].shape[1:]
+    assert not (tmp_path / f"out.{suffix}.parts").exists() and not (tmp_path / "out.nc.zarr.tmp").exists()
+    code, err = reassemble_cli(*args, capsys=capsys)  # it exists now
+    assert code == 2 and err.strip().startswith("error: --to:") and "--overwrite" in err
+
+
+def test_the_command_line_refuses_bad_predictions_in_one_line(overlapping, tmp_path, capsys):
+    base = [str(overlapping), "--to", str(tmp_path / "x.zarr")]
+    code, err = reassemble_cli(*base, "--split", "test", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "no split 'test'; it has: train, valid" in err
+    sample = {k: v[None] for k, v in one_sample(overlapping).items()}
+    for name, change, message in (
+        ("far", {"index/lat": np.array([3])}, "index/lat = 3 is not a sample of the output"),
+        ("narrow", {"t": sample["t"][..., :3]}, "'t' has shape (2, 3, 8, 3) where the output's feature has"),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        np.savez(folder / "p.npz", **{**sample, **change})
+        code, err = reassemble_cli(*base, "--split", "train", "--predictions", str(folder), capsys=capsys)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+        assert not (tmp_path / "x.zarr").exists()
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    np.savez(twice / "a.npz", **sample)
+    np.savez(twice / "b.npz", **sample)
+    code, err = reassemble_cli(*base, "--split", "train", "--predictions", str(twice), capsys=capsys)
+    assert code == 2 and "was given twice" in err and err.count("\n") == 1
