@@ -195,6 +195,8 @@ class Reassembly:
         self.extra_sizes: dict[str, int] = {}
         self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
+        self._features = {f.name: f for f in schema.features}
+        self._masks = {f.name: f.source.get("of") for f in schema.features if f.role == "mask"}
 
     def _axes(self, schema: Schema, split: str | None) -> dict[str, GridAxis]:
         axes = {e["dim"]: GridAxis.of(e) for e in schema.sample["axes"]}
@@ -282,11 +284,9 @@ class Reassembly:
         if any(isinstance(c, np.ndarray) for c in cells):
             cells = _open_mesh(cells, self.coverage.shape)
         self.coverage[tuple(cells)] += 1
-        masks = {
-            f.source.get("of"): sample[f.name] for f in self.schema.features if f.role == "mask" and f.name in sample
-        }
+        masks = {of: sample[name] for name, of in self._masks.items() if name in sample}
         for name, values in sample.items():
-            feature = self._feature(name)
+            feature = self._features.get(name)
             if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
                 continue
             if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
@@ -304,11 +304,6 @@ class Reassembly:
             + ")"
         )
 
-    def _feature(self, name: str) -> Feature | None:
-        try:
-            return self.schema.feature(name)
-        except KeyError:
-            return None
 
     def _parts(self, name: str, feature: Feature | None, values: np.ndarray):
         """(target, values in the target's sample dims) for a sample's array: a stack gives one per channel."""
@@ -396,7 +391,7 @@ class Reassembly:
         target = Target(name, dims, tuple(sample_dims), attrs, dtype, is_coordinate, source.get("dtype"))
         sizes = [self._dim_size(d) if d not in self.axes or self.axes[d].whole else self.axes[d].length for d in dims]
         sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
-        target.total = np.zeros(sizes)
+        target.total = np.zeros(sizes, dtype=np.float32 if dtype == "float32" else np.float64)
         target.weight = np.zeros([s if d in self.axes and not self.axes[d].whole else 1 for d, s in zip(dims, sizes)])
         self.targets[name] = target
         return target
@@ -422,7 +417,7 @@ class Reassembly:
                 "give every sample one shape"
             )
         order = [target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
-        block = np.transpose(values, order).astype(np.float64, copy=False)
+        block = np.transpose(values, order)
         index = []
         weight = self._window_weight(target)
         for i, dim in enumerate(target.dims):
@@ -444,8 +439,14 @@ class Reassembly:
         if any(isinstance(i, np.ndarray) for i in index):
             weight_index = _open_mesh(index, target.weight.shape)
             index = _open_mesh(index, target.total.shape)
-        target.total[tuple(index)] += weight * block
-        target.weight[tuple(weight_index)] += weight
+        index, weight_index = tuple(index), tuple(weight_index)
+        # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
+        # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
+        weights = target.weight[weight_index] + weight
+        target.weight[weight_index] = weights
+        mean = target.total[index]
+        mean += (weight / weights).astype(mean.dtype) * (block - mean)
+        target.total[index] = mean
 
     # ---- the dataset out --------------------------------------------------------------------------------------
 
@@ -481,15 +482,13 @@ class Reassembly:
         coords = self.coordinates()
         data = {}
         for target in self.targets.values():
-            with np.errstate(invalid="ignore", divide="ignore"):
-                values = np.where(
-                    target.weight > 0, target.total / np.where(target.weight > 0, target.weight, 1), np.nan
-                )
-            dtype = np.float32 if target.dtype == "float32" else np.float64
+            values = target.total  # the blended values already: NaN where no sample was (in place: no copy)
+            np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
+            dtype = values.dtype
             stored = target.source_dtype
             if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
                 dtype = np.dtype(stored)  # integers come back as the files held them, where every cell was covered
-            variable = xr.Variable(target.dims, values.astype(dtype), target.attrs)
+            variable = xr.Variable(target.dims, values.astype(dtype, copy=False), target.attrs)
             if target.is_coordinate:
                 coords[target.name] = variable
             else:

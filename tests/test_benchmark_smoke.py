@@ -159,3 +159,16 @@ def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeyp
     assert results["scales"] == {} and results["failed"] == []
     assert [t["name"] for t in results["targets"]] == ["_plan_units 16 / 8 files"]
     assert "scale" not in run.DEFAULT_COMPETITORS
+
+
+def test_quick_reassembly_benchmark_prints_its_ratios(tmp_path):
+    result_file = tmp_path / "reassemble.json"
+    command = [sys.executable, "-m", "benchmarks.reassemble", "--quick", "--workdir", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--json", str(result_file)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "reassembly (records -> Zarr) against the build" in result.stdout, result.stdout
+    (row,) = json.loads(result_file.read_text())
+    assert row["build_s"] > 0 and row["reassemble_s"] > 0 and row["chunk_mb"] > 0 and row["peak_rss_mb"] > 0
+    assert (tmp_path / "out" / "quick-patches-4f-reassembled.zarr" / ".zgroup").exists()
