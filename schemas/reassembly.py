@@ -36,6 +36,8 @@ LAYOUTS = ("grid", "forecast")
 #: The forecast layout's dims, as WeatherBench-X's PredictionsFromXarray opens them.
 INIT_TIME, LEAD_TIME, VALID_TIME = "init_time", "lead_time", "valid_time"
 AREA_WEIGHT = "area_weight"
+#: Samples placed together (their index arrays: some 30 bytes per value of the batch).
+BATCH = 256
 #: Roles whose dim every sample holds whole (no position along it).
 _WHOLE = ("keep", "lead")
 _SKIPPED_ROLES = ("index", "coord", "count")
@@ -106,6 +108,14 @@ class GridAxis:
             return min(self.offsets), max(self.offsets) + 1
         return 0, 1
 
+    def holds(self, starts: np.ndarray) -> np.ndarray:
+        """Which of ``starts`` are sample positions of the output along this dim."""
+        low, high = self.reach()
+        held = (self.first - low <= starts) & (starts + high <= self.first + self.length)
+        if self.role == "window":
+            held &= (starts % self.stride == 0) & (starts // self.stride < self.positions)
+        return held
+
     def check(self, start: int, where: str) -> None:
         """UserError unless ``start`` is a sample position of the output along this dim."""
         low, high = self.reach()
@@ -123,18 +133,21 @@ class GridAxis:
             return f"windows of {self.size} every {self.stride} from 0, {self.positions} of them"
         return f"starts {self.first - self.reach()[0]} to {self.first + self.length - self.reach()[1]}"
 
-    def cells(self, start: int) -> slice | np.ndarray:
-        """Where a sample starting at ``start`` lands along this dim, in the reassembled array."""
-        at = start - self.first
+    def local_cells(self) -> np.ndarray:
+        """Cells a sample covers along this dim, from its start."""
         if self.role == "window":
-            return slice(at, at + self.size)
+            return np.arange(self.size)
         if self.role == "offsets":
-            steps = np.diff(self.offsets)
-            if len(self.offsets) == 1 or (steps[0] > 0 and np.all(steps == steps[0])):
-                step = int(steps[0]) if len(steps) else 1
-                return slice(at + self.offsets[0], at + self.offsets[-1] + 1, step)
-            return at + np.asarray(self.offsets)
-        return slice(at, at + 1)
+            return np.asarray(self.offsets)
+        return np.zeros(1, dtype=np.int64)
+
+    def span(self) -> int:
+        """Positions along this dim within which two samples may overlap (1: never)."""
+        if self.role == "window":
+            return -(-self.size // self.stride)
+        if self.role == "offsets":
+            return max(self.offsets) - min(self.offsets) + 1
+        return 1
 
 
 @dataclasses.dataclass
@@ -196,6 +209,7 @@ class Reassembly:
         self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
         self._features = {f.name: f for f in schema.features}
+        self._placed_dims = {a.dim for a in self.grid_axes}
         self._masks = {f.name: f.source.get("of") for f in schema.features if f.role == "mask"}
 
     def _axes(self, schema: Schema, split: str | None) -> dict[str, GridAxis]:
@@ -239,78 +253,134 @@ class Reassembly:
 
     def add_all(self, samples: Iterable[Mapping[str, Any]]) -> Reassembly:
         """Add samples: dicts of one sample, or batches of them (every array with a leading sample axis)."""
-        first_dim = self.grid_axes[0].index_name if self.grid_axes else None
+        first = self.checked[0].index_name if self.checked else None
         for sample in samples:
-            index = sample.get(first_dim) if first_dim else None
-            if index is not None and np.ndim(index) == 1:
-                for i in range(len(index)):
-                    self.add({name: values[i] for name, values in sample.items()})
-            else:
+            index = sample.get(first) if first else None
+            if index is None or np.ndim(index) == 0:
                 self.add(sample)
+                continue
+            for begin in range(0, len(index), BATCH):
+                self.add_batch({name: values[begin : begin + BATCH] for name, values in sample.items()})
         return self
 
     def checked_axis(self, dim: str) -> GridAxis:
         """A placed dim of the whole grid (before any region)."""
         return next(a for a in self.checked if a.dim == dim)
 
-    def check_key(self, sample: Mapping[str, Any]) -> tuple[int, ...]:
-        """The sample's start along every placed dim; UserError unless the output holds such a sample."""
-        starts = []
+    def check_keys(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """(samples, placed dims): each sample's starts; UserError unless the output holds every such sample."""
+        columns = []
         for axis in self.checked:
             name = axis.index_name
-            if name not in sample:
+            if name not in batch:
                 raise UserError(
-                    f"{self.where}: a sample lacks {name} (it has: {', '.join(sample) or 'nothing'}); "
+                    f"{self.where}: a sample lacks {name} (it has: {', '.join(batch) or 'nothing'}); "
                     "keep the records' index features beside each prediction"
                 )
-            start = int(np.asarray(sample[name]).reshape(()))
-            axis.check(start, f"{self.where}: sample {self._key_text(sample)}")
-            starts.append(start)
-        return tuple(starts)
+            starts = np.asarray(batch[name]).reshape(-1).astype(np.int64)
+            if not axis.holds(starts).all():
+                bad = int(np.flatnonzero(~axis.holds(starts))[0])
+                axis.check(int(starts[bad]), f"{self.where}: sample {self._key_text(batch, bad)}")
+            columns.append(starts)
+        return np.stack(columns, axis=1) if columns else np.zeros((1, 0), dtype=np.int64)
+
+    def check_key(self, sample: Mapping[str, Any]) -> tuple[int, ...]:
+        """One sample's starts along every placed dim (check_keys of one)."""
+        return tuple(
+            self.check_keys({k: np.asarray(v).reshape(1) for k, v in sample.items() if k.startswith("index/")})[0]
+        )
 
     def add(self, sample: Mapping[str, Any]) -> None:
         """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
-        key = starts = self.check_key(sample)
-        if key in self.keys:
-            raise UserError(
-                f"{self.where}: sample {self._key_text(sample)} was given twice; give each sample once "
-                "(duplicate keys: two readers over one split, or a prediction written twice)"
-            )
-        self.keys.add(key)
-        at = dict(zip([a.dim for a in self.grid_axes], starts))
-        cells = [_clipped(a.cells(at[a.dim]), a.length)[0] for a in self.grid_axes]
-        if any(c is None for c in cells):
-            return  # all of it outside the region
-        if any(isinstance(c, np.ndarray) for c in cells):
-            cells = _open_mesh(cells, self.coverage.shape)
-        self.coverage[tuple(cells)] += 1
-        masks = {of: sample[name] for name, of in self._masks.items() if name in sample}
-        for name, values in sample.items():
-            feature = self._features.get(name)
-            if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
-                continue
-            if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
-                continue  # a static coordinate: schema.json's grid holds it exactly
-            values = np.asarray(values)
-            if name in masks:
-                values = np.where(np.asarray(masks[name]) != 0, np.nan, values.astype(np.float64))
-            for target, part in self._parts(name, feature, values):
-                self._place(target, part, at)
+        self.add_batch({name: np.asarray(values)[None] for name, values in sample.items()})
 
-    def _key_text(self, sample: Mapping[str, Any]) -> str:
+    def add_batch(self, batch: Mapping[str, Any]) -> None:
+        """Samples with a leading axis: placed together, in rounds of samples that cannot overlap."""
+        batch = {name: np.asarray(values) for name, values in batch.items()}
+        starts = self.check_keys(batch)
+        for i, key in enumerate(map(tuple, starts.tolist())):
+            if key in self.keys:
+                raise UserError(
+                    f"{self.where}: sample {self._key_text(batch, i)} was given twice; give each sample once "
+                    "(duplicate keys: two readers over one split, or a prediction written twice)"
+                )
+            self.keys.add(key)
+        if len(starts) > 1 and len(set(map(tuple, starts.tolist()))) < len(starts):
+            raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
+        # Samples whose positions agree modulo the overlap span along every dim never overlap: one round each.
+        spans = [a.span() for a in self.checked]
+        positions = [
+            starts[:, j] // (a.stride if a.role == "window" else 1) % span
+            for j, (a, span) in enumerate(zip(self.checked, spans))
+        ]
+        rounds = np.ravel_multi_index(positions, spans) if positions else np.zeros(len(starts), dtype=np.int64)
+        masks = {of: batch[name] for name, of in self._masks.items() if name in batch}
+        for value in np.unique(rounds):
+            rows = np.flatnonzero(rounds == value)
+            at = starts[rows]
+            self._cover(at)
+            for name, values in batch.items():
+                feature = self._features.get(name)
+                if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
+                    continue
+                if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
+                    continue  # a static coordinate: schema.json's grid holds it exactly
+                values = values[rows]
+                if name in masks:
+                    values = np.where(masks[name][rows] != 0, np.nan, values.astype(np.float64))
+                for target, part in self._parts(name, feature, values):
+                    if self._placed_dims <= set(target.dims) or len(rows) == 1:
+                        self._place(target, part, at)
+                    else:  # without some placed dim (a static field) samples of a round may overlap: one by one
+                        for i in range(len(rows)):
+                            self._place(target, part[i : i + 1], at[i : i + 1])
+
+    def _cells(self, dims: Sequence[str], at: np.ndarray, shape: Sequence[int]) -> tuple[list, np.ndarray | None]:
+        """Per dim, each sample's cells there, shaped to broadcast as (samples, *dims); and where they are inside."""
+        placed = [a.dim for a in self.checked]
+        index, inside = [], None
+        for i, dim in enumerate(dims):
+            axis = self.axes.get(dim)
+            form = [1] * (len(dims) + 1)
+            if axis is None or axis.whole:
+                form[i + 1] = shape[i]
+                index.append(np.arange(shape[i]).reshape(form))
+                continue
+            cells = at[:, placed.index(dim)][:, None] - axis.first + axis.local_cells()[None, :]
+            form[0], form[i + 1] = len(at), cells.shape[1]
+            cells = cells.reshape(form)
+            index.append(cells)
+            within = (cells >= 0) & (cells < axis.length)
+            if not within.all():
+                inside = within if inside is None else inside & within
+        return index, inside
+
+    def _cover(self, at: np.ndarray) -> None:
+        dims = [a.dim for a in self.grid_axes]
+        index, inside = self._cells(dims, at, self.coverage.shape)
+        full = np.broadcast_shapes(*(i.shape for i in index)) if index else (len(at),)
+        index = [np.broadcast_to(i, full) for i in index]
+        if inside is not None:
+            inside = np.broadcast_to(inside, full)
+            index = [i[inside] for i in index]
+        flat = np.ravel_multi_index(index, self.coverage.shape) if index else np.zeros(0, dtype=np.int64)
+        self.coverage.reshape(-1)[flat] += 1  # (no two samples of a round share a cell)
+
+    def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
         return (
             "("
-            + ", ".join(f"{n}={int(np.asarray(v).reshape(()))}" for n, v in sample.items() if n.startswith("index/"))
+            + ", ".join(
+                f"{n}={int(np.asarray(v).reshape(-1)[row])}" for n, v in sample.items() if n.startswith("index/")
+            )
             + ")"
         )
-
 
     def _parts(self, name: str, feature: Feature | None, values: np.ndarray):
         """(target, values in the target's sample dims) for a sample's array: a stack gives one per channel."""
         channels = feature.source.get("channels") if feature is not None else None
         if channels and name not in self.dims:
             self._check_shape(name, values, feature.shape)
-            axis = feature.dims.index("channel")
+            axis = 1 + feature.dims.index("channel")
             for i, member in enumerate(channels):
                 info = feature.source["variables"][member]
                 dims = tuple(d for d in feature.dims if d != "channel")
@@ -323,13 +393,13 @@ class Reassembly:
             named = feature.source.get("coordinate", name) if is_coordinate else name
             yield self._target(named, feature.dims, feature.source, feature.dtype, is_coordinate), values
             return
-        dims = self.dims.get(name) or self._guess_dims(name, values.shape)
-        if len(dims) != values.ndim:
+        dims = self.dims.get(name) or self._guess_dims(name, values.shape[1:])
+        if len(dims) != values.ndim - 1:
             raise UserError(
-                f"{self.where}: {name!r} has shape {values.shape} but dims {dims} were given for it; "
+                f"{self.where}: {name!r} has shape {values.shape[1:]} but dims {dims} were given for it; "
                 "name one dim per axis"
             )
-        for dim, size in zip(dims, values.shape):
+        for dim, size in zip(dims, values.shape[1:]):
             want = self._dim_size(dim)
             if want is None:
                 want = self.extra_sizes.setdefault(dim, size)
@@ -352,9 +422,9 @@ class Reassembly:
         return axis.size if axis.role == "window" else axis.length
 
     def _check_shape(self, name: str, values: np.ndarray, shape: tuple[int, ...]) -> None:
-        if values.shape != tuple(shape):
+        if values.shape[1:] != tuple(shape):
             raise UserError(
-                f"{self.where}: {name!r} has shape {values.shape} where the output's feature has {tuple(shape)}; "
+                f"{self.where}: {name!r} has shape {values.shape[1:]} where the output's feature has {tuple(shape)}; "
                 "predict on the output's sample shape, or say its dims (dims=...)"
             )
 
@@ -410,43 +480,36 @@ class Reassembly:
             self._weights[target.dims] = found
         return found
 
-    def _place(self, target: Target, values: np.ndarray, at: dict[str, int]) -> None:
-        if values.shape != tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims):
+    def _place(self, target: Target, values: np.ndarray, at: np.ndarray) -> None:
+        """Blend a round of samples (no two overlap) into ``target``: values (samples, *its sample dims)."""
+        want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
+        if values.shape[1:] != want:
             raise UserError(
-                f"{self.where}: {target.name!r} has shape {values.shape}, unlike its first sample's; "
+                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
                 "give every sample one shape"
             )
-        order = [target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
+        order = [0] + [1 + target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
         block = np.transpose(values, order)
-        index = []
-        weight = self._window_weight(target)
         for i, dim in enumerate(target.dims):
-            axis = self.axes.get(dim)
-            if dim not in target.sample_dims:  # an iterated dim: the sample is one step of it
-                block = np.expand_dims(block, i)
-            if axis is None or axis.whole:
-                index.append(slice(None))
-                continue
-            cells, inside = _clipped(axis.cells(at[dim]), axis.length)
-            if cells is None:
-                return  # outside the region
-            if inside is not None:  # the part inside the region
-                block = np.take(block, inside, axis=i)
-                if weight.shape[i] > 1:
-                    weight = np.take(weight, inside, axis=i)
-            index.append(cells)
-        weight_index = index
-        if any(isinstance(i, np.ndarray) for i in index):
-            weight_index = _open_mesh(index, target.weight.shape)
-            index = _open_mesh(index, target.total.shape)
-        index, weight_index = tuple(index), tuple(weight_index)
+            if dim not in target.sample_dims:  # an iterated dim: each sample is one step of it
+                block = np.expand_dims(block, i + 1)
+        index, inside = self._cells(target.dims, at, target.total.shape)
+        weight = np.broadcast_to(self._window_weight(target)[None], block.shape)
+        # The weights' cells: their kept (whole) dims have one cell.
+        windex = [i if target.weight.shape[d] > 1 else np.zeros([1] * i.ndim, np.int64) for d, i in enumerate(index)]
+        flat = np.broadcast_to(_flat(index, target.total.shape), block.shape)
+        wflat = np.broadcast_to(_flat(windex, target.weight.shape), block.shape)
+        if inside is not None:  # the parts inside the region
+            inside = np.broadcast_to(inside, block.shape)
+            flat, wflat, block, weight = flat[inside], wflat[inside], block[inside], weight[inside]
         # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
         # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
-        weights = target.weight[weight_index] + weight
-        target.weight[weight_index] = weights
-        mean = target.total[index]
+        weights = target.weight.reshape(-1)[wflat] + weight
+        target.weight.reshape(-1)[wflat] = weights  # (a kept dim's cells share one weight: written alike)
+        total = target.total.reshape(-1)
+        mean = total[flat]
         mean += (weight / weights).astype(mean.dtype) * (block - mean)
-        target.total[index] = mean
+        total[flat] = mean
 
     # ---- the dataset out --------------------------------------------------------------------------------------
 
@@ -521,6 +584,15 @@ def finished(dataset):
     return _with_area_weights(dataset)
 
 
+def _flat(index: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
+    """Flat (C order) positions of broadcastable per-dim indices: summed by broadcasting, never expanded first."""
+    strides = np.cumprod([1, *shape[::-1]])[:-1][::-1]
+    flat = np.zeros([1] * (len(shape) + 1), dtype=np.int64)
+    for cells, stride in zip(index, strides):
+        flat = flat + cells * np.int64(stride)
+    return flat
+
+
 def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:
     """Offsets along the concat dim as lead times: offset x the dim's typical (median) step."""
     values = coordinate_values(entry)
@@ -555,23 +627,6 @@ def _with_area_weights(dataset):
     weights = weights / weights.mean()
     attrs = {"long_name": "cell area weight", "comment": "cos(latitude), normalised to mean 1 over the grid"}
     return dataset.assign_coords({AREA_WEIGHT: (latitude.dims, weights, attrs)})
-
-
-def _clipped(cells: slice | np.ndarray, length: int) -> tuple[slice | np.ndarray | None, np.ndarray | None]:
-    """Cells within [0, length), and which of the sample's own cells they are (None: all of them); None: none."""
-    positions = np.arange(cells.start, cells.stop, cells.step or 1) if isinstance(cells, slice) else cells
-    inside = (positions >= 0) & (positions < length)
-    if inside.all():
-        return cells, None
-    if not inside.any():
-        return None, None
-    return positions[inside], np.flatnonzero(inside)
-
-
-def _open_mesh(index: list, shape: tuple[int, ...]) -> tuple:
-    """Slices and index arrays -> arrays that index the block they name (np.ix_)."""
-    ranges = [np.arange(n)[i] if isinstance(i, slice) else i for i, n in zip(index, shape)]
-    return np.ix_(*ranges)
 
 
 def reassemble(

@@ -28,7 +28,7 @@ from schemas.reassembly import Reassembly
 from schemas.schema import Schema
 
 #: Samples a scan holds before it writes them out to bucket files.
-BUCKET_BYTES = 32 * 2**20
+BUCKET_BYTES = 16 * 2**20
 #: Where a chunk's task marks it written (the progress line counts these).
 DONE_DIR = "done"
 
@@ -89,13 +89,16 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     pending: dict[int, list[dict[str, np.ndarray]]] = {}
     held = 0
     for batch in iter_file(plan, name):
-        rows = len(next(iter(batch.values())))
-        for i in range(rows):
-            assembly.check_key({k: v[i] for k, v in batch.items() if k.startswith("index/")})
-        for i, chunks in enumerate(chunks_of(plan, assembly, batch)):
-            for chunk in chunks:
-                pending.setdefault(int(chunk), []).append({k: v[i] for k, v in batch.items()})
-                held += sum(v[i].nbytes for v in batch.values())
+        assembly.check_keys(batch)
+        reached = chunks_of(plan, assembly, batch)
+        first = np.array([c[0] for c in reached])
+        for chunk in np.unique(first):  # most samples reach one chunk: taken together
+            rows = np.flatnonzero(first == chunk)
+            pending.setdefault(int(chunk), []).append({k: v[rows] for k, v in batch.items()})
+        for i, chunks in enumerate(reached):  # and the halo: the samples reaching on into the next chunks
+            for chunk in chunks[1:]:
+                pending.setdefault(int(chunk), []).append({k: v[i : i + 1] for k, v in batch.items()})
+        held += sum(v.nbytes for v in batch.values())
         if held >= BUCKET_BYTES:
             yield from _flush(plan, pending)
             pending, held = {}, 0
@@ -103,10 +106,10 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
 
 
 def _flush(plan: ReassemblePlan, pending: dict[int, list[dict[str, np.ndarray]]]) -> Iterator[tuple[int, str]]:
-    for chunk, rows in pending.items():
+    for chunk, parts in pending.items():
         path = posixpath.join(plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.npz")
         buffer = io.BytesIO()
-        np.savez(buffer, **{name: np.stack([row[name] for row in rows]) for name in rows[0]})
+        np.savez(buffer, **{name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
         with fsspec.open(path, "wb") as stream:
             stream.write(buffer.getvalue())
         yield chunk, path
