@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"))
     parser.add_argument("--quick", action="store_true", help="tiny data: a smoke test, not a measurement")
     parser.add_argument("--scales", type=int, nargs="+", default=[1], help="sizes of the patches set (1x, 4x)")
-    parser.add_argument("--chunk_mb", type=float, default=64, help="the command line's --chunk_mb")
+    parser.add_argument("--chunk_mb", type=float, default=256, help="the command line's --chunk_mb")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)

@@ -25,7 +25,7 @@ from schemas.errors import UserError
 logger = logging.getLogger(__name__)
 
 #: A chunk's sums and weights (float64) held by one task: the memory a worker needs, about.
-DEFAULT_CHUNK_MB = 64
+DEFAULT_CHUNK_MB = 256
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -105,8 +105,9 @@ def make_plan(args, store: str, work: str):
     records = [shard.file for shard in schema.splits[split]]
     files = list_predictions(args.predictions) if args.predictions else records
     records = not args.predictions
+    chunk_bytes = 4 * per_step * length  # as written: float32
     plan = ReassemblePlan(
-        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, chunk_bytes
     )
     return plan, files
 

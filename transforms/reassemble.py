@@ -12,7 +12,7 @@ what it needs from the plan it is given: no state on the driver.
 from __future__ import annotations
 
 import dataclasses
-import io
+import json
 import math
 import posixpath
 import uuid
@@ -27,8 +27,8 @@ from schemas.reader import Reader
 from schemas.reassembly import Reassembly
 from schemas.schema import Schema
 
-#: Samples a scan holds before it writes them out to bucket files.
-BUCKET_BYTES = 16 * 2**20
+#: Samples a scan holds at least before it writes them out to bucket files.
+BUCKET_BYTES = 8 * 2**20
 #: Where a chunk's task marks it written (the progress line counts these).
 DONE_DIR = "done"
 
@@ -49,6 +49,7 @@ class ReassemblePlan:
     store: str  # the Zarr store written region by region
     work: str  # bucket files and done markers (removed at the end)
     records: bool  # True: the split's own records (files are shard names); False: prediction files
+    bucket_bytes: int = 0  # samples a scan holds before writing buckets (about a chunk: fewer, larger buckets)
 
     def assembly(self, region: tuple[int, int] | None = None) -> Reassembly:
         bounds = None if region is None else (self.chunk_dim or None, *region)
@@ -99,7 +100,7 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
             for chunk in chunks[1:]:
                 pending.setdefault(int(chunk), []).append({k: v[i : i + 1] for k, v in batch.items()})
         held += sum(v.nbytes for v in batch.values())
-        if held >= BUCKET_BYTES:
+        if held >= max(BUCKET_BYTES, plan.bucket_bytes):
             yield from _flush(plan, pending)
             pending, held = {}, 0
     yield from _flush(plan, pending)
@@ -107,12 +108,43 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
 
 def _flush(plan: ReassemblePlan, pending: dict[int, list[dict[str, np.ndarray]]]) -> Iterator[tuple[int, str]]:
     for chunk, parts in pending.items():
-        path = posixpath.join(plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.npz")
-        buffer = io.BytesIO()
-        np.savez(buffer, **{name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+        path = posixpath.join(plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.bucket")
         with fsspec.open(path, "wb") as stream:
-            stream.write(buffer.getvalue())
+            write_bucket(stream, {name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
         yield chunk, path
+
+
+#: A bucket file: this, the length of its JSON header (8 bytes, little-endian), the header, then the arrays' bytes.
+_BUCKET_MAGIC = b"XTFBUCKET1"
+
+
+def write_bucket(stream, arrays: Mapping[str, np.ndarray]) -> None:
+    """Arrays as one header and their raw bytes: one write, read back without pickle or a zip's per-array cost."""
+    header = json.dumps([[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]).encode()
+    stream.write(_BUCKET_MAGIC + len(header).to_bytes(8, "little") + header)
+    for values in arrays.values():
+        stream.write(np.ascontiguousarray(values).data)
+
+
+def read_bucket(data: bytes, where: str) -> dict[str, np.ndarray]:
+    """A bucket file's arrays; ValueError if it is not one whole bucket (a file of ours, but read from disk)."""
+    if not data.startswith(_BUCKET_MAGIC):
+        raise ValueError(f"{where}: not a bucket file")
+    start = len(_BUCKET_MAGIC) + 8
+    size = int.from_bytes(data[len(_BUCKET_MAGIC) : start], "little")
+    out, offset = {}, start + size
+    for name, dtype, shape in json.loads(data[start:offset]):
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise ValueError(f"{where}: {name} holds {dtype}, not numbers")
+        count = math.prod(shape)
+        if offset + count * dtype.itemsize > len(data):
+            raise ValueError(f"{where}: cut short in {name}")
+        out[name] = np.frombuffer(data, dtype, count, offset).reshape(shape)
+        offset += count * dtype.itemsize
+    if offset != len(data):
+        raise ValueError(f"{where}: {len(data) - offset} bytes after its arrays")
+    return out
 
 
 def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> int:
@@ -121,9 +153,13 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     start, stop = plan.bounds(chunk)
     assembly = plan.assembly((start, stop))
     fs = fsspec.core.url_to_fs(plan.work)[0]
+    buckets = []
     for path in sorted(paths):
-        with fsspec.open(path, "rb") as stream, np.load(stream, allow_pickle=False) as npz:
-            assembly.add_all([{key: npz[key] for key in npz.files}])
+        with fsspec.open(path, "rb") as stream:
+            buckets.append(read_bucket(stream.read(), path))
+    if buckets:  # together: placed in batches of samples, not bucket by bucket
+        assembly.add_all([{name: np.concatenate([b[name] for b in buckets]) for name in buckets[0]}])
+    del buckets
     dataset = assembly.dataset()
     along = [name for name, v in dataset.data_vars.items() if plan.chunk_dim in v.dims]
     dataset.drop_vars(list(dataset.coords))[along].to_zarr(

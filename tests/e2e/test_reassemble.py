@@ -420,3 +420,19 @@ def test_the_command_line_refuses_bad_predictions_in_one_line(overlapping, tmp_p
     np.savez(twice / "b.npz", **sample)
     code, err = reassemble_cli(*base, "--split", "train", "--predictions", str(twice), capsys=capsys)
     assert code == 2 and "was given twice" in err and err.count("\n") == 1
+
+
+def test_bucket_files_round_trip_and_a_damaged_one_is_refused():
+    import io
+
+    from transforms.reassemble import read_bucket, write_bucket
+
+    arrays = {"t": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "index/lat": np.array([0, 5])}
+    stream = io.BytesIO()
+    write_bucket(stream, arrays)
+    data = stream.getvalue()
+    back = read_bucket(data, "b")
+    assert back.keys() == arrays.keys() and all(np.array_equal(back[k], arrays[k]) for k in arrays)
+    for damaged, message in ((data[:-4], "b: cut short in index/lat"), (data + b"xx", "2 bytes after"), (b"PK" + data, "not a bucket")):
+        with pytest.raises(ValueError, match=message):
+            read_bucket(damaged, "b")
