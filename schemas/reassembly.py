@@ -37,7 +37,7 @@ LAYOUTS = ("grid", "forecast")
 INIT_TIME, LEAD_TIME, VALID_TIME = "init_time", "lead_time", "valid_time"
 AREA_WEIGHT = "area_weight"
 #: Samples placed together (their index arrays: some 30 bytes per value of the batch).
-BATCH = 256
+BATCH = 128
 #: Roles whose dim every sample holds whole (no position along it).
 _WHOLE = ("keep", "lead")
 _SKIPPED_ROLES = ("index", "coord", "count")

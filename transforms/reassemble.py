@@ -110,7 +110,7 @@ def _flush(plan: ReassemblePlan, pending: dict[int, list[dict[str, np.ndarray]]]
     for chunk, parts in pending.items():
         path = posixpath.join(plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.bucket")
         with fsspec.open(path, "wb") as stream:
-            write_bucket(stream, {name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+            write_bucket(stream, parts)
         yield chunk, path
 
 
@@ -118,12 +118,16 @@ def _flush(plan: ReassemblePlan, pending: dict[int, list[dict[str, np.ndarray]]]
 _BUCKET_MAGIC = b"XTFBUCKET1"
 
 
-def write_bucket(stream, arrays: Mapping[str, np.ndarray]) -> None:
-    """Arrays as one header and their raw bytes: one write, read back without pickle or a zip's per-array cost."""
-    header = json.dumps([[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]).encode()
+def write_bucket(stream, parts: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Batches of samples as one header and their arrays' raw bytes, the batches of each array one after another
+    (never concatenated in memory); read back without pickle or a zip's per-array cost."""
+    header = json.dumps(
+        [[name, a.dtype.str, [sum(len(p[name]) for p in parts), *a.shape[1:]]] for name, a in parts[0].items()]
+    ).encode()
     stream.write(_BUCKET_MAGIC + len(header).to_bytes(8, "little") + header)
-    for values in arrays.values():
-        stream.write(np.ascontiguousarray(values).data)
+    for name in parts[0]:
+        for part in parts:
+            stream.write(np.ascontiguousarray(part[name]).data)
 
 
 def read_bucket(data: bytes, where: str) -> dict[str, np.ndarray]:
@@ -153,13 +157,9 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     start, stop = plan.bounds(chunk)
     assembly = plan.assembly((start, stop))
     fs = fsspec.core.url_to_fs(plan.work)[0]
-    buckets = []
-    for path in sorted(paths):
+    for path in sorted(paths):  # one bucket in memory at a time, besides the chunk
         with fsspec.open(path, "rb") as stream:
-            buckets.append(read_bucket(stream.read(), path))
-    if buckets:  # together: placed in batches of samples, not bucket by bucket
-        assembly.add_all([{name: np.concatenate([b[name] for b in buckets]) for name in buckets[0]}])
-    del buckets
+            assembly.add_all([read_bucket(stream.read(), path)])
     dataset = assembly.dataset()
     along = [name for name, v in dataset.data_vars.items() if plan.chunk_dim in v.dims]
     dataset.drop_vars(list(dataset.coords))[along].to_zarr(

@@ -429,10 +429,14 @@ def test_bucket_files_round_trip_and_a_damaged_one_is_refused():
 
     arrays = {"t": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "index/lat": np.array([0, 5])}
     stream = io.BytesIO()
-    write_bucket(stream, arrays)
+    write_bucket(stream, [{k: v[:1] for k, v in arrays.items()}, {k: v[1:] for k, v in arrays.items()}])
     data = stream.getvalue()
     back = read_bucket(data, "b")
     assert back.keys() == arrays.keys() and all(np.array_equal(back[k], arrays[k]) for k in arrays)
-    for damaged, message in ((data[:-4], "b: cut short in index/lat"), (data + b"xx", "2 bytes after"), (b"PK" + data, "not a bucket")):
+    for damaged, message in (
+        (data[:-4], "b: cut short in index/lat"),
+        (data + b"xx", "2 bytes after"),
+        (b"PK" + data, "not a bucket"),
+    ):
         with pytest.raises(ValueError, match=message):
             read_bucket(damaged, "b")
