@@ -51,12 +51,12 @@ def measure(workdir: Path, scale: int, quick: bool, chunk_mb: float) -> dict:
         [python, "-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet"], str(REPO)
     )
     if not build.ok:
-        raise SystemExit(f"build failed: {build.output_tail}")
+        raise SystemExit(f"build failed (exit {build.returncode}): {build.output_tail}")
     to = workdir / "out" / f"{spec.name}-reassembled.zarr"
     command = [python, "-m", "pipelines.reassemble", str(output), "--to", str(to), "--overwrite", "--quiet"]
     reassembly = run_measured([*command, "--chunk_mb", str(chunk_mb)], str(REPO))
     if not reassembly.ok:
-        raise SystemExit(f"reassembly failed: {reassembly.output_tail}")
+        raise SystemExit(f"reassembly failed (exit {reassembly.returncode}): {reassembly.output_tail}")
     interpreter = run_measured([python, "-c", _INTERPRETER], str(REPO))
     chunk = output_chunk_bytes(output, chunk_mb)
     return {
@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    results = [measure(workdir, scale, args.quick, args.chunk_mb) for scale in args.scales]
-    print("\n".join(rows(results)), flush=True)
+    results = []
+    print(rows([])[0], flush=True)
+    for scale in args.scales:  # each row as soon as it is measured
+        results.append(measure(workdir, scale, args.quick, args.chunk_mb))
+        print(rows(results[-1:])[1], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
