@@ -14,6 +14,7 @@ from planning.reads.source_index import SourceIndex
 from planning.sampling import SampleGrid
 from planning.selected import SelectedDataset
 from planning.splits import SplitPlan
+from schemas.grid import describe_coordinate
 from schemas.schema import Feature, Schema
 
 
@@ -100,10 +101,13 @@ def describe_build(
     scalar_coords: Sequence[dict] = (),
 ) -> Schema:
     """The schema without its shards (Finalize adds those once they are written)."""
-    kept = {}
+    kept, on_grid = {}, {}
     for axis in grid.axes:
-        found = dataset.coordinate(axis.dim) if axis.role == "keep" else None
-        if found is not None:
+        found = dataset.coordinate(axis.dim)
+        if found is None:
+            continue
+        on_grid[axis.dim] = describe_coordinate(*found)
+        if axis.role == "keep":
             kept[axis.dim] = json_values(found[0])
     return Schema(
         features=tuple(features),
@@ -112,6 +116,7 @@ def describe_build(
         sample=sample_description(config, grid, dataset, splits),
         coords=kept,
         scalar_coords=tuple(scalar_coords),
+        grid=on_grid,
         sources=describe_sources(config, sources, dataset.inventory),
         counts=drops,
         seed=config.shuffle.seed,

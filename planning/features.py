@@ -172,6 +172,7 @@ def variable_plans(grid: SampleGrid, variables: list[VariableInfo], inventory: I
         shape, dims = grid.feature_shape(var.dims)
         dtype = "float32" if np.dtype(var.dtype).kind == "f" else "int64"
         source = {"variable": var.name, "dtype": var.dtype, "file_dtype": var.source_dtype, "attrs": var.attrs}
+        source["dims"] = list(var.dims)  # its dims in the files, the sample's iterated ones too (for reassembly)
         if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
             source["stored_as"] = "float32 (tf.Example holds no float64)"
         static_path = inventory.static_file_of(var.name)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from planning import sizing
-from planning.aux_coords import coordinate_plans, scalar_coordinates
+from planning.aux_coords import coordinate_plans, scalar_coordinates, with_static_coordinates
 from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
@@ -228,6 +228,7 @@ def make_plan(
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
+    schema = with_static_coordinates(schema, coordinates, dataset)
     coord_values = {d: v for d, (v, _) in coords.items()}
     positions = Positions(
         grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap, False, time_features

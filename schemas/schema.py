@@ -124,6 +124,8 @@ class Schema:
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the files' scalar coordinates (a height of 2 m): each one's name, value, dtype and attrs
     scalar_coords: tuple[dict[str, Any], ...] = ()
+    #: every sample dim's coordinate on the selected grid, exactly (schemas.grid): what reassembly puts back
+    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the input: globs, file count, bytes, a fingerprint of every file's path, size and range
     #: along the concat dim, a few of those files, and the static files
     sources: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -182,6 +184,7 @@ class Schema:
             "sample": self.sample,
             "coords": self.coords,
             "scalar_coords": list(self.scalar_coords),
+            "grid": self.grid,
             "sources": self.sources,
             "config": self.config,
         }
@@ -201,6 +204,7 @@ class Schema:
             sample=obj.get("sample", {}),
             coords=obj.get("coords", {}),
             scalar_coords=tuple(obj.get("scalar_coords", [])),
+            grid=obj.get("grid", {}),
             sources=obj.get("sources", {}),
             counts=obj.get("counts", {}),
             seed=obj.get("seed", 0),

@@ -179,3 +179,16 @@ def test_the_io_limit_writes_the_inputs_bytes_over_the_shards_in_turn(tmp_path):
     written = sorted((tmp_path / "out").iterdir())
     assert [p.read_bytes() for p in written] == [inputs[0].read_bytes() + inputs[2].read_bytes(), b"\2" * 5]
     assert set(result["seconds"]) == {"read", "write", "sync"}
+
+
+def test_quick_reassembly_benchmark_prints_its_ratios(tmp_path):
+    result_file = tmp_path / "reassemble.json"
+    command = [sys.executable, "-m", "benchmarks.reassemble", "--quick", "--workdir", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--json", str(result_file)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "reassembly (records -> Zarr) against the build" in result.stdout, result.stdout
+    (row,) = json.loads(result_file.read_text())
+    assert row["build_s"] > 0 and row["reassemble_s"] > 0 and row["chunk_mb"] > 0 and row["peak_rss_mb"] > 0
+    assert (tmp_path / "out" / "quick-patches-4f-reassembled.zarr" / ".zgroup").exists()
