@@ -188,6 +188,11 @@ class Reassembly:
             raise UserError(
                 f"{where}: schema.json has no grid (the output was built before reassembly existed); build it again"
             )
+        if schema.sample.get("roles"):
+            raise UserError(
+                f"{where}: built with sample.roles (features <role>/<variable> at their own steps and crops), which "
+                "reassembly does not place yet; reassemble an output built without roles"
+            )
         self.schema, self.split, self.blend, self.where = schema, split, blend, where
         self.dims = {name: tuple(d) for name, d in (dims or {}).items()}
         self.axes = self._axes(schema, split)

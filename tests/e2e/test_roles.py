@@ -83,6 +83,11 @@ def test_roles_take_their_own_steps_and_crops(cmip, tmp_path):
     norm = stats["normalization"]
     means = [np.ravel(norm[name]["mean"]).tolist() for name in ("inputs/tas", "targets/tas")]
     assert means[0] == means[1] == [stats["variables"]["tas"]["mean"]]
+    from schemas import Reader, reassemble
+    from schemas.errors import UserError
+
+    with pytest.raises(UserError, match=r"built with sample\.roles .* reassembly does not place yet"):
+        reassemble(str(output), Reader(str(output), "test"), split="test")
 
 
 def test_normalize_reads_roles_with_their_variables_statistics(cmip, tmp_path):
