@@ -20,7 +20,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
-from pipelines.output import prepare_output, record_complete, remove_run_files
+from pipelines.output import (
+    committed_generations,
+    prepare_append,
+    prepare_output,
+    record_complete,
+    remove_run_files,
+)
 from pipelines.output_lock import open_private_folder, output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
@@ -110,6 +116,7 @@ def run_build(
     progress: TextIO | None = None,
     shared_filesystem: bool = False,
     counters: dict[str, int] | None = None,
+    append: bool = False,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
@@ -118,7 +125,8 @@ def run_build(
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
     shared parallel filesystem); local runs always do. ``counters``: filled with the run's Beam counters, by
-    name, where the runner reports them.
+    name, where the runner reports them. ``append``: add the input's steps the output does not hold as a new
+    generation (planning.run.generations; NothingToAppend, before anything is written, when there are none).
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
@@ -137,7 +145,10 @@ def run_build(
     # One build at a time into an output (a dry run writes nothing, so it takes no lock).
     with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
         inventory = join(config.output.path, INVENTORY_FILE)
-        plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
+        committed, held = None, None
+        if append:
+            committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
+        plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
         check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
@@ -159,10 +170,16 @@ def run_build(
             return plan, None
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
-        prepare_output(plan.output, overwrite, manifest)
+        # A failed run removes what it wrote: a build, all of it; an append, its own shards only.
+        mine = manifest
+        if committed is not None:
+            manifest = prepare_append(plan.output, manifest, committed)
+            mine = Manifest(frozenset(plan.shard_names), manifest.runs)
+        else:
+            prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
-        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work))
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
