@@ -198,7 +198,9 @@ def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
     try:
         schema = Schema.loads(text)
     except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"output: {schema_path} is not a schema of this tool ({error}); rebuild with --overwrite")
+        raise UserError(
+            f"output: {schema_path} is not a schema of this tool ({error}); rebuild with --overwrite"
+        ) from None
     record = _text(record_path) if _is_file(record_path) else None
     if record is None:
         raise UserError(

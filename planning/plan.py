@@ -279,13 +279,13 @@ def make_plan(
         unstated_calendar=unstated_calendar(inventory, decoding),
         generation=generation,
         generation_record=generation_entry(
-            generation, run_id, len(values), values[0], values[len(values) - 1], held_files, store is not None
+            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None
         ),
     )
 
 
 class _JsonValues:
-    """The concat coordinate's values as schema.json writes them, each made when asked for (a long archive's are many)."""
+    """The concat coordinate's values as schema.json writes them, each made when asked for (a long archive has many)."""
 
     def __init__(self, values: np.ndarray):
         self._values = values

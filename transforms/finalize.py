@@ -333,7 +333,10 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
         shards = {name: (*committed.splits.get(name, ()), *shards[name]) for name in shards}
         counts = _summed(committed.counts, counts)
     sources = {**spec.schema.sources, "generations": len(entries)}
-    schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources)
+    sample = dict(spec.schema.sample)
+    if committed is not None and "num_samples" in sample:
+        sample["num_samples"] += committed.sample.get("num_samples", 0)  # (planned: those of every generation)
+    schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources, sample=sample)
     stats = stats_document(spec, totals, nonfinite)
     stats["generations"] = _own_statistics(spec, entries)
     # generations.json first: one written for an append that then fails is ignored (schema.json counts those

@@ -53,14 +53,14 @@ def files_fingerprint(files: Sequence[HeldFile]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def generation_entry(
-    number: int, run_id: str, steps: int, first: Any, last: Any, files: Sequence[HeldFile], store: bool
-) -> dict:
-    """A generation's record before its counts and statistics are known (Finalize adds them)."""
+def generation_entry(number: int, steps: int, first: Any, last: Any, files: Sequence[HeldFile], store: bool) -> dict:
+    """A generation's record before its counts and statistics are known (Finalize adds them).
+
+    Nothing in it changes from run to run (no run id, no time): a build hashes the same every time.
+    """
     held = [f for f in files if f.stop <= steps]
     return {
         "generation": number,
-        "run": run_id,
         "steps": steps,
         "first": first,
         "last": last,
@@ -83,8 +83,10 @@ def loads(text: str, source: str, committed: int) -> list[dict]:
         valid = isinstance(entries, list) and all(isinstance(e, dict) for e in entries)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         valid = False
-    if not valid or len(entries) < committed or [e.get("generation") for e in entries[:committed]] != list(
-        range(committed)
+    if (
+        not valid
+        or len(entries) < committed
+        or [e.get("generation") for e in entries[:committed]] != list(range(committed))
     ):
         raise UserError(
             f"output: {source} is not a generations record of this tool for its {committed} generation(s); "
