@@ -53,7 +53,7 @@ from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, run_files
+from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -61,7 +61,7 @@ from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
-from transforms.finalize import Finalize, check_owns_output
+from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.stats import ComputeStats
 from transforms.streamed import StreamBlocks
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
@@ -156,6 +156,8 @@ def run_build(
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
+        if committed is not None and not plan.num_samples and not dry_run:
+            return plan, _commit_without_samples(plan, committed)
         files = run_files(plan, run_dir(plan.output, plan.run_id))
         urls = {name: file for name, (file, _) in files.items()}
         ranges = unit_ranges(options, len(plan.units))
@@ -209,6 +211,18 @@ def run_build(
             job = watched_job()
             close_run(job.result if job is not None else None)
         return plan, load_schema(plan.output)
+
+
+def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
+    """An append whose new steps make no sample of any split: committed as a generation without shards.
+
+    Its samples are counted as dropped, and the next append does not plan those steps again.
+    """
+    check_stopped()
+    manifest = prepare_append(plan.output, plan.manifest(), committed)
+    finalize_output(finalize_spec(plan), [], {})
+    record_complete(plan.output, manifest)
+    return load_schema(plan.output)
 
 
 def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> PipelineResult:

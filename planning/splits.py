@@ -216,13 +216,7 @@ def assign_splits(
         "samples_dropped_at_gaps": gap_drops,
         "samples_outside_splits": grid.num_samples - held_samples - gap_drops - sum(counts),
     }
-    if sum(counts) == 0 and held_steps:
-        raise UserError(
-            f"input: every sample the new {concat_dim} steps make lies outside every split (splits keep the "
-            f"ranges the output was built with: {', '.join(f'{s.name} ends at step {s.stop - 1}' for s in splits)}); "
-            "there is nothing to append"
-        )
-    if sum(counts) == 0:
+    if sum(counts) == 0 and not held_steps:  # (an append whose samples all lie outside the splits adds none)
         reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
         raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
     planned, first = [], 0

@@ -214,7 +214,7 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
         totals["samples_dropped_nan"] += summary.dropped_nan
         totals["samples_with_nan"] += summary.with_nan
         totals["examples_written"] += written
-    if totals["examples_written"] == 0:
+    if totals["examples_written"] == 0 and not spec.generation:  # (an append may add no sample: see below)
         raise UserError(
             f"{spec.output}: every one of the {totals['samples_cut']} samples had NaN values and nan_policy: drop "
             "dropped them all; check the data's fill values, or use nan_policy: fill or keep"

@@ -275,3 +275,64 @@ def test_a_killed_append_leaves_the_output_verifiable_and_a_rerun_removes_what_i
     assert not [p.name for p in output.iterdir() if p.is_file() and ".tfrecord" in p.name and p.name not in listed]
     assert not (output / "_tmp").exists()
     assert inspect_main([str(output), "--verify"]) == 0
+
+
+def _same_samples(output: str, reference: Path) -> None:
+    for split in SPLITS:
+        got, want = (_by_sample(Reader(str(path), split).read_all()) for path in (output, reference))
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
+
+
+def test_steps_appended_to_a_zarr_store_are_a_new_generation(appended, archive, tmp_path, capsys):
+    """For a store, what the output does not hold is the steps appended to it after its last one."""
+    import xarray as xr
+
+    with xr.open_mfdataset(sorted(archive.glob("*.nc")), combine="by_coords") as ds:
+        whole = ds[["t", "u"]].load()
+    store, output = tmp_path / "store.zarr", tmp_path / "out"
+    whole.isel(time=slice(0, 4 * HELD_FILES)).to_zarr(store, mode="w", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path) == 0
+    capsys.readouterr()
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
+    whole.isel(time=slice(4 * HELD_FILES, None)).to_zarr(store, append_dim="time", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path, "--append") == 0
+    _same_samples(str(output), appended["full"])
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def test_an_append_to_a_gs_output(appended, archive, gcs, tmp_path):
+    from conftest import BUCKET
+
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = f"gs://{BUCKET}/append/out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    old = {name: gcs.cat(f"{output}/{name}") for name in gcs_names(output)}
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert {name: gcs.cat(f"{output}/{name}") for name in old} == old
+    _same_samples(output, appended["full"])
+    assert inspect_main([output, "--verify"]) == 0
+
+
+def gcs_names(output: str) -> list[str]:
+    schema = load_schema(output)
+    return [name for shards in schema.splits.values() for s in shards for name in (s.file, s.index) if name]
+
+
+def test_new_steps_outside_every_split_are_a_generation_without_shards(appended, archive, tmp_path, capsys):
+    """val ends inside the fourth file: the fifth's samples are dropped, counted, and not planned again."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(archive, output, input__paths=files[:4]), tmp_path) == 0
+    before = _hashes(output, _shard_files(output))
+    capsys.readouterr()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    printed = capsys.readouterr().out
+    assert "Appended generation 1: 0 samples in 0 shard(s)" in printed and "outside" in printed
+    assert _hashes(output, _shard_files(output)) == before
+    assert load_schema(str(output)).counts == load_schema(str(appended["full"])).counts
+    _same_samples(str(output), appended["full"])
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
