@@ -207,6 +207,12 @@ def test_hostile_appends_are_refused_in_one_line_and_change_nothing(generation0,
         grown.write(b"\0" * 64)
     line = _refused(_config(archive, output, input__paths=str(moved / "*.nc")), tmp_path, capsys)
     assert "not those the output was built from" in line
+    # A new file overlapping the steps the output holds.
+    (moved / Path(files[0]).name).unlink()
+    shutil.copy(files[0], moved)
+    shutil.copy(files[1], moved / "zz_again.nc")
+    line = _refused(_config(archive, output, input__paths=str(moved / "*.nc")), tmp_path, capsys)
+    assert "zz_again.nc" in line and "overlaps" in line
     assert _hashes(output) == before
     assert _build(_config(archive, output), tmp_path, "--overwrite", "--append") == 2
 
