@@ -14,7 +14,7 @@ from conftest import REPO
 
 def test_quick_append_benchmark_checks_the_union_and_writes_json(tmp_path):
     result_file = tmp_path / "append.json"
-    command = [sys.executable, "-m", "benchmarks.append", "--quick", "--files", "6", "--added", "2"]
+    command = [sys.executable, "-m", "benchmarks.append", "--quick", "--files", "6", "--added", "2", "--repeat", "1"]
     command += ["--workdir", str(tmp_path), "--json", str(result_file)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
