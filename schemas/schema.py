@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -74,9 +75,24 @@ class Feature:
 SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
 
 
-def shard_name(split: str, index: int, count: int, compression: str | None = None) -> str:
-    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz."""
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+def shard_name(split: str, index: int, count: int, compression: str | None = None, generation: int = 0) -> str:
+    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz.
+
+    Shards an append adds (``generation`` 1, 2, ...) say so, so that no name repeats across generations:
+    train-g001-00000-of-00002.tfrecord.
+    """
+    marked = f"{split}-g{generation:03d}" if generation else split
+    return f"{marked}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
+#: The generation a shard name states (shard_name); none stated: generation 0.
+_GENERATION_IN_NAME = re.compile(r"-g(\d{3,})-\d{5}-of-\d{5}\.tfrecord")
+
+
+def generation_of_name(name: str) -> int:
+    """The generation a shard file's name (or its index's, or a temporary's) states (0 where it states none)."""
+    found = _GENERATION_IN_NAME.search(name)
+    return int(found.group(1)) if found else 0
 
 
 def default_split(names: Sequence[str]) -> str:
@@ -97,6 +113,8 @@ class Shard:
     examples: int | None = None
     #: the shard's record index beside it (schemas.shard_index); None: none (gzip shards cannot have one)
     index: str | None = None
+    #: the build that wrote it: 0, or the append (1, 2, ...) that added it (pipelines.build --append)
+    generation: int = 0
 
     def __post_init__(self):
         if self.examples is None:
