@@ -1,6 +1,7 @@
 """The build on a Dask cluster against the local runner, on one archive (``python -m benchmarks.dask_vs_local``).
 
-A LocalCluster of single-threaded worker processes is started once and warmed with one
+A LocalCluster of single-threaded worker processes (Dask's statistical profiler off, as the README
+advises for a cluster that builds; ``--worker-profiler`` keeps it) is started once and warmed with one
 untimed build (its workers import Beam and xarray once, as a long-lived HPC cluster's would).
 Then builds alternate, each ``python -m pipelines.build`` in its own process: the local default
 runner, and DaskRunner with --shared_filesystem (records written in place, as locally). Prints
@@ -59,9 +60,15 @@ def compare(
     flags: Sequence[str] = (),
     warm: bool = True,
     timeout: float | None = None,
+    worker_profiler: bool = False,
 ) -> list[dict]:
     """One row per unit budget: each runner's wall times (alternating builds), their medians' ratio, the Dask tasks
-    per unit and whether every shard is byte-identical. One LocalCluster serves every budget."""
+    per unit and whether every shard is byte-identical. One LocalCluster serves every budget.
+
+    ``worker_profiler``: keep Dask's statistical profiler on in the workers; off by default, as the README
+    advises for a cluster that builds (it takes the worker's GIL 100 times a second).
+    """
+    import dask
     from distributed import Client, LocalCluster, get_task_stream
 
     archive = datasets.ensure_archive(workdir, spec)
@@ -69,9 +76,10 @@ def compare(
     configs = {name: datasets.write_config(workdir, spec, archive, output) for name, output in outputs.items()}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    cluster = LocalCluster(
-        n_workers=workers, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
-    )
+    with dask.config.set({"distributed.worker.profile.enabled": worker_profiler}):  # the workers start with it
+        cluster = LocalCluster(
+            n_workers=workers, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=logging.ERROR
+        )
     rows = []
     try:
         dask = ["--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}", "--shared_filesystem"]
@@ -123,6 +131,7 @@ def compare(
                     "dask_tasks": tasks,
                     "dask_tasks_per_unit": max(tasks) / max(units, 1),
                     "dask_flags": list(flags),
+                    "worker_profiler": worker_profiler,
                     "walls": walls,
                     "medians": medians,
                     "dask_over_local": medians["dask"] / medians["local"],
@@ -195,10 +204,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dask-flag", action="append", default=[], help="another flag for the Dask build, e.g. --dask_npartitions=4"
     )
+    parser.add_argument(
+        "--worker-profiler",
+        action="store_true",
+        help="keep Dask's statistical profiler on in the workers (Dask's default)",
+    )
     args = parser.parse_args(argv)
     spec = datasets.patches(1, args.quick, num_files=None if args.quick else args.files)
     workdir = Path(args.workdir).resolve()
-    (results,) = compare(workdir, spec, [args.unit_budget], args.workers, args.rounds, args.dask_flag)
+    (results,) = compare(
+        workdir,
+        spec,
+        [args.unit_budget],
+        args.workers,
+        args.rounds,
+        args.dask_flag,
+        worker_profiler=args.worker_profiler,
+    )
     if not results["ok"]:
         print(results["error"], file=sys.stderr)
         return 1
