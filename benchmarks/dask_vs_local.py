@@ -100,22 +100,22 @@ def compare(
                 warm = False
             walls: dict[str, list[float]] = {"local": [], "dask": []}
             tasks: list[int] = []
-            error = None
+            error: str | None = None
             for round_ in range(rounds):
                 for name, command in commands.items():
                     warm_page_cache(archive)
                     with Client(cluster) as client, get_task_stream(client) as stream:
                         measurement = run_measured(command, str(REPO), env, timeout)
                     if not measurement.ok:
-                        error = measurement.output_tail
+                        error = measurement.output_tail or f"{name} build: exit status {measurement.returncode}"
                         break
                     if name == "dask":
                         tasks.append(len(stream.data))
                     walls[name].append(measurement.wall_seconds)
                     print(f"  round {round_ + 1}: {name} {measurement.wall_seconds:.1f} s", flush=True)
-                if error:
+                if error is not None:
                     break
-            if error:
+            if error is not None:
                 rows.append({"units": units, "unit_budget": budget, "ok": False, "error": error})
                 continue
             medians = {name: statistics.median(values) for name, values in walls.items()}
