@@ -24,8 +24,17 @@ import yaml
 import zarr
 
 from benchmarks.measure import run_measured
-from benchmarks.run import REPO
+from benchmarks.targets import (
+    GB,
+    MAX_DRY_RUN_RSS,
+    MAX_DRY_RUN_SECONDS,
+    MAX_JOB_GRAPH_GROWTH,
+    MAX_JOB_GRAPH_MB,
+    Target,
+    target_cells,
+)
 
+REPO = Path(__file__).resolve().parents[1]
 #: ARCO-ERA5's pressure levels (hPa).
 LEVELS = (1, 2, 3, 5, 7, 10, 20, 30, 50, 70, 100, 125, 150, 175, 200, 225, 250, 300, 350, 400, 450, 500, 550, 600,
           650, 700, 750, 775, 800, 825, 850, 875, 900, 925, 950, 975, 1000)  # fmt: skip
@@ -36,6 +45,8 @@ VARIABLES = ("temperature", "geopotential", "u_component_of_wind", "v_component_
 CHUNK = (128, 128)
 UNITS_PER_STEP = 72
 DEFAULT_UNITS = (100_000, 1_000_000, 10_000_000, 30_000_000)
+#: benchmarks.scale --quick: two small stores, a smoke test of the rows (not a measurement).
+QUICK_UNITS = (1_000, 10_000)
 
 
 def write_metadata_store(path: Path, steps: int, lat: int = 721, lon: int = 1440, chunk=CHUNK) -> Path:
@@ -102,6 +113,52 @@ def render(rows: list[dict]) -> str:
         graph = f"{row['graph_mb']:.2f} MB" if row["graph_mb"] is not None else "-"
         lines.append(f"| {units} | {row['steps']:,} | {graph} | {row['seconds']:.0f} s | {row['peak_rss_gb']:.2f} GB |")
     return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[Target]:
+    """Each graph <= 1 MB; the largest within 10% of the smallest; the largest dry run's wall and peak RSS."""
+    done = [row for row in rows if row["ok"] and row["graph_mb"] is not None and row["units"]]
+    found = [
+        Target(f"job graph, {row['units']:,} units", row["graph_mb"], MAX_JOB_GRAPH_MB, True, "MB") for row in done
+    ]
+    if len(done) >= 2:
+        small, large = min(done, key=lambda r: r["units"]), max(done, key=lambda r: r["units"])
+        what = f"{large['units']:,} / {small['units']:,} units"
+        found.append(Target(f"job graph {what}", large["graph_mb"] / small["graph_mb"], MAX_JOB_GRAPH_GROWTH, True))
+    if done:
+        large = max(done, key=lambda r: r["units"])
+        what = f"{large['units']:,} units"
+        found.append(Target(f"dry run wall, {what}", large["seconds"], MAX_DRY_RUN_SECONDS, True, "s"))
+        rss = large["peak_rss_gb"]
+        found.append(Target(f"launcher peak RSS, dry run of {what}", rss, MAX_DRY_RUN_RSS / GB, True, "GB"))
+    return found
+
+
+def report_rows(rows: list[dict], by_name: dict[str, Target]) -> list[list[str]]:
+    """The rows of benchmarks.scale's table: (what, value, against, ratio, target, result)."""
+
+    def cells(name: str) -> list[str]:
+        return target_cells(by_name.get(name))
+
+    out = []
+    done = [row for row in rows if row["ok"] and row["graph_mb"] is not None and row["units"]]
+    for row in rows:
+        if row not in done:
+            out.append([f"job graph, dry run of {row['steps']:,} steps", "FAILED", "-", "-", "-", ""])
+            continue
+        units = f"{row['units']:,} units"
+        out.append([f"job graph (MB), {units}", f"{row['graph_mb']:.3f}", "-", "-", *cells(f"job graph, {units}")])
+        rss, wall = f"launcher peak RSS, dry run of {units}", f"dry run wall, {units}"
+        out.append(
+            [f"  dry run of {units}: launcher peak RSS (GB)", f"{row['peak_rss_gb']:.2f}", "-", "-", *cells(rss)]
+        )
+        out.append([f"  dry run of {units}: wall (s)", f"{row['seconds']:.1f}", "-", "-", *cells(wall)])
+    if len(done) >= 2:
+        small, large = min(done, key=lambda r: r["units"]), max(done, key=lambda r: r["units"])
+        name = f"job graph {large['units']:,} / {small['units']:,} units"
+        ratio = large["graph_mb"] / small["graph_mb"]
+        out.append([name, f"{large['graph_mb']:.3f}", f"{small['graph_mb']:.3f}", f"{ratio:.2f}", *cells(name)])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

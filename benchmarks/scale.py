@@ -12,6 +12,12 @@
    more file costs, the interpreter and its imports aside).
 4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
    byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS.
+5. The job graph's size, the dry run's wall and the launcher's peak RSS at 100k, 1M, 10M and
+   30M work units of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
+6. A Dask LocalCluster (2 single-threaded worker processes) against the local runner at ~200
+   and ~2,000 units of the 12-file patches archive (benchmarks.dask_vs_local, smaller unit
+   budgets; medians of --repeat alternating builds): wall ratio, Dask tasks a unit, shards
+   byte-identical.
 
 Every build and every planning run is its own fresh interpreter, so import costs count as they
 do for a user; only ratios between runs of one invocation are meant to be compared. Archives
@@ -32,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import zarr_reads
+from benchmarks import datasets, job_graph, zarr_reads
 from benchmarks.measure import Measurement, run_measured
 from benchmarks.report import table
 from benchmarks.targets import (
@@ -44,6 +50,7 @@ from benchmarks.targets import (
     SMALL_FILES_TARGET_COUNT,
     Target,
 )
+from benchmarks.targets import target_cells as _target_cells
 
 REPO = Path(__file__).resolve().parents[1]
 #: Every file: one 6-hourly step of the demo's five variables on 2 levels x 18 x 18 (~28 KB as NetCDF-4).
@@ -59,16 +66,29 @@ UNIT_SIZES = (2_000, 4_000)
 REMOTE_FILES = 1_000
 #: NetCDF-4 files planned on gs:// for the launcher's peak memory (more than one batch of probes from 2,100 on).
 REMOTE_MEMORY_SIZES = (300, 2_100, 10_000)
+#: Unit budgets (bytes) that cut the 12-file patches archive into ~200 and ~2,000 units, for the Dask rows.
+DASK_FILES = 12
+DASK_BUDGETS = (6.5e6, 0.6e6)
 #: --quick: tiny archives, a smoke test of every row (not a measurement).
-QUICK = {"sizes": (12,), "classic": 12, "units": (8, 16), "remote": 12, "remote_memory": (6, 12)}
+QUICK = {
+    "sizes": (12,),
+    "classic": 12,
+    "units": (8, 16),
+    "remote": 12,
+    "remote_memory": (6, 12),
+    "graph_units": job_graph.QUICK_UNITS,
+    "dask_budgets": (0.1e6,),
+}
 FULL = {
     "sizes": DEFAULT_SIZES,
     "classic": CLASSIC_FILES,
     "units": UNIT_SIZES,
     "remote": REMOTE_FILES,
     "remote_memory": REMOTE_MEMORY_SIZES,
+    "graph_units": job_graph.DEFAULT_UNITS,
+    "dask_budgets": DASK_BUDGETS,
 }
-PARTS = ("local", "units", "remote", "zarr")
+PARTS = ("local", "units", "remote", "zarr", "graph", "dask")
 #: Repeats of the unit planning call (the fastest is kept): one call takes well under a millisecond.
 UNIT_REPEATS = 50
 BUCKET = "xtf-scale"
@@ -483,6 +503,20 @@ def run(
     if "remote" in parts and remote_memory:
         archives = [ensure_archive(workdir, "nc4", n) for n in remote_memory]
         results["remote_memory"] = run_remote_memory(bench, archives)
+    if "graph" in parts:
+        (workdir / "job-graph").mkdir(exist_ok=True)
+        results["job_graph"] = []
+        for units in defaults["graph_units"]:
+            print(f"[scale] dry run of ~{units:,} units (job graph, launcher memory) ...", flush=True)
+            results["job_graph"].append(job_graph.dry_run(workdir / "job-graph", units))
+    if "dask" in parts:
+        from benchmarks import dask_vs_local  # here: it imports benchmarks.run, which imports this module
+
+        spec = datasets.patches(1, quick, num_files=None if quick else DASK_FILES)
+        print("[scale] Dask LocalCluster against the local runner ...", flush=True)
+        rounds = max(1, repeat)
+        budgets = defaults["dask_budgets"]
+        results["dask"] = dask_vs_local.compare(workdir, spec, budgets, rounds=rounds, warm=not quick, timeout=timeout)
     results["targets"] = [t.to_json() for t in targets(results)]
     results["failed"] = failed(results)
     shutil.rmtree(workdir / "out" / "scale", ignore_errors=True)
@@ -554,6 +588,11 @@ def targets(results: dict) -> list[Target]:
             )
         )
     found += zarr_reads.targets(results.get("zarr") or {})
+    found += job_graph.targets(results.get("job_graph") or [])
+    if results.get("dask"):
+        from benchmarks import dask_vs_local
+
+        found += dask_vs_local.targets(results["dask"])
     slopes = memory_slopes(results.get("remote_memory") or {})
     if slopes:
         small, large, _ = slopes[-1]
@@ -582,13 +621,10 @@ def failed(results: dict) -> list[str]:
     names += [f"remote {k}" for k, row in (results.get("remote") or {}).items() if not row["ok"]]
     names += [f"zarr {k}" for k, row in (results.get("zarr") or {}).items() if not row["ok"]]
     names += [f"remote memory {k}" for k, row in (results.get("remote_memory") or {}).items() if not row["ok"]]
+    names += [f"dry run of {row['steps']:,} steps" for row in results.get("job_graph") or [] if not row["ok"]]
+    dask = results.get("dask") or []
+    names += [f"dask {row['units']:,} units" for row in dask if not (row["ok"] and row["identical_shards"])]
     return names
-
-
-def _target_cells(target: Target | None) -> list[str]:
-    if target is None:
-        return ["-", ""]
-    return [f"<= {target.limit:g}{'x' if target.unit == 'x' else ' ' + target.unit}", target.status]
 
 
 def render(results: dict) -> str:
@@ -642,6 +678,11 @@ def render(results: dict) -> str:
         rows += _remote_rows(fmt, row, by_name if fmt == "nc4" else {})
     rows += zarr_reads.report_rows(results.get("zarr") or {}, by_name)
     rows += _memory_rows(results.get("remote_memory") or {}, by_name)
+    rows += job_graph.report_rows(results.get("job_graph") or [], by_name)
+    if results.get("dask"):
+        from benchmarks import dask_vs_local
+
+        rows += dask_vs_local.report_rows(results["dask"], by_name)
     headers = ("what", "wall s", "against s", "ratio", "target", "result")
     quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["quick"] else ""
     load = ", ".join(f"{x:.2f}" for x in results["load_at_start"])

@@ -33,6 +33,15 @@ MAX_ZARR_FETCHED_PER_STORED = 1.1
 MAX_ZARR_BUILD_RSS = 1.5 * GB
 #: the launcher's peak RSS planning gs:// NetCDF-4 files: KiB more per file (benchmarks.scale, 2,100 to 10,000 files)
 MAX_REMOTE_PLAN_KIB_PER_FILE = 8.0
+#: the job graph (a dry run's pipeline proto) at 100k to 30M units; its largest / its smallest; the largest run's
+#: dry-run wall and launcher peak RSS (benchmarks.job_graph)
+MAX_JOB_GRAPH_MB = 1.0
+MAX_JOB_GRAPH_GROWTH = 1.1
+MAX_DRY_RUN_SECONDS = 180.0
+MAX_DRY_RUN_RSS = 1.0 * GB
+#: a Dask LocalCluster of 2 single-threaded worker processes against the local runner (benchmarks.dask_vs_local)
+MAX_DASK_OVER_LOCAL = 1.3
+MAX_DASK_TASKS_PER_UNIT = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +63,13 @@ class Target:
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "status": self.status}
+
+
+def target_cells(target: Target | None) -> list[str]:
+    """A report table's last two cells for a target: its limit and PASS/FAIL (none: "-" and blank)."""
+    if target is None:
+        return ["-", ""]
+    return [f"<= {target.limit:g}{'x' if target.unit == 'x' else ' ' + target.unit}", target.status]
 
 
 def _ok(results: dict, scale: str, name: str) -> dict | None:

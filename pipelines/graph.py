@@ -165,7 +165,7 @@ def run_build(
         files = run_files(plan, run_dir(plan.output, plan.run_id))
         urls = {name: file for name, (file, _) in files.items()}
         ranges = unit_ranges(options, len(plan.units))
-        write = choose_write_strategy(plan, work)
+        write = choose_write_strategy(plan, work, groups_in_memory=is_dask_runner(options))
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
             specs = compile_specs(plan, write, urls)

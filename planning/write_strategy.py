@@ -7,7 +7,7 @@ import enum
 
 from planning.layout import ShardLayout, plan_layout
 from planning.plan import BuildPlan
-from planning.run.names import join
+from planning.run.names import join, run_dir
 from schemas.urls import is_remote
 
 #: Above this many samples the in-place layout's arrays (about 20 bytes a sample on the
@@ -30,8 +30,9 @@ class WritePlan:
 
     strategy: WriteStrategy
     reason: str
-    #: a folder every worker sees (they share the driver's filesystem): bucket files, progress
-    #: markers and the layout go there; None: the workers share no filesystem
+    #: a folder every worker sees: bucket files, progress markers and the layout go there (the
+    #: driver's filesystem, shared; or, for bucket files only, the output's own ``_tmp/<run>/`` URL);
+    #: None: the workers share no filesystem
     work_dir: str | None = None
     layout: ShardLayout | None = None  # IN_PLACE, once laid out
 
@@ -41,14 +42,17 @@ class WritePlan:
 
     @property
     def progress_dir(self) -> str | None:
-        return join(self.work_dir, "progress") if self.work_dir is not None else None
+        # Markers are local files the driver's live line reads: none in a URL.
+        return join(self.work_dir, "progress") if self.work_dir is not None and not is_remote(self.work_dir) else None
 
 
-def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
+def choose_write_strategy(plan: BuildPlan, work_dir: str | None, groups_in_memory: bool = False) -> WritePlan:
     """The build's write strategy, why, and where its working files go; decides only, writes nothing.
 
     ``work_dir``: a folder every worker sees (they share the driver's filesystem), or None. An
     ``IN_PLACE`` write is laid out next, once the output is the run's (``lay_out``).
+    ``groups_in_memory``: the runner's GroupByKey lists each key's values in one worker's memory
+    (Beam's DaskRunner), so bulk bytes must not ride it, whatever the workers share.
 
     ========================  =================================================================
     strategy                  when
@@ -62,11 +66,17 @@ def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
     ``BUCKET_FILES``          workers share a filesystem, otherwise. The local runner holds every
                               grouped value in memory, so bulk bytes must not ride its
                               GroupByKey (DESIGN.md, decision 3); shard writers read the files.
-    ``RUNNER_SHUFFLE``        distributed runners whose workers share no disk (Dataflow; Dask,
-                              Flink, ... without --shared_filesystem): their shuffle is built
-                              for bulk bytes.
+                              Without a shared filesystem on a runner whose GroupByKey holds
+                              a key's values in memory (Beam's DaskRunner): bucket files
+                              under the output's own ``_tmp/<run>/`` (a URL every worker
+                              writes), which the shard writers stream from.
+    ``RUNNER_SHUFFLE``        distributed runners whose workers share no disk and whose shuffle
+                              is built for bulk bytes (Dataflow, Flink, Spark).
     ========================  =================================================================
     """
+    if work_dir is None and groups_in_memory:
+        reason = "the runner's GroupByKey holds a shard's records in memory: bucket files under the output's _tmp/"
+        return WritePlan(WriteStrategy.BUCKET_FILES, reason, run_dir(plan.output, plan.run_id))
     if work_dir is None:
         return WritePlan(WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle")
     reason = _why_not_in_place(plan)

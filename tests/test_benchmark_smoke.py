@@ -137,7 +137,7 @@ SCALE_ROWS = [
 def test_quick_many_files_benchmark_prints_every_row(tmp_path):
     result_file = tmp_path / "scale.json"
     command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--workdir", str(tmp_path)]
-    command += ["--json", str(result_file)]
+    command += ["--json", str(result_file), "--parts", "local", "units", "remote", "zarr"]  # graph, dask: below
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for row in SCALE_ROWS:
@@ -150,6 +150,33 @@ def test_quick_many_files_benchmark_prints_every_row(tmp_path):
     assert many["plan"]["files"] == 12 and many["replan"]["cached_probes"] == 12
     assert results["remote"]["nc4"]["socket_bytes"] > 0 and results["remote"]["nc4"]["size_mismatches"] == 0
     assert all(row["max_rss"] > 0 for row in results["remote_memory"].values())
+
+
+def test_quick_scale_benchmark_prints_the_job_graph_and_dask_rows_against_their_targets(tmp_path):
+    result_file = tmp_path / "scale.json"
+    command = [sys.executable, "-m", "benchmarks.scale", "--quick", "--parts", "graph", "dask"]
+    command += ["--workdir", str(tmp_path), "--json", str(result_file)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(result_file.read_text())
+    assert results["failed"] == [] and [row["ok"] for row in results["job_graph"]] == [True, True]
+    small, large = results["job_graph"]
+    assert small["units"] < large["units"] and small["graph_mb"] > 0 and large["peak_rss_gb"] > 0
+    (dask,) = results["dask"]
+    assert dask["identical_shards"] is True and dask["units"] > 1 and max(dask["dask_tasks"]) > 0
+    names = {t["name"]: t for t in results["targets"]}
+    units = f"{small['units']:,} units"
+    for row in (
+        f"job graph (MB), {units}",
+        f"dry run of {large['units']:,} units: launcher peak RSS (GB)",
+        f"job graph {large['units']:,} / {units}",
+        f"Dask (2 workers) / local runner wall, {dask['units']:,} units (medians of 1; byte-identical)",
+        f"Dask tasks a unit, {dask['units']:,} units",
+    ):
+        assert row in result.stdout, f"no row {row!r} in:\n{result.stdout}"
+    assert names[f"job graph, {units}"]["value"] == small["graph_mb"] and names[f"job graph, {units}"]["limit"] == 1
+    assert names[f"Dask / local runner wall, {dask['units']:,} units"]["limit"] == 1.3
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"} and len(names) == 7
 
 
 def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):

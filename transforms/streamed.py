@@ -4,7 +4,8 @@ Beam's DaskRunner runs each stage over a whole partition and keeps its output as
 every next stage has read it, so CutSamples followed by WriteShards would hold every block of a
 partition at once. Here one step cuts a unit, writes its records (in place or to bucket files)
 and summarises it before the next unit is cut: what a partition keeps is a small result per
-unit. The runner-shuffle strategy's bucket bytes are such results too, and do add up.
+unit (counts, or a bucket file's path: on Dask, bucket bytes never ride the runner's
+GroupByKey, which lists a key's values in memory; planning.write_strategy).
 """
 
 from __future__ import annotations

@@ -185,18 +185,49 @@ def workers_see_the_emulator(gcs, client):
         client.run(lambda: [os.environ.pop(name, None) for name in names])
 
 
-def test_runner_shuffle_through_gs_equals_the_local_build(
+def test_without_a_shared_filesystem_buckets_go_through_gs_files_not_the_runners_groupbykey(
     small_archive, local_build, tmp_path, client, workers_see_the_emulator, caplog
 ):
+    """Beam's DaskRunner lists a key's values in one worker's memory: a shard's records must not be those values."""
     gcs = workers_see_the_emulator
     caplog.set_level(logging.INFO, logger="pipelines.graph")
     for path in sorted(small_archive.glob("*.nc")):
         gcs.put(str(path), f"{BUCKET}/dask/in/{path.name}")
     output = f"gs://{BUCKET}/dask/out"
-    build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask/in/*.nc", output), *dask_flags(client))
-    assert "runner shuffle" in strategy_logged(caplog)
+
+    def record_what_shard_writers_get():  # on each worker process: what each shard's GroupByKey handed over
+        import transforms.shards as shards
+
+        original, got = shards.write_shard, []
+
+        def recording(spec, shard, buckets, ledger=None):
+            buckets = list(buckets)
+            got.append([bucket if isinstance(bucket, str) else len(bucket) for bucket in buckets])  # a path, or bytes
+            return original(spec, shard, buckets, ledger)
+
+        shards.write_shard, shards.seen_by_test = recording, (original, got)
+
+    def restore():
+        import transforms.shards as shards
+
+        original, got = shards.__dict__.pop("seen_by_test")
+        shards.write_shard = original
+        return got
+
+    client.run(record_what_shard_writers_get)
+    try:
+        build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask/in/*.nc", output), *dask_flags(client))
+    finally:
+        got = [buckets for found in client.run(restore).values() for buckets in found]
+    assert "bucket files" in strategy_logged(caplog) and "GroupByKey holds" in strategy_logged(caplog)
+    # Each of the 3 shards was written once, from its units' bucket files under the run's _tmp/ on gs://.
+    assert len(got) == 3 and all(buckets for buckets in got), got
+    for buckets in got:
+        assert all(isinstance(b, str) and b.startswith(f"{output}/_tmp/") and b.endswith(".bucket") for b in buckets)
     assert_same_output(gcs.cat, output, local_build)
+    # No bucket file, run file or progress marker is left, on gs:// or on this machine.
     assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local_build.iterdir())
+    assert not Path("gs:").exists()  # progress markers are local files: none were made for a URL
 
 
 def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, capsys, monkeypatch):
