@@ -59,8 +59,8 @@ UNIT_SIZES = (2_000, 4_000)
 REMOTE_FILES = 1_000
 #: NetCDF-4 files planned on gs:// for the launcher's peak memory (more than one batch of probes from 2,100 on).
 REMOTE_MEMORY_SIZES = (300, 2_100, 10_000)
-#: --quick: tiny archives, a smoke test of every row (not a measurement).
-QUICK = {"sizes": (12,), "classic": 12, "units": (8, 16), "remote": 12, "remote_memory": (6, 12)}
+#: --quick: the tiniest archives that print every row, a smoke test (not a measurement).
+QUICK = {"sizes": (4,), "classic": 4, "units": (2, 4), "remote": 4, "remote_memory": (2, 4)}
 FULL = {
     "sizes": DEFAULT_SIZES,
     "classic": CLASSIC_FILES,
