@@ -72,6 +72,8 @@ setup(
         "dask": WORKER + DASK,  # a Dask cluster's workers
         "build": WORKER + DASK + LAUNCHER,
         "tf": [TENSORFLOW],
+        # Predictions back on the grid (schemas.reassemble): datasets, model calendars, Zarr and NetCDF to write.
+        "reassemble": ["xarray>=2025.1", "cftime>=1.6", "zarr>=3.1,<4", "netCDF4>=1.7"],
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
         # (pip install torch --index-url https://download.pytorch.org/whl/cpu) to avoid the CUDA wheels.
         "torch": ["torch>=2.4"],

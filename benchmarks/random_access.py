@@ -142,7 +142,8 @@ if sys.argv[1] == "without":
     import transforms.files, transforms.in_place, transforms.shards
     none = lambda path, sizes: None
     transforms.shards.write_index = transforms.in_place.write_index = none
-    transforms.in_place._record_sizes = lambda path, records, nbytes: []
+    transforms.in_place._record_sizes = lambda spec, shard: []
+    transforms.in_place._WriteInPlaceFn._check_sizes = lambda self, shards, offsets, framed: None
 sys.exit(build.main(["--config", sys.argv[2], "--quiet", "--overwrite"]))
 """
 #: Target: a build writing the index takes at most this much longer (the 1x patches set).

@@ -101,6 +101,14 @@ def fixed_costs_section(results: dict) -> str | None:
                 rows.append([what, _num(row["wall"], 2), _num(row["peak_rss"] / MB)])
             else:
                 rows.append([what, "FAILED", "-"])
+    demo = results.get("demo")
+    if demo:
+        if demo["ok"]:
+            runs = ", ".join(f"{w:.2f}" for w in demo["runs"])
+            what = f"the demo build, python -m pipelines.build (median of {runs})"
+            rows.append([what, _num(demo["median"], 2), _num(demo["peak_rss"] / MB)])
+        else:
+            rows.append(["the demo build, python -m pipelines.build", "FAILED", "-"])
     help_run = results.get("help")
     if help_run:
         runs = ", ".join(f"{w:.2f}" for w in help_run["runs"])

@@ -27,18 +27,32 @@ from benchmarks.measure import Measurement, run_measured
 from benchmarks.targets import all_targets
 
 REPO = Path(__file__).resolve().parents[1]
-COMPETITORS = ("floor", "pipeline", "pipeline-2w", "naive", "startup", "read", "help", "shard-writer", "scale")
+COMPETITORS = (
+    "floor",
+    "io-limit",
+    "pipeline",
+    "pipeline-2w",
+    "naive",
+    "startup",
+    "demo",
+    "read",
+    "help",
+    "shard-writer",
+    "scale",
+)
 #: What runs without --only: "scale" (many small files against one, benchmarks.scale: minutes, and about
 #: 1 GB of cached archives) only when asked for.
 DEFAULT_COMPETITORS = tuple(c for c in COMPETITORS if c != "scale")
 #: Competitors that need the patches archive of every --scales size.
-_ON_SCALES = frozenset({"floor", "pipeline", "pipeline-2w", "naive", "startup", "read"})
+_ON_SCALES = frozenset({"floor", "io-limit", "pipeline", "pipeline-2w", "naive", "startup", "read"})
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
 #: Batch sizes of the read side: a training-sized batch of big samples, a larger one of small.
 READ_BATCH = {"patches": 128, "points": 1024}
 READ_ROUNDS = 5
 PACKED = 32  # point series per record in the packed read-side set
 HELP_RUNS = 3  # one with --quick: a smoke test, not a measurement
+#: Timed runs of the demo build (its data written by an untimed one first; one with --quick); the median is kept.
+DEMO_RUNS = 3
 #: The shard-writer competitor's shard and budget in MB (quick: a smoke test).
 SHARD_WRITER_MB = {False: (256, 64), True: (16, 4)}
 #: --quick writes the packed shard alone: the other cases run the same code on other record sizes.
@@ -126,6 +140,19 @@ def run_floor(bench: Bench, spec: DatasetSpec, archive: Path) -> dict:
     measurement = bench.run(["-m", "benchmarks.floor", "--config", str(config), "--result", str(result)], archive)
     details = read_json(result) if measurement.ok else {}
     return summary("floor (numpy, 1 process)", measurement, spec.num_samples, input_bytes(archive), details=details)
+
+
+def run_io_limit(bench: Bench, spec: DatasetSpec, archive: Path) -> dict:
+    """Read the inputs, write the same bytes and sync them (benchmarks.io_limit): what any build costs at least."""
+    result = bench.result_path(spec, "io-limit")
+    command = ["-m", "benchmarks.io_limit", "--inputs", str(archive), "--output", str(bench.output(spec, "io-limit"))]
+    command += ["--shards", str(spec.num_shards), "--result", str(result)]
+    measurement = bench.run(command, archive)
+    details = read_json(result) if measurement.ok else {}
+    seconds = details.get("seconds", {})
+    note = ", ".join(f"{phase} {value:.1f} s" for phase, value in seconds.items())
+    label = "I/O limit (read, write, sync)"
+    return summary(label, measurement, spec.num_samples, input_bytes(archive), details=details, note=note)
 
 
 def run_pipeline(bench: Bench, spec: DatasetSpec, archive: Path, name: str = "pipeline") -> dict:
@@ -222,7 +249,13 @@ def run_scale(bench: Bench, scale: int) -> dict:
     print(f"[{scale}x] dataset {spec.name}: {spec.num_samples:,} samples", flush=True)
     archive = datasets.ensure_archive(bench.workdir, spec)
     section = {"dataset": dataset_info(spec, archive), "competitors": {}}
-    runners = {"floor": run_floor, "pipeline": run_pipeline, "pipeline-2w": run_pipeline, "naive": run_naive}
+    runners = {
+        "floor": run_floor,
+        "io-limit": run_io_limit,
+        "pipeline": run_pipeline,
+        "pipeline-2w": run_pipeline,
+        "naive": run_naive,
+    }
     for name, runner in runners.items():
         if name in bench.selected:
             print(f"[{scale}x] {name} ...", flush=True)
@@ -234,7 +267,7 @@ def run_scale(bench: Bench, scale: int) -> dict:
     section["identical_to_pipeline"] = {
         name: same_shards(bench.output(spec, name), pipeline_out) for name in ("floor", "pipeline-2w")
     }
-    for name in ("floor", "pipeline-2w", "naive"):
+    for name in ("floor", "io-limit", "pipeline-2w", "naive"):
         shutil.rmtree(bench.output(spec, name), ignore_errors=True)  # at 4x, each is gigabytes
     return section
 
@@ -304,6 +337,29 @@ def run_packed(bench: Bench, spec: DatasetSpec, archive: Path, output: Path) -> 
     return {"ok": measurement.ok, "error": None if measurement.ok else measurement.output_tail}
 
 
+def time_demo(bench: Bench) -> dict:
+    """The demo build's wall (``python -m pipelines.build`` with no arguments), its data already written."""
+    directory = bench.workdir / "demo-build"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    command = [sys.executable, "-m", "pipelines.build", "--quiet"]
+    first = run_measured(command, str(directory), bench.env, bench.timeout)  # writes the demo's archive
+    if not first.ok:
+        return {"ok": False, "error": first.output_tail}
+    runs = [
+        run_measured(command, str(directory), bench.env, bench.timeout) for _ in range(1 if bench.quick else DEMO_RUNS)
+    ]
+    walls = [r.wall_seconds for r in runs]
+    shutil.rmtree(directory, ignore_errors=True)
+    return {
+        "ok": all(r.ok for r in runs),
+        "runs": walls,
+        "median": statistics.median(walls),
+        "peak_rss": max(r.peak_rss_bytes for r in runs),
+        "load": [runs[0].load_before, runs[-1].load_after],
+    }
+
+
 def time_help(bench: Bench) -> dict:
     runs = [
         run_measured([sys.executable, "-m", "pipelines.build", "--help"], str(REPO), bench.env)
@@ -359,6 +415,8 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
     }
     if "help" in bench.selected:
         results["help"] = time_help(bench)
+    if "demo" in bench.selected:
+        results["demo"] = time_demo(bench)
     for scale in scales if bench.selected & _ON_SCALES else ():
         results["scales"][str(scale)] = run_scale(bench, scale)
     if "startup" in bench.selected:
@@ -381,7 +439,7 @@ def failures(results: dict) -> list[str]:
     rows = [(f"{s}x {n}", r) for s, sec in results["scales"].items() for n, r in sec["competitors"].items()]
     rows += [(f"{s}x read", sec["read"]) for s, sec in results["scales"].items() if "read" in sec]
     rows += [(f"start-up {n}", results["startup"][n]) for n in ("pipeline", "pipeline-2w") if "startup" in results]
-    rows += [(name, results[name]) for name in ("read_small", "help") if name in results]
+    rows += [(name, results[name]) for name in ("read_small", "help", "demo") if name in results]
     failed = [name for name, row in rows if not row.get("ok")]
     failed += shard_writer.failed(results["shard_writer"]) if "shard_writer" in results else []
     return failed + (results["many_files"]["failed"] if "many_files" in results else [])

@@ -6,9 +6,14 @@ import dataclasses
 
 GB = 1e9
 #: pipeline wall / floor wall allowed at 1x and from 4x on
-FLOOR_RATIO = {1: 1.5, 4: 1.25}
+FLOOR_RATIO = {1: 1.3, 4: 1.0}
+#: pipeline wall / the I/O limit's (read, write and sync the same bytes) allowed from 4x on
+IO_LIMIT_RATIO = 1.25
+#: the demo build's wall (python -m pipelines.build, its data already written), in seconds
+MAX_DEMO_SECONDS = 1.5
 MIN_SPEEDUP_OVER_NAIVE = 40.0
-MAX_RSS_1X_BYTES = 1.0 * GB
+#: peak RSS at every scale: the default runner's (threads), and 2 worker processes' (each imports everything)
+MAX_RSS_BYTES = {"pipeline": 0.5 * GB, "2-worker pipeline": 1.0 * GB}
 MAX_RSS_GROWTH = 1.2  # peak RSS at 4x / at 1x
 SCALING_SLACK = 1.1  # time at Nx <= 1.1 N x time at 1x, start-up subtracted
 MIN_PARSER_VS_EXPERT = 0.95
@@ -70,6 +75,7 @@ def scale_targets(results: dict, scale: str) -> list[Target]:
     """Targets measured within one scale: against the floor, the naive peer, 2 workers, the reader."""
     floor, pipeline = _ok(results, scale, "floor"), _ok(results, scale, "pipeline")
     two, naive = _ok(results, scale, "pipeline-2w"), _ok(results, scale, "naive")
+    io_limit = _ok(results, scale, "io-limit")
     limit = FLOOR_RATIO[1] if int(scale) < 4 else FLOOR_RATIO[4]
     targets = [
         Target(
@@ -85,12 +91,13 @@ def scale_targets(results: dict, scale: str) -> list[Target]:
             False,
         ),
     ]
-    if scale == "1":
-        for name, competitor in (("pipeline", pipeline), ("2-worker pipeline", two)):
-            rss = _get(competitor, "peak_rss")
-            targets.append(
-                Target(f"{name} peak RSS (1x)", rss / GB if rss else None, MAX_RSS_1X_BYTES / GB, True, "GB")
-            )
+    if int(scale) >= 4:
+        ratio = _ratio(_get(pipeline, "wall"), _get(io_limit, "wall"))
+        targets.append(Target(f"pipeline wall / I/O limit wall ({scale}x)", ratio, IO_LIMIT_RATIO, True))
+    for name, competitor in (("pipeline", pipeline), ("2-worker pipeline", two)):
+        rss = _get(competitor, "peak_rss")
+        limit = MAX_RSS_BYTES[name] / GB
+        targets.append(Target(f"{name} peak RSS ({scale}x)", rss / GB if rss else None, limit, True, "GB"))
     read = results["scales"].get(scale, {}).get("read")
     targets.append(
         Target(f"parser / expert examples/s (patches, {scale}x)", _get(read, "ratio"), MIN_PARSER_VS_EXPERT, False)
@@ -135,6 +142,9 @@ def all_targets(results: dict) -> list[Target]:
         from benchmarks.scale import targets as many_files_targets
 
         targets += many_files_targets(results["many_files"])
+    demo = results.get("demo")
+    if demo is not None:
+        targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
     help_run = results.get("help")
     if help_run is not None:
         targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
 from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
+from schemas.errors import UserError
 from schemas.schema import default_split
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", help="output directory (overrides output.path)")
     parser.add_argument("--seed", type=int, help="shuffle seed (overrides shuffle.seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help=(
+            "add the input's steps the output does not hold yet (new files after its last step) as a new "
+            "generation: old shards untouched, statistics merged; --input names every file, old and new"
+        ),
+    )
     parser.add_argument(
         "--shared_filesystem",
         action="store_true",
@@ -111,11 +120,23 @@ def store_reads_line(counters: dict[str, int]) -> str | None:
 
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: dict[str, int] | None = None) -> None:
     shards = [shard for split in schema.splits.values() for shard in split]
-    size = sum(s.bytes for s in shards)
-    print(
-        f"Wrote {schema.num_examples():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
-        f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
-    )
+    new = [shard for shard in shards if shard.generation == plan.generation]
+    size = sum(s.bytes for s in new)
+    if plan.generation:
+        print(
+            f"Appended generation {plan.generation}: {sum(s.examples for s in new):,} samples in {len(new)} "
+            f"shard(s), {size / 1e6:,.1f} MB, to {plan.output} in {seconds:.1f} s "
+            f"({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s); it now holds {schema.num_examples():,} samples in "
+            f"{len(shards)} shard(s) of {plan.generation + 1} generations."
+        )
+        own = dropped_line(plan.schema.counts)  # this generation's: the new steps' samples outside every split
+        if own:
+            print(own.replace("dropped:", "dropped of the new steps' samples:"))
+    else:
+        print(
+            f"Wrote {schema.num_examples():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
+            f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
+        )
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
     print(graph_line(plan))
@@ -228,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Shipping {', and '.join(shipped)} (or choose: --sdk_container_image=IMAGE).")
 
         overwrite = args.overwrite
+        if args.append and overwrite:
+            raise UserError("--append adds to the output, --overwrite replaces it: pass one of them")
         if args.config is None:
             from pipelines import demo
 
@@ -246,9 +269,17 @@ def main(argv: list[str] | None = None) -> int:
         counters: dict[str, int] = {}
         progress = None if args.quiet else sys.stderr  # the terminal's stream, taken before the redirect
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
-            plan, schema = run_build(config, beam_args, overwrite, progress, args.shared_filesystem, counters)
+            plan, schema = run_build(
+                config, beam_args, overwrite, progress, args.shared_filesystem, counters, args.append
+            )
         sys.stderr.write(worker_output.getvalue())
     except BaseException as error:
+        from planning.run.generations import NothingToAppend
+
+        if isinstance(error, NothingToAppend):
+            sys.stderr.write(worker_output.getvalue())
+            print(str(error))
+            return 0
         if stop.requested is not None:
             # Whatever the stop made fail on its way out (a cancelled write, a killed worker) is its doing.
             stop.end()

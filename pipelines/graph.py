@@ -20,7 +20,14 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
-from pipelines.output import prepare_output, record_complete, remove_run_files
+from pipelines.dofn_specs import look_once_per_dofn
+from pipelines.output import (
+    committed_generations,
+    prepare_append,
+    prepare_output,
+    record_complete,
+    remove_run_files,
+)
 from pipelines.output_lock import open_private_folder, output_lock
 from pipelines.preflight import check_remote_setup
 from pipelines.progress import ProgressLine
@@ -40,6 +47,7 @@ from pipelines.runners import (
 )
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
+from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
@@ -47,7 +55,7 @@ from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, run_files
+from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -55,7 +63,7 @@ from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
-from transforms.finalize import Finalize, check_owns_output
+from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.stats import ComputeStats
 from transforms.streamed import StreamBlocks
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
@@ -110,6 +118,7 @@ def run_build(
     progress: TextIO | None = None,
     shared_filesystem: bool = False,
     counters: dict[str, int] | None = None,
+    append: bool = False,
 ) -> tuple[BuildPlan, Schema | None]:
     """Plan, refuse or clear the output, run the pipeline; returns the plan and the written schema.
 
@@ -118,7 +127,8 @@ def run_build(
     stream to draw the live line on (runs whose workers share the output's filesystem).
     ``shared_filesystem``: a remote runner's workers see this machine's files (a cluster on a
     shared parallel filesystem); local runs always do. ``counters``: filled with the run's Beam counters, by
-    name, where the runner reports them.
+    name, where the runner reports them. ``append``: add the input's steps the output does not hold as a new
+    generation (planning.run.generations; NothingToAppend, before anything is written, when there are none).
     """
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
@@ -127,6 +137,8 @@ def run_build(
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
+    defer_dask()
+    look_once_per_dofn()
     check_remote_setup(options, config, shared_filesystem)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
@@ -137,7 +149,10 @@ def run_build(
     # One build at a time into an output (a dry run writes nothing, so it takes no lock).
     with contextlib.nullcontext() if dry_run else output_lock(config.output.path):
         inventory = join(config.output.path, INVENTORY_FILE)
-        plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim))
+        committed, held = None, None
+        if append:
+            committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
+        plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
         check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
@@ -145,6 +160,8 @@ def run_build(
         work = work_dir(plan.output, plan.run_id) if shared else None
         if work is not None and is_remote(plan.output) and not dry_run:
             os.close(open_private_folder(os.path.dirname(work), "working folder"))
+        if committed is not None and not plan.num_samples and not dry_run:
+            return plan, _commit_without_samples(plan, committed)
         files = run_files(plan, run_dir(plan.output, plan.run_id))
         urls = {name: file for name, (file, _) in files.items()}
         ranges = unit_ranges(options, len(plan.units))
@@ -159,10 +176,16 @@ def run_build(
             return plan, None
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
-        prepare_output(plan.output, overwrite, manifest)
+        # A failed run removes what it wrote: a build, all of it; an append, its own shards only.
+        mine = manifest
+        if committed is not None:
+            manifest = prepare_append(plan.output, manifest, committed)
+            mine = Manifest(frozenset(plan.shard_names), manifest.runs)
+        else:
+            prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
-        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, manifest, work))
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work))
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
@@ -175,9 +198,14 @@ def run_build(
                     counts = (len(plan.units), plan.num_shards, plan.sources.total_bytes)
                     stack.enter_context(ProgressLine(specs.write.progress_dir, *counts, progress))
                 build_pipeline(pipeline, plan.units, specs, ranges, is_dask_runner(options))
-                plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
+                if not local:  # a local run's runner weighs the graph it is given (pipelines.runners)
+                    plan = dataclasses.replace(plan, job_graph_bytes=_checked_graph_size(pipeline, options))
                 check_stopped()  # stopped while the graph was built: the pipeline does not start
                 result = _run_and_wait(pipeline, options, local)
+                if local:
+                    weighed = getattr(pipeline.runner, "graph_bytes", None)
+                    size = weighed if weighed is not None else job_graph_size(pipeline)
+                    plan = dataclasses.replace(plan, job_graph_bytes=size)
                 if counters is not None:
                     counters.update(run_counters(result))
             record_complete(plan.output, manifest)
@@ -192,6 +220,18 @@ def run_build(
             job = watched_job()
             close_run(job.result if job is not None else None)
         return plan, load_schema(plan.output)
+
+
+def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
+    """An append whose new steps make no sample of any split: committed as a generation without shards.
+
+    Its samples are counted as dropped, and the next append does not plan those steps again.
+    """
+    check_stopped()
+    manifest = prepare_append(plan.output, plan.manifest(), committed)
+    finalize_output(finalize_spec(plan), [], {})
+    record_complete(plan.output, manifest)
+    return load_schema(plan.output)
 
 
 def _run_and_wait(pipeline: beam.Pipeline, options: PipelineOptions, local: bool) -> PipelineResult:

@@ -14,10 +14,12 @@ import os
 from apache_beam.io.filesystems import FileSystems
 
 from planning.inputs.probe_cache import FORMAT as INVENTORY_FORMAT
-from planning.run.manifest import BOOKKEEPING, Manifest, is_bookkeeping, manifest_from_schema
+from planning.run import generations
+from planning.run.generations import GENERATIONS_FILE, Held, check_config, held_of
+from planning.run.manifest import BOOKKEEPING, METADATA, Manifest, is_bookkeeping, manifest_from_schema
 from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
 from schemas.errors import UserError
-from schemas.schema import SCHEMA_FILE
+from schemas.schema import SCHEMA_FILE, Schema
 from schemas.urls import is_remote
 from transforms.files import read_bytes, remove_if_empty, remove_tree, write_atomically
 from transforms.finalize import check_owns_output, owns_output
@@ -181,3 +183,57 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> b
             logger.warning("could not remove %s: %s", work_dir, error)
     remove_if_empty(join(output, TMP_DIR))
     return owned
+
+
+def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
+    """The output an append adds to: its committed schema, and what its generations hold.
+
+    UserError if there is none, if it was built before appends were recorded, or if ``config``
+    (the append's, as JSON) differs from the one it was built with in anything but its input files.
+    """
+    schema_path, record_path = join(path, SCHEMA_FILE), join(path, GENERATIONS_FILE)
+    text = _text(schema_path) if _is_file(schema_path) else None
+    if text is None:
+        raise UserError(f"output: {path} holds no complete output to append to (no {SCHEMA_FILE}); build it first")
+    try:
+        schema = Schema.loads(text)
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(
+            f"output: {schema_path} is not a schema of this tool ({error}); rebuild with --overwrite"
+        ) from None
+    record = _text(record_path) if _is_file(record_path) else None
+    if record is None:
+        raise UserError(
+            f"output: {path} was built before appends were recorded (no {GENERATIONS_FILE}); rebuild it once "
+            "with --overwrite, then --append adds to it"
+        )
+    check_config(schema.config, config)
+    entries = generations.loads(record, record_path, int(schema.sources.get("generations", 1)))
+    return schema, held_of(entries, record_path)
+
+
+def prepare_append(path: str, manifest: Manifest, committed: Schema) -> Manifest:
+    """Before an append writes: remove what an earlier append that never committed left; record the union manifest.
+
+    The committed shards, their indexes and the metadata stay untouched; any file this tool did not
+    write is refused as prepare_output refuses it. Returns the manifest recorded: every file of the
+    earlier generations and of this one.
+    """
+    files, links = _files(path)
+    record = _record(path, files)
+    foreign = [name for name in files if name in links or not _ours(path, name, record)]
+    if foreign or record is None:
+        named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
+        raise UserError(
+            f"output: {path} holds files this tool did not write ({named or 'no manifest'}); "
+            "--append adds to an output of this tool only: remove them, or rebuild"
+        )
+    listed = {name for shards in committed.splits.values() for shard in shards for name in (shard.file, shard.index)}
+    kept = listed | set(METADATA) | BOOKKEEPING
+    _delete(path, [name for name in files if name not in kept and not _stale(name)])
+    for run in record.runs:
+        remove_tree(run_dir(path, run), inside=path)
+    remove_if_empty(join(path, TMP_DIR))
+    union = Manifest(record.files | manifest.files, manifest.runs)
+    write_atomically(join(path, MANIFEST_FILE), [union.dumps().encode()])
+    return union

@@ -10,6 +10,7 @@ counted in statistics, normalised, or subject to nan_policy. Scalar coordinates 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +22,9 @@ from planning.run.contracts import SAMPLE_DIM
 from planning.run.variables import VariablePlan
 from planning.sampling import SampleGrid, Unit
 from schemas.errors import UserError
-from schemas.schema import Feature
+from schemas.grid import describe_coordinate
+from schemas.schema import Feature, Schema
+from schemas.urls import is_remote
 
 #: The role of these features in schema.json (``coord`` features are a dim's own coordinate).
 ROLE = "aux_coord"
@@ -100,6 +103,7 @@ def coordinate_plans(
         shape, dims = grid.feature_shape(var.dims)
         dtype = "float32" if kind == "f" else "int64"
         source = {"coordinate": name, "dtype": var.dtype, "file_dtype": var.source_dtype, "attrs": var.attrs}
+        source["dims"] = list(var.dims)
         if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
             source["stored_as"] = "float32 (tf.Example holds no float64)"
         if not along:
@@ -148,3 +152,25 @@ def cut_coordinates(
         samples = grid.cut(values.pop(plan.name), plan.dims, unit)[chosen]
         out[plan.feature.name] = ((SAMPLE_DIM, *plan.feature.dims), _record_dtype(samples, plan))
     return out
+
+
+def with_static_coordinates(schema: Schema, plans: Sequence[VariablePlan], dataset) -> Schema:
+    """The schema with each static coordinate of config ``coords`` (a curvilinear grid's 2-D lat/lon) in its grid,
+    exactly, on the selected grid: reassembly puts them back where no sample carries them, in their own dtype.
+
+    Read once here from a local file (a grid is small); a remote one is left out (reassembly then takes the
+    float32 values the records carry).
+    """
+    grid = dict(schema.grid)
+    for plan in plans:
+        if plan.static_path is None or is_remote(plan.static_path):
+            continue
+        import xarray as xr
+
+        with xr.open_dataset(plan.static_path, decode_times=False) as ds:
+            variable = ds[plan.name]
+            taken = {d: dataset.selection.indices(d, variable.sizes[d]) for d in plan.dims}
+            values = variable.isel(taken).values
+        entry = describe_coordinate(values.reshape(-1), plan.feature.source.get("attrs", {}))
+        grid[plan.feature.name] = {**entry, "dims": list(plan.dims), "shape": list(values.shape)}
+    return dataclasses.replace(schema, grid=grid)

@@ -210,6 +210,7 @@ def derived_plans(grid: SampleGrid, chosen: list[VariableInfo], preprocess: Prep
         dtype = "float32" if np.dtype(var.dtype).kind == "f" else "int64"
         source = {"variable": var.name, "dtype": var.dtype, "preprocess": preprocess.path, "inputs": inputs}
         source["attrs"] = var.attrs
+        source["dims"] = list(var.dims)
         if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
             source["stored_as"] = "float32 (tf.Example holds no float64)"
         feature = Feature(var.name, dtype, shape, dims, "variable", source)

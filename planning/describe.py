@@ -14,6 +14,7 @@ from planning.reads.source_index import SourceIndex
 from planning.sampling import SampleGrid
 from planning.selected import SelectedDataset
 from planning.splits import SplitPlan
+from schemas.grid import describe_coordinate
 from schemas.schema import Feature, Schema
 
 
@@ -51,6 +52,8 @@ def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedD
             for s in splits
         },
     }
+    if config.sample.roles:
+        out["roles"] = {name: role.model_dump() for name, role in config.sample.roles.items()}
     if dataset.selection:
         out["selection"] = dataset.to_json()
     return out
@@ -69,16 +72,21 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
         "bytes": sources.total_bytes,
         "fingerprint": f"sha256:{sources.fingerprint()}",
         # Without the version (a modification time): touching an input must not change the output.
-        "listed": [_listed(sources[i], sources.members is not None) for i in dict.fromkeys(listed)],
+        "listed": [
+            _listed(sources[i], sources.members is not None, sources.groups is not None) for i in dict.fromkeys(listed)
+        ],
         "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
+        **({"variable_groups": inventory.groups.to_json()} if inventory.groups is not None else {}),
     }
 
 
-def _listed(source: SourceFile, with_member: bool) -> dict:
+def _listed(source: SourceFile, with_member: bool, with_group: bool) -> dict:
     entry = dataclasses.asdict(source)
     del entry["version"], entry["layouts"], entry["classic"]  # how workers read it, not what it holds
     if not with_member:
         del entry["member"]
+    if not with_group:
+        del entry["group"]
     return entry
 
 
@@ -93,10 +101,13 @@ def describe_build(
     scalar_coords: Sequence[dict] = (),
 ) -> Schema:
     """The schema without its shards (Finalize adds those once they are written)."""
-    kept = {}
+    kept, on_grid = {}, {}
     for axis in grid.axes:
-        found = dataset.coordinate(axis.dim) if axis.role == "keep" else None
-        if found is not None:
+        found = dataset.coordinate(axis.dim)
+        if found is None:
+            continue
+        on_grid[axis.dim] = describe_coordinate(*found)
+        if axis.role == "keep":
             kept[axis.dim] = json_values(found[0])
     return Schema(
         features=tuple(features),
@@ -105,6 +116,7 @@ def describe_build(
         sample=sample_description(config, grid, dataset, splits),
         coords=kept,
         scalar_coords=tuple(scalar_coords),
+        grid=on_grid,
         sources=describe_sources(config, sources, dataset.inventory),
         counts=drops,
         seed=config.shuffle.seed,

@@ -1,4 +1,11 @@
-"""What a sample holds: the selected variables, the sample grid, and the features of every record."""
+"""What a sample holds: the selected variables, the sample grid, and the features of every record.
+
+With sample.roles (inputs, targets, forcings), the sample is cut once, over every step any role
+takes (the config joins the roles' offsets into ``sample.offsets``) and the whole window; each
+role's feature ``<role>/<variable>`` is then that variable's values at the role's steps and, with
+``crop``, the centred part of the window. A sample exists where all its steps exist, so where
+every role's do. Statistics stay per variable.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from planning.config.model import BuildConfig
+from planning.config.model import BuildConfig, RoleConfig
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes
 from planning.inputs.metadata import VariableInfo
@@ -165,6 +172,7 @@ def variable_plans(grid: SampleGrid, variables: list[VariableInfo], inventory: I
         shape, dims = grid.feature_shape(var.dims)
         dtype = "float32" if np.dtype(var.dtype).kind == "f" else "int64"
         source = {"variable": var.name, "dtype": var.dtype, "file_dtype": var.source_dtype, "attrs": var.attrs}
+        source["dims"] = list(var.dims)  # its dims in the files, the sample's iterated ones too (for reassembly)
         if dtype == "float32" and np.dtype(var.dtype).itemsize > 4:
             source["stored_as"] = "float32 (tf.Example holds no float64)"
         static_path = inventory.static_file_of(var.name)
@@ -262,6 +270,9 @@ def record_features(
     """
     stack_of = {name: stack for stack in stacks for name in stack.variables}
     features: list[Feature] = []
+    if config is not None and config.sample.roles:
+        features.extend(role_features(config.sample.roles, grid, variables, config.input.concat_dim))
+        variables = []  # each variable only in its roles' features
     for var in variables:
         stack = stack_of.get(var.name)
         if stack is None:
@@ -287,3 +298,58 @@ def record_features(
             f"feature name {clash[0]!r} is used twice (by variables, stacks, positions or coords); rename one"
         )
     return features
+
+
+#: The provenance keys of a role's feature (Feature.source): what role_values needs to cut it.
+ROLE_KEY, VARIABLE_KEY, STEPS_KEY, CROP_KEY = "sample_role", "variable", "steps", "crop"
+
+
+def role_features(
+    roles: Mapping[str, RoleConfig], grid: SampleGrid, variables: Sequence[VariablePlan], concat_dim: str
+) -> list[Feature]:
+    """Each role's features, role by role, each in the order the role lists its variables."""
+    by_name = {v.name: v for v in variables}
+    concat = grid.axis(concat_dim) if concat_dim in {a.dim for a in grid.axes} else None
+    taken = [s - concat.anchor for s in concat.steps] if concat is not None and concat.role == "offsets" else None
+    features = []
+    for role_name, role in roles.items():
+        for name in role.variables:
+            variable = by_name.get(name)
+            if variable is None:
+                raise UserError(f"sample.roles.{role_name}.variables: {name!r} is not a variable of the sample")
+            feature = variable.feature
+            source = {**feature.source, ROLE_KEY: role_name, VARIABLE_KEY: name}
+            shape = list(feature.shape)
+            if taken is not None and concat_dim in feature.dims:
+                steps = [taken.index(o) for o in role.offsets.get(concat_dim, [0])]
+                shape[feature.dims.index(concat_dim)] = len(steps)
+                source[STEPS_KEY] = {concat_dim: steps}
+            crop = {}
+            for dim, size in role.crop.items():
+                if dim in feature.dims:
+                    start = (shape[feature.dims.index(dim)] - size) // 2
+                    crop[dim] = [start, start + size]
+                    shape[feature.dims.index(dim)] = size
+            if crop:
+                source[CROP_KEY] = crop
+            features.append(dataclasses.replace(feature, name=f"{role_name}/{name}", shape=tuple(shape), source=source))
+    return features
+
+
+def role_values(feature: Feature, values: np.ndarray) -> np.ndarray:
+    """A role's feature from its variable's values over the whole sample (samples first, then feature.dims)."""
+    source = feature.source
+    index: list = [slice(None)]
+    for dim in feature.dims:
+        if dim in source.get(STEPS_KEY, {}):
+            index.append(np.asarray(source[STEPS_KEY][dim]))
+        elif dim in source.get(CROP_KEY, {}):
+            index.append(slice(*source[CROP_KEY][dim]))
+        else:
+            index.append(slice(None))
+    return values[tuple(index)] if len(index) > 1 else values
+
+
+def variable_of(feature: Feature) -> str:
+    """The variable a feature holds values of: its own name, or for a role's feature, its variable's."""
+    return feature.source.get(VARIABLE_KEY, feature.name) if ROLE_KEY in feature.source else feature.name

@@ -41,6 +41,21 @@ class ShardLayout:
         """Each sample id's record's byte offset in its shard."""
         return np.load(os.path.join(self.directory, "offset_of_id.npy"), mmap_mode="r")
 
+    def record_ends(self) -> np.ndarray:
+        """Where each record ends, counted from the first shard's start as if the shards were one file, in the
+        order the records lie in the shards: a shard's index is its slice (``shard_sizes``), without a re-read."""
+        return np.load(os.path.join(self.directory, "record_ends.npy"), mmap_mode="r")
+
+    def shard_start(self, shard: int) -> int:
+        """Where ``shard`` starts in ``record_ends``' count of bytes."""
+        return sum(self.bytes[:shard])
+
+    def shard_sizes(self, shard: int) -> np.ndarray:
+        """The framed sizes of ``shard``'s records, in the order they lie in it (what its index lists)."""
+        first = sum(self.records[:shard])
+        ends = np.asarray(self.record_ends()[first : first + self.records[shard]])
+        return np.diff(ends, prepend=self.shard_start(shard))
+
 
 def _chunk_layout(plan: BuildPlan, encoder: ExampleEncoder, ids: np.ndarray):
     """Shard, key and framed record size of the samples with these ids that are written."""
@@ -74,6 +89,7 @@ def plan_layout(plan: BuildPlan, directory: str) -> ShardLayout:
     os.makedirs(directory, exist_ok=True)
     np.save(os.path.join(directory, "shard_of_id.npy"), shard_of_id)
     np.save(os.path.join(directory, "offset_of_id.npy"), offset_of_id)
+    np.save(os.path.join(directory, "record_ends.npy"), ends)
     records = np.bincount(shards, minlength=plan.num_shards)
     nbytes = np.bincount(shards, weights=sizes, minlength=plan.num_shards).astype(np.int64)
     return ShardLayout(directory, tuple(int(r) for r in records), tuple(int(b) for b in nbytes))

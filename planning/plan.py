@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from planning import sizing
-from planning.aux_coords import coordinate_plans, scalar_coordinates
+from planning.aux_coords import coordinate_plans, scalar_coordinates, with_static_coordinates
 from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
@@ -26,15 +26,15 @@ from planning.features import (
 )
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
-from planning.formats.zarr_store import store_input
-from planning.inputs.coords import record_values
+from planning.formats.zarr_paths import store_input
+from planning.inputs.coords import json_values, record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
-from planning.inputs.zarr_inventory import take_store_inventory
-from planning.positions import Positions
+from planning.positions import Positions, plan_time_features
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
+from planning.run.generations import Held, HeldFile, generation_entry, new_steps
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
@@ -92,6 +92,10 @@ class BuildPlan:
     pieces: tuple[int, ...] = ()
     #: bytes of the job graph the run submitted (pipelines.graph), once it is built
     job_graph_bytes: int | None = None
+    #: the generation this run writes: 0 (a build) or an append's (its shards, and only the samples it adds)
+    generation: int = 0
+    #: generations.json's record of it (planning.run.generations): what the output holds once it is committed
+    generation_record: dict = dataclasses.field(default_factory=dict)
 
     @property
     def grid(self) -> SampleGrid:
@@ -113,9 +117,18 @@ class BuildPlan:
     def manifest(self) -> Manifest:
         """What this build may write into its output (the only files a later --overwrite deletes)."""
         compression = self.compression
-        names = [shard_name(s.name, i, s.num_shards, compression) for s in self.splits for i in range(s.num_shards)]
+        names = [
+            shard_name(s.name, i, s.num_shards, compression, s.generation)
+            for s in self.splits
+            for i in range(s.num_shards)
+        ]
         indexes = [] if compression else [index_name(name) for name in names]  # no index for a gzip shard
         return build_manifest(self.run_id, names + indexes)
+
+    @property
+    def shard_names(self) -> list[str]:
+        """The files this run's shards take (with their indexes): a failed append removes these alone."""
+        return sorted(self.manifest().files - build_manifest(self.run_id, []).files)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -154,10 +167,12 @@ def make_plan(
     run_id: str | None = None,
     unit_budget_bytes: float = UNIT_BUDGET_BYTES,
     cached_probes: Mapping | None = None,
+    held: Held | None = None,
 ) -> BuildPlan:
     """Inspect the input files and decide everything the workers will do.
 
     ``cached_probes``: the files' probes kept from an earlier run (planning.inputs.probe_cache).
+    ``held``: what an output's committed generations hold (an append plans only the samples they do not).
     """
     decoding = TimeDecoding.of(config.input)
     tolerance = config.input.coord_tolerance
@@ -173,6 +188,9 @@ def make_plan(
             "give the store the dim itself, or build from NetCDF files"
         )
     if store is not None:
+        # Imported here: zarr (and numcodecs) load only for a store's build.
+        from planning.inputs.zarr_inventory import take_store_inventory
+
         inventory = take_store_inventory(store, config.input.concat_dim, decoding)
     else:
         inventory = take_inventory(
@@ -200,11 +218,24 @@ def make_plan(
         variables = derived_plans(grid, chosen, preprocess)
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
-    features = record_features(grid, variables, stacks, coords, [c.feature for c in coordinates], config)
+    time_features = plan_time_features(
+        config.sample.time_features, grid, config.input.concat_dim, coords, dataset.coordinate
+    )
+    extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
+    features = record_features(grid, variables, stacks, coords, extra, config)
     files = dataset.files_on_grid()
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
-    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound)
+    values = _JsonValues(dataset.concat_values)
+    held_files = [HeldFile(f.path, f.start, f.stop, f.nbytes) for f in files]
+    if held is not None and config.input.new_dim:
+        raise UserError(
+            f"input.new_dim: --append adds steps along {config.input.concat_dim} to one run, not to members "
+            f"({config.input.new_dim}); rebuild with --overwrite"
+        )
+    held_steps = 0 if held is None else new_steps(held, config.input.concat_dim, values, None if store else held_files)
+    generation = 0 if held is None else held.generation
+    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, held_steps, generation)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
@@ -222,8 +253,12 @@ def make_plan(
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
+    schema = with_static_coordinates(schema, coordinates, dataset)
     coord_values = {d: v for d, (v, _) in coords.items()}
-    positions = Positions(grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap)
+    run_id = run_id or new_run_id()
+    positions = Positions(
+        grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap, False, time_features
+    )
     return BuildPlan(
         sources=sources,
         positions=positions,
@@ -233,7 +268,7 @@ def make_plan(
         pieces=pieces,
         splits=tuple(splits),
         schema=schema,
-        run_id=run_id or new_run_id(),
+        run_id=run_id,
         output=config.output.path,
         seed=config.shuffle.seed,
         compression=config.output.compression,
@@ -251,7 +286,24 @@ def make_plan(
         preprocess=preprocess,
         coordinates=tuple(coordinates),
         unstated_calendar=unstated_calendar(inventory, decoding),
+        generation=generation,
+        generation_record=generation_entry(
+            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None
+        ),
     )
+
+
+class _JsonValues:
+    """The concat coordinate's values as schema.json writes them, each made when asked for (a long archive has many)."""
+
+    def __init__(self, values: np.ndarray):
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, index: int):
+        return json_values(self._values[index : index + 1])[0]
 
 
 def _plan_units(

@@ -89,7 +89,8 @@ class SelectedDataset:
             for f in self.source_files()
         ]
         direct = plan_direct_reads(files, probes, read, self.inventory.sizes, self.concat_dim, member_dim)
-        return SourceIndex.of(files, member_dim, direct)
+        groups = self.inventory.groups
+        return SourceIndex.of(files, member_dim, direct, () if groups is None else groups.names)
 
     def files_on_grid(self) -> list[SourceFile]:
         """The same files with their ranges on the selected concat dim (where splits, gaps and units count)."""

@@ -95,7 +95,7 @@ class WriteSpec:
 
     def shard_path(self, shard: int) -> str:
         split, number = self.split_of_shard(shard)
-        return shard_path(self.output, split.name, number, split.num_shards, self.compression)
+        return shard_path(self.output, split.name, number, split.num_shards, self.compression, split.generation)
 
     def temporary_shard_path(self, shard: int) -> str:
         """Where shard ``shard`` is written in place before its count is checked."""
@@ -130,6 +130,8 @@ class FinalizeSpec:
     run_dir: str  # the run's directory beside the output (under _tmp): removed once the output is complete
     work_dir: str | None = None  # removed once the output is complete too
     fill_value: float | None = None  # nan_policy: fill's value: normalisation must know the filled points
+    generation: int = 0  # the generation this run commits (above 0: an append, merged into the output's earlier ones)
+    generation_record: dict = dataclasses.field(default_factory=dict)  # its record in generations.json, so far
 
 
 #: The run's files for the workers (``run_files``), by name.
@@ -208,6 +210,8 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         run_dir=run_dir(plan.output, plan.run_id),
         work_dir=work_dir,
         fill_value=plan.fill_value,
+        generation=plan.generation,
+        generation_record=plan.generation_record,
     )
 
 

@@ -21,6 +21,8 @@ _EXPORTS = {
     "epoch_order": "schemas.epochs",
     "ShuffledStream": "schemas.stream",
     "shuffled_stream": "schemas.stream",
+    "reassemble": "schemas.reassembly",
+    "Reassembly": "schemas.reassembly",
 }
 
 __all__ = sorted(_EXPORTS)

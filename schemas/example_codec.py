@@ -12,6 +12,7 @@ FloatList.value / Int64List.value = 1, packed. Every field here is length-delimi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -72,6 +73,21 @@ def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     return groups[used].tobytes(), nbytes.reshape(len(values), -1).sum(axis=1)
 
 
+def _copy_floats(values, rows: np.ndarray, start: int, shape: tuple[int, ...]) -> None:
+    """Each sample's ``values`` as little-endian float32 into its row of ``rows`` (uint8), from byte ``start``.
+
+    One copy, straight from ``values`` however strided (a block's patches are views of its slab), through a
+    float32 view of the rows (unaligned where the headers leave it so; numpy copies either way).
+    """
+    values = np.asarray(values)
+    n, width = rows.shape
+    if values.shape[1:] != tuple(shape):
+        values = values.reshape(n, *shape)
+    inner = [4 * math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    target = np.ndarray((n, *shape), dtype="<f4", buffer=rows, offset=start, strides=(width, *inner))
+    target[...] = values
+
+
 class ExampleEncoder:
     """Serialises blocks of samples into tf.train.Example bytes for a fixed list of features."""
 
@@ -125,10 +141,8 @@ class ExampleEncoder:
             return []  # e.g. a unit whose samples nan_policy: drop dropped every one of
         fixed = np.empty((n, self._fixed_len), dtype=np.uint8)
         for feature, header, offset in self._float_layout:
-            values = np.ascontiguousarray(columns[feature.name], dtype="<f4").reshape(n, feature.size)
             fixed[:, offset : offset + len(header)] = header
-            start = offset + len(header)
-            fixed[:, start : start + 4 * feature.size] = values.view(np.uint8)
+            _copy_floats(columns[feature.name], fixed, offset + len(header), feature.shape)
         varint_columns = []
         for feature in self._ints:
             values = np.asarray(columns[feature.name]).reshape(n, feature.size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -19,8 +20,9 @@ RecordDtype = Literal["float32", "int64"]
 #: virtual dataset; coord: the coordinate values the sample covers along that dim; aux_coord:
 #: another coordinate of the files (config ``coords``, e.g. a curvilinear grid's 2-D lat) at
 #: the sample's points; count: how many samples a packed record holds; mask: 1 where a variable
-#: (or stack) of the same shape, named in ``source["of"]``, was NaN and filled, else 0 (config nan_mask).
-FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask"]
+#: (or stack) of the same shape, named in ``source["of"]``, was NaN and filled, else 0 (config nan_mask);
+#: time_feature: the sin or cos of a step's progress through its year or day (config sample.time_features).
+FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask", "time_feature"]
 #: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
 RECORD_COUNT = "record/count"
 
@@ -73,9 +75,24 @@ class Feature:
 SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
 
 
-def shard_name(split: str, index: int, count: int, compression: str | None = None) -> str:
-    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz."""
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+def shard_name(split: str, index: int, count: int, compression: str | None = None, generation: int = 0) -> str:
+    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz.
+
+    Shards an append adds (``generation`` 1, 2, ...) say so, so that no name repeats across generations:
+    train-g001-00000-of-00002.tfrecord.
+    """
+    marked = f"{split}-g{generation:03d}" if generation else split
+    return f"{marked}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+
+
+#: The generation a shard name states (shard_name); none stated: generation 0.
+_GENERATION_IN_NAME = re.compile(r"-g(\d{3,})-\d{5}-of-\d{5}\.tfrecord")
+
+
+def generation_of_name(name: str) -> int:
+    """The generation a shard file's name (or its index's, or a temporary's) states (0 where it states none)."""
+    found = _GENERATION_IN_NAME.search(name)
+    return int(found.group(1)) if found else 0
 
 
 def default_split(names: Sequence[str]) -> str:
@@ -96,6 +113,8 @@ class Shard:
     examples: int | None = None
     #: the shard's record index beside it (schemas.shard_index); None: none (gzip shards cannot have one)
     index: str | None = None
+    #: the build that wrote it: 0, or the append (1, 2, ...) that added it (pipelines.build --append)
+    generation: int = 0
 
     def __post_init__(self):
         if self.examples is None:
@@ -123,6 +142,8 @@ class Schema:
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the files' scalar coordinates (a height of 2 m): each one's name, value, dtype and attrs
     scalar_coords: tuple[dict[str, Any], ...] = ()
+    #: every sample dim's coordinate on the selected grid, exactly (schemas.grid): what reassembly puts back
+    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the input: globs, file count, bytes, a fingerprint of every file's path, size and range
     #: along the concat dim, a few of those files, and the static files
     sources: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -181,6 +202,7 @@ class Schema:
             "sample": self.sample,
             "coords": self.coords,
             "scalar_coords": list(self.scalar_coords),
+            "grid": self.grid,
             "sources": self.sources,
             "config": self.config,
         }
@@ -200,6 +222,7 @@ class Schema:
             sample=obj.get("sample", {}),
             coords=obj.get("coords", {}),
             scalar_coords=tuple(obj.get("scalar_coords", [])),
+            grid=obj.get("grid", {}),
             sources=obj.get("sources", {}),
             counts=obj.get("counts", {}),
             seed=obj.get("seed", 0),

@@ -14,7 +14,7 @@ import numpy as np
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import ShardIndex, scan_index
 from schemas.tfrecord import CorruptRecordError
 
@@ -64,7 +64,14 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
                     raise VerifyError(
                         f"{posixpath.join(path, name)}: missing, but {SCHEMA_FILE} lists it; build the output again"
                     )
-    extra = sorted(name for name in files if fnmatch.fnmatch(name, SHARD_GLOB) and name not in listed)
+    # Shards of a later generation than those committed are an append under way, or one that was killed
+    # (its rerun removes them): not part of this output yet, which is whole without them.
+    committed = int(schema.sources.get("generations", 1))
+    extra = sorted(
+        name
+        for name in files
+        if fnmatch.fnmatch(name, SHARD_GLOB) and name not in listed and generation_of_name(name) < committed
+    )
     if extra:
         raise VerifyError(
             f"{posixpath.join(path, extra[0])}: shard file not listed in {SCHEMA_FILE} "

@@ -132,6 +132,7 @@ def test_each_install_asks_for_what_its_users_run(source, dists):
     assert _names(asked, "dask") == worker | {"dask", "distributed"}
     assert _names(asked, "build") | {"tensorflow-cpu", "pytest"} <= _names(asked, "test")
     assert _names(asked, "gcs") == {"gcsfs"} and _names(asked, "tf") == {"tensorflow-cpu"}
+    assert _names(asked, "reassemble") == {"xarray", "cftime", "zarr", "netcdf4"} <= worker
     # worker-requirements.txt, sent with --setup_file (--requirements_file), is the worker extra line for line.
     listed = [
         line for line in (source / "worker-requirements.txt").read_text().splitlines() if line.split("#")[0].strip()
@@ -185,6 +186,12 @@ schema = write_output(out, make_columns(FEATURES, 12), [5, 7])
 (out / "parser.py").write_text(render_parser(schema, str(out)))
 assert sum(1 for _ in Reader(str(out), split="data")) == 12 == load_schema(str(out)).num_examples("data")
 print(load_stats(str(out)) is not None, verify_output(str(out)).records)
+try:
+    schemas.reassemble(str(out))
+except schemas.UserError as error:  # one line, naming the extra to install
+    assert str(error).endswith("pip install 'xarray-tfrecords[reassemble]'") and "\\n" not in str(error), error
+else:
+    raise AssertionError("reassembled without xarray")
 """
 
 

@@ -22,7 +22,6 @@ from planning.aux_coords import cut_coordinates
 from planning.preprocess import read_derived
 from planning.reads.slabs import Reader, SelectionReader, Slabs, files_reader
 from planning.reads.source_index import SourceIndex
-from planning.reads.zarr_reads import StoreReader
 from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
@@ -130,6 +129,8 @@ def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
     the selected grid mapped to pieces of the files (of each member, with input.new_dim)."""
     concat_dim = spec.positions.concat_dim
     if spec.zarr_store is not None:
+        from planning.reads.zarr_reads import StoreReader  # here: zarr loads only for a store's build
+
         own, first = _own(spec, unit)
         return StoreReader(spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first)
     return SelectionReader(files_reader(sources, concat_dim), spec.selection)

@@ -18,7 +18,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from planning.features import ROLE_KEY, variable_of
+from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
+from planning.run.generations import GENERATIONS_FILE
 from planning.run.manifest import Manifest
 from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
 from planning.specs import FinalizeSpec
@@ -34,7 +37,7 @@ from transforms.files import (
     write_atomically,
     write_index,
 )
-from transforms.stats import Moments, SplitSummary, merge_by_name, per_axes
+from transforms.stats import Moments, SplitSummary, merge_by_name, per_axes, summary_from_json, summary_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +49,11 @@ def complete_split(spec: FinalizeSpec, split: SplitPlan, results: Iterable[Shard
     for number in range(split.num_shards):
         result = by_number.get(number)
         if result is None:
-            path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression)
+            path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression, split.generation)
             size = write_atomically(path, [], spec.compression)
             index = None if spec.compression else write_index(path, [])
             result = ShardResult(split.name, number, os.path.basename(path), 0, size, 0, index)
-        shards.append(Shard(result.file, result.records, result.bytes, result.examples, result.index))
+        shards.append(Shard(result.file, result.records, result.bytes, result.examples, result.index, split.generation))
     return tuple(shards)
 
 
@@ -121,13 +124,19 @@ def normalization(
     out = {}
     by_name = {v.name: v for v in spec.variables}
     stacked = {name for stack in spec.stacks for name in stack.variables}
+    # Each feature of a variable's values (with sample.roles, each role's; its variable's moments serve all).
+    role_features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    features_of = {v.name: [v.feature] for v in spec.variables}
+    if role_features:
+        features_of = {v.name: [f for f in role_features if variable_of(f) == v.name] for v in spec.variables}
     for variable in spec.variables:
         if variable.feature.dtype == "float32" and variable.name not in stacked and variable.name in moments:
-            mean, std = arrays(variable.name, variable.feature)
-            out[variable.name] = {"mean": mean.tolist(), "std": std.tolist()}
-            how = filled(variable.feature, [variable.name])
-            if how:
-                out[variable.name]["filled"] = how
+            for feature in features_of[variable.name]:
+                mean, std = arrays(variable.name, feature)
+                out[feature.name] = {"mean": mean.tolist(), "std": std.tolist()}
+                how = filled(feature, [variable.name])
+                if how:
+                    out[feature.name]["filled"] = how
     for stack in spec.stacks:
         if stack.feature.dtype != "float32" or not all(n in moments for n in stack.variables):
             continue
@@ -212,7 +221,7 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
         totals["samples_dropped_nan"] += summary.dropped_nan
         totals["samples_with_nan"] += summary.with_nan
         totals["examples_written"] += written
-    if totals["examples_written"] == 0:
+    if totals["examples_written"] == 0 and not spec.generation:  # (an append may add no sample: see below)
         raise UserError(
             f"{spec.output}: every one of the {totals['samples_cut']} samples had NaN values and nan_policy: drop "
             "dropped them all; check the data's fill values, or use nan_policy: fill or keep"
@@ -266,15 +275,80 @@ def check_owns_output(output: str, run_id: str) -> None:
         )
 
 
+def _earlier(spec: FinalizeSpec) -> tuple[Schema | None, list[dict]]:
+    """The committed schema and generation records an append adds to (none for generation 0)."""
+    if not spec.generation:
+        return None, []
+    committed = Schema.loads(read_bytes(join(spec.output, SCHEMA_FILE)).decode())
+    source = join(spec.output, GENERATIONS_FILE)
+    if committed.sources.get("generations", 1) != spec.generation:
+        raise UserError(
+            f"output: {spec.output} holds {committed.sources.get('generations', 1)} generation(s), not the "
+            f"{spec.generation} this append was planned on (another build committed meanwhile); run --append again"
+        )
+    return committed, generations.loads(read_bytes(source).decode(), source, spec.generation)
+
+
+def _summaries(entry: dict) -> dict[str, SplitSummary]:
+    return {name: summary_from_json(data) for name, data in entry["splits"].items()}
+
+
+def _summed(earlier: dict, counts: dict) -> dict:
+    """Counts over every generation: the earlier ones' total and this one's, key by key."""
+    return {key: earlier.get(key, 0) + value for key, value in counts.items()}
+
+
+def _own_statistics(spec: FinalizeSpec, entries: list[dict]) -> list[dict]:
+    """Each generation's own statistics per split, and the normalisation stats.json held once it was committed."""
+    out, merged = [], {}
+    for entry in entries:
+        own = _summaries(entry)
+        merged = merge_by_name([merged, own])
+        reference = merged.get(spec.reference_split)
+        everywhere = merge_by_name(s.moments for s in merged.values())
+        out.append(
+            {
+                "generation": entry["generation"],
+                "splits": {
+                    name: {"samples": s.cut - s.dropped_nan, "variables": _variables_json(spec, s.moments)}
+                    for name, s in own.items()
+                },
+                "normalization": normalization(spec, reference.moments if reference else {}, everywhere),
+            }
+        )
+    return out
+
+
 def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: dict[str, SplitSummary]) -> Schema:
-    """Complete the output once every shard is written; returns the schema it committed."""
+    """Complete the output once every shard is written; returns the schema it committed.
+
+    An append (generation 1, 2, ...) commits the earlier generations' shards with its own, their
+    counts summed and their statistics accumulators merged with its own (stats.json as a full
+    build of every file writes it, within float64 rounding); generations.json keeps each one's.
+    """
     check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
-    nonfinite = derived_nonfinite(spec, summaries)
+    committed, entries = _earlier(spec)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
     _check_shards_exist(spec.output, [shard for split in shards.values() for shard in split])
     counts = _check_counts(spec, shards, summaries)
-    schema = dataclasses.replace(spec.schema, splits=shards, counts=counts)
-    stats = stats_document(spec, summaries, nonfinite)
+    record = {**spec.generation_record, "counts": counts}
+    record["splits"] = {name: summary_to_json(s) for name, s in summaries.items()}
+    entries = [*entries, record]
+    totals = merge_by_name(_summaries(entry) for entry in entries)
+    nonfinite = derived_nonfinite(spec, totals)
+    if committed is not None:
+        shards = {name: (*committed.splits.get(name, ()), *shards[name]) for name in shards}
+        counts = _summed(committed.counts, counts)
+    sources = {**spec.schema.sources, "generations": len(entries)}
+    sample = dict(spec.schema.sample)
+    if committed is not None and "num_samples" in sample:
+        sample["num_samples"] += committed.sample.get("num_samples", 0)  # (planned: those of every generation)
+    schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources, sample=sample)
+    stats = stats_document(spec, totals, nonfinite)
+    stats["generations"] = _own_statistics(spec, entries)
+    # generations.json first: one written for an append that then fails is ignored (schema.json counts those
+    # committed), and the next append writes it again.
+    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()])
     write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
     parser = render_parser(schema, spec.output, stats["normalization"])
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])

@@ -20,7 +20,7 @@ from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRI
 from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
-from schemas.shard_index import scan_index
+from schemas.shard_index import FRAMING_BYTES
 from schemas.tfrecord import frame_parts
 from transforms.encode import record_columns
 from transforms.files import write_index
@@ -33,9 +33,12 @@ class _WriteInPlaceFn(beam.DoFn):
         self._records = Metrics.counter(METRICS_NAMESPACE, RECORDS_WRITTEN)
 
     def setup(self):
+        layout = self._spec.layout
         self._encoder = ExampleEncoder(self._spec.features)
-        self._shard_of_id = self._spec.layout.shard_of_id()
-        self._offset_of_id = self._spec.layout.offset_of_id()
+        self._shard_of_id = layout.shard_of_id()
+        self._offset_of_id = layout.offset_of_id()
+        self._record_ends = layout.record_ends()
+        self._shard_starts = np.concatenate([[0], np.cumsum(layout.bytes, dtype=np.int64)[:-1]])
         self._files: dict[int, int] = {}
 
     def _file(self, shard: int) -> int:
@@ -51,19 +54,35 @@ class _WriteInPlaceFn(beam.DoFn):
         offsets = np.asarray(self._offset_of_id[ids])
         if (shards < 0).any():
             raise RuntimeError("a block holds a sample the layout does not write; this is a bug, please report it")
-        written: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
         records = self._encoder.encode(record_columns(self._spec, block))
+        framed = np.fromiter(map(len, records), np.int64, len(records)) + FRAMING_BYTES
+        self._check_sizes(shards, offsets, framed)
+        wrote = 0
         with writing():  # a stopped build waits for this block's writes, then removes the run's files
             for shard, offset, record in zip(shards.tolist(), offsets.tolist(), records):
-                parts = frame_parts(record)
-                size = os.pwritev(self._file(shard), parts, offset)
-                written[shard][0] += 1
-                written[shard][1] += size
-        total = sum(n for _, n in written.values())
-        self._bytes.inc(total)
+                wrote += os.pwritev(self._file(shard), frame_parts(record), offset)
+        if wrote != int(framed.sum()):
+            raise OSError(f"short write: {wrote} of {int(framed.sum())} bytes of unit {block.unit} written")
+        counts = np.bincount(shards, minlength=len(self._shard_starts))
+        nbytes = np.bincount(shards, weights=framed, minlength=len(self._shard_starts)).astype(np.int64)
+        written = {int(s): [int(counts[s]), int(nbytes[s])] for s in np.flatnonzero(counts)}
+        self._bytes.inc(wrote)
         self._records.inc(len(records))
         mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(records))
-        yield dict(written)
+        yield written
+
+    def _check_sizes(self, shards: np.ndarray, offsets: np.ndarray, framed: np.ndarray) -> None:
+        """Every record as long as laid out: then the layout's sizes are the shards' indexes (no re-read)."""
+        starts = self._shard_starts[shards] + offsets
+        ends = self._record_ends
+        which = np.minimum(np.searchsorted(ends, starts, side="right"), len(ends) - 1)
+        wrong = np.flatnonzero(ends[which] - starts != framed)
+        if len(wrong):
+            i = int(wrong[0])
+            raise RuntimeError(
+                f"a record of shard {shards[i]} at byte {offsets[i]} is {framed[i]} bytes framed, laid out as "
+                f"{int(ends[which[i]] - starts[i])}; this is a bug, please report it"
+            )
 
     def teardown(self):
         for descriptor in getattr(self, "_files", {}).values():
@@ -93,20 +112,16 @@ def commit_shards(written: dict[int, list[int]], spec: WriteSpec):
         with writing():  # not once a stopped build is removing the run's files
             if records == 0:  # no writer created it
                 os.close(os.open(spec.temporary_shard_path(shard), os.O_WRONLY | os.O_CREAT, 0o666))
-            index = write_index(final, _record_sizes(spec.temporary_shard_path(shard), records, nbytes))
+            index = write_index(final, _record_sizes(spec, shard))
             os.replace(spec.temporary_shard_path(shard), final)
         split, number = spec.split_of_shard(shard)
         mark(spec.progress_dir, "shard", shard, records=records, bytes=nbytes)
         yield ShardResult(split.name, number, os.path.basename(final), records, nbytes, records, index)
 
 
-def _record_sizes(path: str, records: int, nbytes: int):
-    """The framed sizes of a shard written in place, from its length headers (the writers wrote it in pieces)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return scan_index(lambda offset, size: os.pread(fd, size, offset), nbytes, records, path).sizes
-    finally:
-        os.close(fd)
+def _record_sizes(spec: WriteSpec, shard: int) -> np.ndarray:
+    """The framed sizes of a shard's records, as laid out (every writer checked its records' sizes against them)."""
+    return spec.layout.shard_sizes(shard)
 
 
 @dataclasses.dataclass

@@ -277,3 +277,41 @@ class ComputeStats(beam.PTransform):
             # DaskRunner evaluates by running every stage upstream of it again.
             | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
         )
+
+
+#: Moments' fields, in the order a stored accumulator lists them.
+_MOMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Moments))
+
+
+def summary_to_json(summary: SplitSummary) -> dict:
+    """A split's accumulators as JSON-ready values: float64 written exactly (Python's repr), for generations.json."""
+    return {
+        "cut": summary.cut,
+        "dropped_nan": summary.dropped_nan,
+        "with_nan": summary.with_nan,
+        "moments": {
+            name: {field: np.asarray(getattr(m, field)).tolist() for field in _MOMENT_FIELDS}
+            for name, m in summary.moments.items()
+        },
+        "nonfinite": {name: dataclasses.asdict(n) for name, n in summary.nonfinite.items()},
+    }
+
+
+def summary_from_json(data: dict) -> SplitSummary:
+    """summary_to_json's accumulators back (counts as int64, the rest as float64); KeyError or TypeError if not."""
+
+    def moments(fields: dict) -> Moments:
+        return Moments(
+            **{
+                field: np.asarray(fields[field], dtype=np.int64 if field.endswith("count") else np.float64)
+                for field in _MOMENT_FIELDS
+            }
+        )
+
+    return SplitSummary(
+        {name: moments(fields) for name, fields in data["moments"].items()},
+        int(data["cut"]),
+        int(data["dropped_nan"]),
+        int(data["with_nan"]),
+        {name: NonFinite(**fields) for name, fields in data.get("nonfinite", {}).items()},
+    )

@@ -34,6 +34,41 @@ class WindowConfig(_Strict):
         return self.stride or self.size
 
 
+#: Feature name prefixes the records already use: a sample role may not take one.
+RESERVED_PREFIXES = ("index", "coord", "time_features", "mask", "record")
+
+
+class RoleConfig(_Strict):
+    """One group of a sample's variables (inputs, targets, forcings) with its own steps and crop."""
+
+    variables: list[str] = Field(min_length=1, description="the role's variables, each written as <role>/<variable>")
+    offsets: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="its steps along input.concat_dim relative to the sample's index, e.g. time: [-1, 0]; default [0]",
+        json_schema_extra={"reference_type": "mapping: concat_dim → list of int"},
+    )
+    crop: dict[str, PositiveInt] = Field(
+        default_factory=dict,
+        description="a centred part of the sample's window along these dims, e.g. {lat: 8, lon: 8}",
+        json_schema_extra={"reference_type": "mapping: dim → int"},
+    )
+
+    @field_validator("variables")
+    @classmethod
+    def _variables(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a variable is listed twice: {value}")
+        return value
+
+    @field_validator("offsets")
+    @classmethod
+    def _offsets(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        for dim, steps in value.items():
+            if not steps or len(set(steps)) != len(steps):
+                raise ValueError(f"{dim}: give distinct offsets, e.g. [-1, 0]; got {steps}")
+        return value
+
+
 class SampleConfig(_Strict):
     """What one sample is. Dims not named here are iterated: one sample per index, dim dropped."""
 
@@ -51,6 +86,23 @@ class SampleConfig(_Strict):
         json_schema_extra={"reference_type": "mapping: dim → list of int"},
     )
     keep: list[str] = Field(default_factory=list, description="dims kept whole in every sample")
+    roles: dict[str, RoleConfig] = Field(
+        default_factory=dict,
+        description=(
+            "groups of variables with their own steps along input.concat_dim and crops of the window, e.g. "
+            "inputs: {variables: [t, z], offsets: {time: [-1, 0]}}, targets: {variables: [t], offsets: {time: "
+            "[1]}, crop: {lat: 8, lon: 8}}; features are named <role>/<variable>; they name the variables"
+        ),
+        json_schema_extra={"reference_type": "mapping: role → {variables, offsets, crop}"},
+    )
+    time_features: list[Literal["year_progress", "day_progress"]] = Field(
+        default_factory=list,
+        description=(
+            "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
+            "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
+            "[year_progress, day_progress]"
+        ),
+    )
 
     @field_validator("offsets")
     @classmethod
@@ -73,6 +125,13 @@ class SampleConfig(_Strict):
                 )
         return value
 
+    @field_validator("time_features")
+    @classmethod
+    def _time_features(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"time_features lists a feature twice: {value}")
+        return value
+
     @model_validator(mode="after")
     def _roles_disjoint(self) -> SampleConfig:
         roles = {"window": set(self.window), "offsets": set(self.offsets), "keep": set(self.keep)}
@@ -84,6 +143,38 @@ class SampleConfig(_Strict):
                 both = roles[a] & roles[b]
                 if both:
                     raise ValueError(f"dim {sorted(both)[0]!r} is in both sample.{a} and sample.{b}; give it one role")
+        return self._with_roles_steps() if self.roles else self
+
+    def _with_roles_steps(self) -> SampleConfig:
+        """Roles checked; their steps joined into the sample's offsets (each role takes its own of them)."""
+        for name, role in self.roles.items():
+            if not name.isidentifier() or name in RESERVED_PREFIXES:
+                raise ValueError(
+                    f"roles: {name!r} cannot name a role (a plain name, not one of {', '.join(RESERVED_PREFIXES)}): "
+                    "it prefixes the role's features"
+                )
+            for dim, size in role.crop.items():
+                if dim not in self.window:
+                    raise ValueError(f"roles.{name}.crop.{dim}: only a window can be cropped; {dim!r} is not in window")
+                if size > self.window[dim].size:
+                    raise ValueError(
+                        f"roles.{name}.crop.{dim}: {size} is larger than the window ({self.window[dim].size})"
+                    )
+        dims = {dim for role in self.roles.values() for dim in role.offsets}
+        if len(dims) > 1:
+            raise ValueError(f"roles: offsets along one dim only (the concat dim), got {sorted(dims)}")
+        if dims and self.offsets:
+            raise ValueError("offsets: with roles, each role gives its own offsets; remove sample.offsets")
+        if dims:
+            dim = dims.pop()
+            steps = sorted({step for role in self.roles.values() for step in role.offsets.get(dim, [0])})
+            if 0 not in steps:
+                raise ValueError(
+                    f"roles: no role takes offset 0 along {dim!r} (the step a sample's index/{dim} names): "
+                    f"shift every role's offsets so that one takes 0, e.g. by {-steps[0]}"
+                )
+            # Frozen models: set once, here, while the model is being made (as pydantic's own defaults are).
+            object.__setattr__(self, "offsets", {dim: steps})
         return self
 
 
@@ -317,6 +408,26 @@ class BuildConfig(_Strict):
         dims = {next(iter(ranges)) for ranges in (self.splits or {}).values()}
         if len(dims) > 1:
             raise ValueError(f"every split ranges along one dim: choose {' or '.join(sorted(dims))} for all of them")
+        return self._roles_name_the_variables() if self.sample.roles else self
+
+    def _roles_name_the_variables(self) -> BuildConfig:
+        roles = self.sample.roles
+        for name, role in roles.items():
+            for dim in role.offsets:
+                if dim != self.input.concat_dim:
+                    raise ValueError(
+                        f"sample.roles.{name}.offsets: {dim!r} is not input.concat_dim ({self.input.concat_dim!r}); "
+                        "roles take their own steps along the concat dim only"
+                    )
+        named = list(dict.fromkeys(v for role in roles.values() for v in role.variables))
+        if self.variables is not None and set(self.variables) != set(named):
+            raise ValueError(
+                f"variables: with sample.roles the roles name the variables ({', '.join(named)}); remove `variables:`"
+            )
+        for key, used in (("layout.stack", self.layout.stack), ("nan_mask", self.nan_mask)):
+            if used:
+                raise ValueError(f"{key} does not work with sample.roles yet; remove one of them")
+        object.__setattr__(self, "variables", named)  # frozen: set while the model is made
         return self
 
     @property

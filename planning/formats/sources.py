@@ -229,3 +229,4 @@ class SourceFile:
     #: variables a worker may read by offset (planning.reads.direct_reads): name -> (byte offset, stored shape, check)
     layouts: Mapping[str, tuple[int, tuple[int, ...], int]] | None = None
     classic: bool | None = None  # its format, as its probe found it: classic NetCDF, or not (None: not known)
+    group: int = 0  # its group of variables, where variables come from separate files (planning.inputs.variable_groups)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import glob
 import os
 import re
 import threading
 import warnings
-from collections.abc import Sequence
 
-import fsspec
 import numcodecs
 import numcodecs.errors
 import xarray as xr
@@ -19,11 +15,9 @@ import zarr.errors
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from planning.formats.sources import NETCDF_LOCK
+from planning.formats.zarr_paths import MARKERS
 from schemas.errors import UserError
 from schemas.urls import is_remote
-
-#: Files only a Zarr store holds at its root: v3's zarr.json, v2's group and consolidated metadata.
-MARKERS = ("zarr.json", ".zgroup", ".zmetadata")
 
 #: Keys that hold metadata, not chunks: a missing one is xarray looking for another Zarr version.
 _METADATA_KEYS = {*MARKERS, ".zarray", ".zattrs"}
@@ -31,46 +25,6 @@ _METADATA_KEYS = {*MARKERS, ".zarray", ".zattrs"}
 #: The package that reads a codec (by its id, without Zarr v3's "numcodecs." prefix), where numcodecs
 #: itself is not it: numcodecs registers these ids but imports their package to use them.
 _CODEC_PACKAGES = {"zfpy": "zfpy", "pcodec": "pcodec"}
-
-
-def is_store(path: str) -> bool:
-    """Whether an input path names a Zarr store rather than NetCDF files (a glob never does).
-
-    A name with ".zarr" in it is taken at its word. Otherwise a local directory is looked into;
-    a remote path only when its last part has no extension, so a list of NetCDF URLs costs no request.
-    """
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    if ".zarr" in name.lower():
-        return True
-    if glob.has_magic(path) or (is_remote(path) and "." in name):
-        return False
-    if not is_remote(path):
-        return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in MARKERS)
-    fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
-    return any(fs.exists(f"{root}/{marker}") for marker in MARKERS)
-
-
-def store_input(paths: Sequence[str]) -> str | None:
-    """The store input.paths names, or None for NetCDF globs; a store is read alone, never in a list."""
-    stores = [p for p in paths if is_store(p)]
-    if not stores:
-        return None
-    if len(paths) > 1:
-        other = next((p for p in paths if p not in stores), stores[-1])
-        what = "another Zarr store" if other in stores else "NetCDF input"
-        raise UserError(
-            f"input.paths: {stores[0]} is a Zarr store but {other} is {what}; a store is read alone: "
-            "list only the store (or only NetCDF globs)"
-        )
-    return stores[0].rstrip("/")
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreLayout:
-    """A store planned as one source: its URL and each data variable's chunk shape."""
-
-    url: str
-    chunks: dict[str, tuple[int, ...]]
 
 
 #: Where a read wants what the store returns noted, as (key, byte range, bytes): a context variable, as zarr

@@ -14,7 +14,7 @@ import numpy as np
 
 from planning.formats.calendars import GREGORIAN, as_cftime, calendar_of
 from planning.formats.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
-from planning.formats.zarr_store import StoreLayout
+from planning.formats.zarr_paths import StoreLayout
 from planning.inputs.coords import format_value
 from planning.inputs.input_config import NewDimConfig
 from planning.inputs.local_probe import probe_local_files
@@ -24,6 +24,7 @@ from planning.inputs.probe import FileProbe, decode_concat_values, probe_remote
 from planning.inputs.probe_cache import reuse_or_probe
 from planning.inputs.time_decoding import AS_STATED, TimeDecoding, check_no_missing, is_time
 from planning.inputs.tolerance import coordinate_mismatch, describe_tolerance
+from planning.inputs.variable_groups import VariableGroups, check_same_steps_of_groups, group_by_variables
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -41,19 +42,32 @@ class Inventory:
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: a Zarr store's chunking, when the input is one store (planning.inputs.zarr_inventory) rather than files
     zarr: StoreLayout | None = None
-    #: input.new_dim: the members and their files (``files`` are the first member's)
+    #: input.new_dim: the members and their files (``files`` are the first member's; with ``groups``, of its first
+    #: group)
     members: Members | None = None
+    #: files holding different variables over the same steps (one variable per file, as CMIP): the groups
+    #: (``files`` are the first group's)
+    groups: VariableGroups | None = None
 
     @property
     def reference(self) -> FileInfo:
         return self.files[0]
 
     @property
+    def references(self) -> tuple[FileInfo, ...]:
+        """Where the variables along the concat dim are described: the first file, or each group's first file."""
+        return (self.reference,) if self.groups is None else self.groups.references
+
+    @property
     def all_files(self) -> tuple[FileInfo, ...]:
-        """Every file along the concat dim: of every member, member by member."""
-        if self.members is None:
-            return self.files
-        return tuple(info for files in self.members.files for info in files)
+        """Every file along the concat dim: of every member, member by member (group by group within one)."""
+        return tuple(info for lane in self.lanes() for info in lane)
+
+    def lanes(self) -> tuple[tuple[FileInfo, ...], ...]:
+        """The runs of files along the concat dim: per member, per group of variables."""
+        if self.groups is not None:
+            return tuple(files for member in self.groups.files for files in member)
+        return (self.files,) if self.members is None else self.members.files
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -69,7 +83,8 @@ class Inventory:
     def variables(self) -> dict[str, VariableInfo]:
         """Every data variable: along the concat dim (from the first file; the new dim first, if any) or static."""
         found = {name: var for info in self.static_files for name, var in info.variables.items()}
-        found.update(self.reference.variables)
+        for reference in self.references:
+            found.update({name: var for name, var in reference.variables.items() if name not in found})
         if self.members is not None:
             member_dim = (self.members.dim,)
             found = {
@@ -91,20 +106,23 @@ class Inventory:
 
     def static_file_of(self, variable: str) -> str | None:
         """The file a static variable is read from (None for variables along the concat dim)."""
-        if variable in self.reference.variables:
-            return None if self.concat_dim in self.reference.variables[variable].dims else self.reference.path
+        for reference in self.references:
+            if variable in reference.variables:
+                return None if self.concat_dim in reference.variables[variable].dims else reference.path
         return next(info.path for info in self.static_files if variable in info.variables)
 
     def source_files(self) -> list[SourceFile]:
-        """The files along the concat dim with their ranges on it, member by member (input.new_dim)."""
-        groups = (self.files,) if self.members is None else self.members.files
+        """The files along the concat dim with their ranges on it, member by member (input.new_dim), group by group
+        within a member (variables from separate files)."""
+        count = 1 if self.groups is None else len(self.groups.names)
         files = []
-        for member, group in enumerate(groups):
+        for lane, infos in enumerate(self.lanes()):
             start = 0
-            for info in group:
+            for info in infos:
                 stop = start + info.sizes[self.concat_dim]
                 version = self.versions.get(info.path, "")
-                files.append(SourceFile(info.path, start, stop, info.nbytes, version, member))
+                member, group = divmod(lane, count)
+                files.append(SourceFile(info.path, start, stop, info.nbytes, version, member, group=group))
                 start = stop
         return files
 
@@ -133,21 +151,30 @@ def take_inventory(
     if not along:
         raise _no_concat_dim(infos[0], concat_dim)
     along = _one_calendar(along, concat_dim) if decoding.enabled else _one_unit(along, concat_dim)
-    members = None
+    members = groups = None
     if new_dim is None:
-        ordered, values = _order(along, concat_dim)
+        lanes = _join_by_variable(along, concat_dim)
+        ordered, values = lanes[0][1], lanes[0][2]
     else:
         _check_new_dim_name(along, new_dim)
-        groups = [
-            (value, *_order(files, concat_dim, _same_member(value, new_dim)))
+        per_member = [
+            (value, _join_by_variable(files, concat_dim, _same_member(value, new_dim)))
             for value, files in group_by_member(along, new_dim)
         ]
-        check_same_steps(groups, concat_dim, new_dim.name)
-        members = make_members(new_dim.name, new_dim.pattern, groups)
-        _, ordered, values = groups[0]
+        _check_same_groups(per_member, new_dim.name)
+        firsts = [(value, lanes[0][1], lanes[0][2]) for value, lanes in per_member]
+        check_same_steps(firsts, concat_dim, new_dim.name)
+        members = make_members(new_dim.name, new_dim.pattern, firsts)
+        _, ordered, values = firsts[0]
+        lanes = per_member[0][1]
+    if len(lanes) > 1:
+        names = tuple(names for names, _, _ in lanes)
+        by_member = [lanes] if new_dim is None else [lanes for _, lanes in per_member]
+        groups = VariableGroups(names, tuple(tuple(tuple(files) for _, files, _ in lanes) for lanes in by_member))
     kept = tuple((f, probe) for f, probe in zip(listed, probes) if probe is not None)
     versions = {f.path: f.version for f in listed}
-    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, versions, members=members)
+    inventory = Inventory(concat_dim, tuple(ordered), static, values, kept, versions, members=members, groups=groups)
+    _check_groups_grid(inventory, tolerance)
     _check_static_files(inventory, tolerance)
     return inventory
 
@@ -284,6 +311,41 @@ def _order(
     return ordered, np.concatenate([i.coords[concat_dim] for i in ordered])
 
 
+def _join_by_variable(
+    infos: list[FileInfo], concat_dim: str, overlap_fix: str = _OVERLAP_FIX
+) -> list[tuple[tuple[str, ...], list[FileInfo], np.ndarray]]:
+    """The files grouped by the variables they hold (planning.inputs.variable_groups), each group in concat order
+    with its steps; the groups checked to cover the same steps."""
+    lanes = [(names, *_order(files, concat_dim, overlap_fix)) for names, files in group_by_variables(infos, concat_dim)]
+    check_same_steps_of_groups(lanes, concat_dim)
+    return lanes
+
+
+def _check_same_groups(per_member: list, dim: str) -> None:
+    """Refuse members whose files hold the variables in other groups: each member needs every variable's files."""
+    (first_value, first_lanes), names = per_member[0], [lane[0] for lane in per_member[0][1]]
+    for value, lanes in per_member[1:]:
+        if [lane[0] for lane in lanes] != names:
+            theirs = sorted({n for lane in lanes for n in lane[0]})
+            ours = sorted(n for group in names for n in group)
+            raise UserError(
+                f"input.new_dim: {dim} {value} ({lanes[0][1][0].path}) has files of {theirs} but {dim} {first_value} "
+                f"({first_lanes[0][1][0].path}) of {ours}, grouped otherwise; every {dim} needs the same variables "
+                "in the same files: add the missing files, or narrow input.paths"
+            )
+
+
+def _check_groups_grid(inventory: Inventory, tolerance: str | float) -> None:
+    """Each group's grid is the first group's: its variables are joined to the others' cell by cell."""
+    if inventory.groups is None:
+        return
+    reference = inventory.reference
+    for info in inventory.groups.references[1:]:
+        _check_grid(
+            info, reference, sorted((set(info.sizes) & set(reference.sizes)) - {inventory.concat_dim}), tolerance
+        )
+
+
 def _one_calendar(infos: list[FileInfo], concat_dim: str) -> list[FileInfo]:
     """Refuse files whose times are in different calendars: their dates do not compare, nor do their steps.
 
@@ -406,7 +468,7 @@ def _check_increasing(info: FileInfo, concat_dim: str) -> None:
 
 
 def _check_static_files(inventory: Inventory, tolerance: str | float) -> None:
-    seen = dict.fromkeys(inventory.reference.variables, inventory.reference.path)
+    seen = {name: info.path for info in reversed(inventory.references) for name in info.variables}
     for info in inventory.static_files:
         for name in info.variables:
             if name in seen:
@@ -450,17 +512,26 @@ def check_variables_agree(
 ) -> None:
     """Every variable along the concat dim is in every file with the same dims and dtype; grids match
     (coordinates within ``tolerance``, input.coord_tolerance)."""
-    reference = inventory.reference
-    along = [reference.variables[v.name] for v in variables if inventory.concat_dim in v.dims]
+    reference, groups = inventory.reference, inventory.groups
+    count = 1 if groups is None else len(groups.names)
     dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
-    for info in inventory.all_files[1:]:
-        for var in along:
-            other = info.variables.get(var.name)
-            if other is None:
-                raise UserError(f"{info.path}: variable {var.name!r} is missing; every input file needs it")
-            if other.dims != var.dims or other.dtype != var.dtype:
-                raise UserError(
-                    f"{info.path}: variable {var.name!r} is {other.dtype} ({', '.join(other.dims)}) but "
-                    f"{var.dtype} ({', '.join(var.dims)}) in {reference.path}; all files must agree"
-                )
-        _check_grid(info, reference, sorted(dims & set(reference.sizes)), tolerance)
+    for lane, infos in enumerate(inventory.lanes()):
+        group_reference = inventory.references[lane % count]
+        along = [
+            group_reference.variables[v.name]
+            for v in variables
+            if inventory.concat_dim in v.dims and (groups is None or groups.group_of(v.name) == lane % count)
+        ]
+        for info in infos:
+            if info is reference:
+                continue
+            for var in along:
+                other = info.variables.get(var.name)
+                if other is None:
+                    raise UserError(f"{info.path}: variable {var.name!r} is missing; every input file needs it")
+                if other.dims != var.dims or other.dtype != var.dtype:
+                    raise UserError(
+                        f"{info.path}: variable {var.name!r} is {other.dtype} ({', '.join(other.dims)}) but "
+                        f"{var.dtype} ({', '.join(var.dims)}) in {group_reference.path}; all files must agree"
+                    )
+            _check_grid(info, reference, sorted(dims & set(reference.sizes)), tolerance)

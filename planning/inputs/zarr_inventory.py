@@ -7,7 +7,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from planning.formats.zarr_store import RecordingStore, StoreLayout, check_codecs, open_store, open_store_dataset
+from planning.formats.zarr_paths import StoreLayout
+from planning.formats.zarr_store import RecordingStore, check_codecs, open_store, open_store_dataset
 from planning.inputs.coords import format_value
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes

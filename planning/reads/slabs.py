@@ -2,7 +2,8 @@
 
 One protocol, Reader: ``read(variables, box) -> Slabs``. FileReader reads one file, through the
 reader of its format, chosen once for every variable it reads; FilesReader the files along the
-concat dim that overlap the box; MembersReader each member's files (input.new_dim), stacked;
+concat dim that overlap the box (each group's own, where variables come from separate files);
+MembersReader each member's files (input.new_dim), stacked;
 SelectionReader a box of the selected grid (config ``select``), through the reader it wraps.
 A Zarr store's reader is planning.reads.zarr_reads.StoreReader.
 
@@ -219,19 +220,25 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     begin, end = box[concat_dim]
     parts: dict[str, list[np.ndarray]] = {v.name: [] for v in along}
     files = [f for f in files if along and f.stop > begin and f.start < end]
-    # Local files are read holding the lock for the whole unit: HDF5 works one call at a time
-    # per process anyway, and two threads handing the lock (and the GIL, which h5py keeps while
-    # it works) back and forth at every small file read slower than one thread. Remote files
-    # let go of it while their bytes arrive.
-    with contextlib.nullcontext() if any(is_remote(f.path) for f in files) else NETCDF_LOCK:
-        for source in files:
-            local = {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
-            _check_unchanged(source)  # also what makes an offset planned for it still right
-            values = read_direct(source, along, local, concat_dim)
-            if values is None:
-                values = _read_file(slabs, source.path, along, local, source.nbytes, source.classic)
-            for variable in along:
-                parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
+    boxes = [
+        {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
+        for source in files
+    ]
+    read: list[dict[str, np.ndarray] | None] = []
+    for source, local in zip(files, boxes):  # by offset first, without the lock: plain reads, any thread at once
+        _check_unchanged(source)  # also what makes an offset planned for it still right
+        read.append(read_direct(source, along, local, concat_dim))
+    # Local files left to HDF5 are read holding the lock for all of the unit's: HDF5 works one call at a time
+    # per process anyway, and two threads handing the lock (and the GIL, which h5py keeps while it works)
+    # back and forth at every small file read slower than one thread. Remote files let go of it while their
+    # bytes arrive.
+    left = [i for i, values in enumerate(read) if values is None]
+    with contextlib.nullcontext() if not left or any(is_remote(f.path) for f in files) else NETCDF_LOCK:
+        for i in left:
+            read[i] = _read_file(slabs, files[i].path, along, boxes[i], files[i].nbytes, files[i].classic)
+    for source, local, values in zip(files, boxes, read):
+        for variable in along:
+            parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
     for variable in along:
         pieces = parts[variable.name]
         if not pieces:
@@ -257,8 +264,20 @@ class FilesReader:
     member: int = 0
 
     def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
-        files = self.sources.overlapping(*box[self.concat_dim], self.member)
-        return read_slabs(files, self.concat_dim, variables, box)
+        if not self.sources.group_names:
+            files = self.sources.overlapping(*box[self.concat_dim], self.member)
+            return read_slabs(files, self.concat_dim, variables, box)
+        # Variables from separate files: each group's read from its own files.
+        by_group: dict[int, list[VariablePlan]] = {}
+        for variable in variables:
+            by_group.setdefault(self.sources.group_of(variable.name), []).append(variable)
+        slabs = Slabs({})
+        for group, some in by_group.items():
+            files = self.sources.overlapping(*box[self.concat_dim], self.member, group)
+            part = read_slabs(files, self.concat_dim, some, box)
+            _add_counts(slabs, part)
+            slabs.values.update(part.values)
+        return slabs
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

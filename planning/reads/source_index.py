@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from planning.formats.sources import SourceFile
+from planning.inputs.variable_groups import group_of
 from planning.reads.direct_reads import DirectReads
 
 
@@ -23,7 +24,9 @@ from planning.reads.direct_reads import DirectReads
 class SourceIndex:
     """Files in concat order; file i covers [starts[i], stops[i]) of the virtual dataset's concat dim.
 
-    With input.new_dim, the files of each member in turn: file i is of member ``members[i]``.
+    With input.new_dim, the files of each member in turn: file i is of member ``members[i]``. Where variables
+    come from separate files (planning.inputs.variable_groups), the files of each group in turn within a member:
+    file i holds the variables ``group_names[groups[i]]``.
     """
 
     paths: tuple[str, ...]
@@ -37,10 +40,16 @@ class SourceIndex:
     member_dim: str | None = None  # input.new_dim's name
     direct: DirectReads | None = None  # variables workers may read by offset, and where in each file
     classic: np.ndarray | None = None  # bool: each file's format as probed, classic NetCDF or not; None: not known
+    groups: np.ndarray | None = None  # int64, ascending within a member; None: every file holds every variable
+    group_names: tuple[tuple[str, ...], ...] = ()  # each group's variables
 
     @classmethod
     def of(
-        cls, files: list[SourceFile], member_dim: str | None = None, direct: DirectReads | None = None
+        cls,
+        files: list[SourceFile],
+        member_dim: str | None = None,
+        direct: DirectReads | None = None,
+        group_names: tuple[tuple[str, ...], ...] = (),
     ) -> SourceIndex:
         return cls(
             tuple(f.path for f in files),
@@ -52,6 +61,8 @@ class SourceIndex:
             member_dim,
             direct,
             None if any(f.classic is None for f in files) else np.array([f.classic for f in files], dtype=bool),
+            np.array([f.group for f in files], dtype=np.int64) if group_names else None,
+            tuple(group_names),
         )
 
     def __len__(self) -> int:
@@ -70,7 +81,10 @@ class SourceIndex:
                 if offset >= 0
             }
         classic = None if self.classic is None else bool(self.classic[index])
-        return SourceFile(self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts, classic)
+        group = 0 if self.groups is None else int(self.groups[index])
+        return SourceFile(
+            self.paths[index], start, stop, int(self.nbytes[index]), version, member, layouts, classic, group
+        )
 
     def __iter__(self) -> Iterator[SourceFile]:
         return (self[i] for i in range(len(self)))
@@ -79,11 +93,19 @@ class SourceIndex:
     def total_bytes(self) -> int:
         return int(self.nbytes.sum())
 
-    def overlapping(self, begin: int, end: int, member: int = 0) -> list[SourceFile]:
-        """The files (of ``member``, with input.new_dim) holding any of positions [begin, end) of the concat dim."""
+    def group_of(self, variable: str) -> int:
+        """The group of files that holds ``variable`` (0 for what every group holds, and without groups)."""
+        return group_of(self.group_names, variable)
+
+    def overlapping(self, begin: int, end: int, member: int = 0, group: int = 0) -> list[SourceFile]:
+        """The files (of ``member``, with input.new_dim; of ``group``, with variables from separate files) holding
+        any of positions [begin, end) of the concat dim."""
         low, high = 0, len(self)
         if self.members is not None:
             low, high = (int(np.searchsorted(self.members, member, side=side)) for side in ("left", "right"))
+        if self.groups is not None:
+            groups = self.groups[low:high]
+            low, high = (low + int(np.searchsorted(groups, group, side=side)) for side in ("left", "right"))
         first = low + int(np.searchsorted(self.stops[low:high], begin, side="right"))
         last = low + int(np.searchsorted(self.starts[low:high], end, side="left"))
         return [self[i] for i in range(first, last)]
@@ -95,6 +117,9 @@ class SourceIndex:
             digest.update(column.tobytes())
         if self.members is not None:
             digest.update(self.members.tobytes())
+        if self.groups is not None:
+            digest.update(self.groups.tobytes())
+            digest.update(json.dumps(self.group_names).encode())
         return digest.hexdigest()
 
     def to_bytes(self) -> bytes:
@@ -113,6 +138,8 @@ class SourceIndex:
             )
         if self.classic is not None:
             columns.update(classic=self.classic)
+        if self.groups is not None:
+            columns.update(groups=self.groups, group_names=np.array(json.dumps(self.group_names), dtype=np.str_))
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -132,4 +159,10 @@ class SourceIndex:
             classic = columns["classic"].astype(bool) if "classic" in columns else None
             if classic is not None and classic.shape != (len(paths),):
                 classic = None  # not this index's: each file's format is told from its bytes instead
-            return cls(paths, starts, stops, nbytes, versions, members, member_dim, direct, classic)
+            groups, group_names = None, ()
+            if "groups" in columns:
+                groups = columns["groups"]
+                group_names = tuple(tuple(str(n) for n in names) for names in json.loads(str(columns["group_names"])))
+            return cls(
+                paths, starts, stops, nbytes, versions, members, member_dim, direct, classic, groups, group_names
+            )

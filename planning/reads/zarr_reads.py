@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numcodecs.errors
 import numpy as np
@@ -29,8 +29,13 @@ _OPENED: dict[str, tuple[RecordingStore, xr.Dataset]] = {}
 _OPENING = threading.Lock()
 
 
-def _opened(url: str) -> tuple[RecordingStore, xr.Dataset]:
+def _opened(url: str, reach: Mapping[str, int] | None = None) -> tuple[RecordingStore, xr.Dataset]:
+    """The store opened in this process; again where it is shorter than ``reach`` (per dim, the source index a
+    read reaches up to): steps were appended to it since (a long-lived process that builds, then appends)."""
     with _OPENING:
+        cached = _OPENED.get(url)
+        if cached is not None and reach and any(cached[1].sizes.get(d, n) < n for d, n in reach.items()):
+            del _OPENED[url]
         if url not in _OPENED:
             store = open_store(url)
             # Nothing is loaded (no index either), and times stay numbers as in the NetCDF route.
@@ -98,6 +103,13 @@ def _where(dim: str, span: tuple[int, int], selection: Selection) -> slice | np.
     return np.concatenate([np.arange(*taken) for taken, _ in runs])
 
 
+def _stop(where: slice | np.ndarray) -> int:
+    """The source index after the last one ``_where`` takes."""
+    if isinstance(where, slice):
+        return where.stop
+    return int(where.max()) + 1 if len(where) else 0
+
+
 def _chunk_index(key: str, ndim: int) -> tuple[int, ...] | None:
     """A chunk key's index along each dim ("t/c/3/0/0", "t/3.0.0", "t/3/0/0"); None if the key does not say."""
     parts = re.split(r"[./]", key.split("/", 1)[1]) if "/" in key else []
@@ -160,8 +172,8 @@ def read_store_box(
     the unit is the first along the concat dim (which owns the static fields' chunks):
     Slabs.chunk_bytes counts the stored bytes of its own chunks (none without ``own``).
     """
-    store, ds = _opened(url)
     selection = selection or Selection()
+    store, ds = _opened(url, {d: _stop(_where(d, span, selection)) for d, span in box.items()})
     slabs = Slabs({})
     fetched: list[tuple[str, str, int]] = []
     token = FETCHED.set(fetched)

@@ -18,6 +18,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
+from planning.run.generations import GENERATIONS_FILE
 from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
 from schemas.errors import UserError
 from schemas.schema import FORMAT as SCHEMA_FORMAT
@@ -26,7 +27,7 @@ from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE
 FORMAT = "xarray-tfrecords-manifest/1"
 #: What a build keeps for the next one (not its output): their presence alone asks no --overwrite.
 BOOKKEEPING = frozenset({MANIFEST_FILE, INVENTORY_FILE})
-_METADATA = (SCHEMA_FILE, STATS_FILE, PARSER_FILE)
+METADATA = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, GENERATIONS_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Manifest:
 
 def build_manifest(run_id: str, shard_names: Iterable[str]) -> Manifest:
     """What one build may write: its shards, metadata and bookkeeping, and its working directory."""
-    return Manifest(frozenset([*shard_names, *_METADATA, *BOOKKEEPING]), frozenset([run_id]))
+    return Manifest(frozenset([*shard_names, *METADATA, *BOOKKEEPING]), frozenset([run_id]))
 
 
 def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | None:
@@ -88,7 +89,7 @@ def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | Non
         ]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
-    return Manifest(frozenset([*_checked_files(shards, source), *_METADATA, *BOOKKEEPING]), frozenset())
+    return Manifest(frozenset([*_checked_files(shards, source), *METADATA, *BOOKKEEPING]), frozenset())
 
 
 def is_bookkeeping(name: str) -> bool:

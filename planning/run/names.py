@@ -60,8 +60,8 @@ def is_temporary_of(name: str, final: str) -> bool:
     return name.startswith(prefix) and _TEMPORARY_TOKEN.fullmatch(name[len(prefix) :]) is not None
 
 
-def shard_path(output: str, split: str, number: int, count: int, compression: str | None) -> str:
-    return join(output, shard_name(split, number, count, compression))
+def shard_path(output: str, split: str, number: int, count: int, compression: str | None, generation: int = 0) -> str:
+    return join(output, shard_name(split, number, count, compression, generation))
 
 
 def run_dir(output: str, run_id: str) -> str:

@@ -18,6 +18,7 @@ from planning.plan import make_plan
 from planning.specs import compile_specs
 from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas.record_decoder import ExampleDecoder
+from schemas.shard_index import index_lines, scan_index
 from schemas.tfrecord import read_records
 from transforms.cut import cut_unit
 from transforms.in_place import _add_counts, _WriteInPlaceFn, commit_shards
@@ -64,6 +65,10 @@ def test_blocks_in_any_order_write_the_same_shards_each_record_once(planned):
         )  # no temporary
         shards.setdefault("first", written)
         assert written == shards["first"]
+    for result in results:  # the indexes come from the layout: they list what the shards' headers say
+        data = shards["first"][result.file]
+        walked = scan_index(lambda offset, size, d=data: d[offset : offset + size], len(data), result.records, "shard")
+        assert (Path(specs.write.output) / result.index).read_bytes() == index_lines(walked.sizes)
     decoder = ExampleDecoder(plan.schema.features)
     seen = [
         tuple(int(decoder.decode(record)[f"index/{d}"]) for d in ("time", "lat", "lon"))
@@ -79,3 +84,22 @@ def test_a_shard_short_of_its_laid_out_records_is_not_committed(planned):
     with pytest.raises(RuntimeError, match=r"records \(\d+ bytes\) written, \d+ \(\d+\) laid out; schema.json not"):
         list(commit_shards(_add_counts(parts), specs.write))
     assert all(".tmp-" in p.name for p in Path(specs.write.output).iterdir())  # no shard under a final name
+
+
+def test_a_record_longer_than_laid_out_is_refused_before_it_is_written(planned, monkeypatch):
+    _, specs, blocks = planned
+    encode = _WriteInPlaceFn(specs.write)
+    encode.setup()
+    original = type(encode._encoder).encode
+
+    def one_byte_longer(self, columns):
+        records = original(self, columns)
+        return [records[0] + b"\0", *records[1:]]
+
+    monkeypatch.setattr(type(encode._encoder), "encode", one_byte_longer)
+    try:
+        with pytest.raises(RuntimeError, match=r"is \d+ bytes framed, laid out as \d+; this is a bug"):
+            list(encode.process(blocks[0]))
+    finally:
+        encode.teardown()
+    assert [p.stat().st_size for p in Path(specs.write.output).iterdir()] == []  # nothing written

@@ -96,10 +96,31 @@ def test_reads_by_offset_equal_hdf5_reads_and_skip_hdf5(archive, tmp_path, monke
     np.testing.assert_array_equal(read, through_hdf5["plain"][: box["time"][1]])
 
 
-def test_a_box_that_takes_part_of_the_other_dims_goes_through_hdf5(archive, tmp_path):
+def test_a_box_that_takes_under_three_quarters_of_the_other_dims_goes_through_hdf5(archive, tmp_path):
     plan = _plan(archive, tmp_path / "out", window=2)
     source = plan.sources[0]
     assert read_direct(source, plan.variables[:1], {"time": (0, 3), "lat": (0, 2), "lon": (0, 6)}, "time") is None
+    assert read_direct(source, plan.variables[:1], {"time": (0, 3), "lat": (1, 4), "lon": (0, 5)}, "time") is None
+    assert read_direct(source, plan.variables[:1], {"time": (0, 3), "lat": (0, 5), "lon": (0, 6)}, "time") is None
     whole = read_direct(source, plan.variables[:1], {"time": (1, 3), "lat": (0, 4), "lon": (0, 6)}, "time")
     with xr.open_dataset(source.path) as ds:
         np.testing.assert_array_equal(whole["plain"], ds["plain"].values[1:3])
+
+
+def test_a_box_leaving_a_margin_of_the_other_dims_is_read_by_offset(archive, tmp_path, monkeypatch):
+    """9x9 patches of a 64x128 grid leave its last row and columns: whole rows are read, the box taken from them."""
+    plan = _plan(archive, tmp_path / "out", window=2)
+    source = plan.sources[0]
+    box = {"time": (1, 3), "lat": (1, 4), "lon": (0, 6)}  # three quarters of each row
+    margin = read_direct(source, plan.variables[:1], box, "time")["plain"]
+    with xr.open_dataset(source.path) as ds:
+        np.testing.assert_array_equal(margin, ds["plain"].values[1:3, 1:4])
+    margin[0, 0, 0] = 0.0  # writable, as nan_policy: fill needs
+
+    def no_hdf5(*args, **kwargs):
+        raise AssertionError("read through HDF5")
+
+    monkeypatch.setattr(slabs, "_read_file", no_hdf5)
+    read = read_selected(plan.sources, "time", plan.variables[:1], box, plan.selection).values["plain"]
+    with xr.open_dataset(source.path) as ds:
+        np.testing.assert_array_equal(read, ds["plain"].values[1:3, 1:4])

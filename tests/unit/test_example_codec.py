@@ -62,6 +62,21 @@ def test_records_equal_protobuf_and_parse_with_tensorflow():
         np.testing.assert_array_equal(parsed[f.name].numpy(), columns[f.name])
 
 
+def test_strided_big_endian_and_float64_columns_encode_as_their_float32_copies():
+    """Floats go straight from a block's views into the records (one copy): the bytes of a contiguous float32 copy."""
+    columns = _columns(12, np.random.default_rng(1))
+    wide = np.random.default_rng(2).normal(250, 30, (12, 3, 2, 5))
+    varied = {
+        **columns,
+        "t": wide[:, :, :, 1:5:2],  # a strided view of float64, as a patch of a slab
+        "coord/lat": columns["coord/lat"].astype(">f4"),
+        "odd name é\"'\n": columns["odd name é\"'\n"].reshape(12),  # any shape of the right size
+    }
+    plain = {**columns, "t": np.ascontiguousarray(wide[:, :, :, 1:5:2], dtype="<f4")}
+    encoder = ExampleEncoder(FEATURES)
+    assert encoder.encode(varied) == encoder.encode(plain)
+
+
 def test_numpy_decoder_matches_tensorflow():
     columns = _columns(25, np.random.default_rng(1))
     records = ExampleEncoder(FEATURES).encode(columns)

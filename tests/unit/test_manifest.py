@@ -18,7 +18,15 @@ SHARD = "data-00000-of-00002.tfrecord"
 
 def test_a_build_owns_its_files_their_temporaries_and_its_working_directory_only():
     manifest = build_manifest(RUN, [SHARD])
-    for owned in (SHARD, "schema.json", "stats.json", "parser.py", "_manifest.json", "_inventory.json"):
+    for owned in (
+        SHARD,
+        "schema.json",
+        "stats.json",
+        "parser.py",
+        "generations.json",
+        "_manifest.json",
+        "_inventory.json",
+    ):
         assert manifest.owns(owned), owned
     assert manifest.owns(temporary_path(SHARD, new_temporary_token()))
     assert manifest.owns(f"_tmp/{RUN}/buckets/00000-00003.bucket")

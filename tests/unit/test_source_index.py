@@ -55,6 +55,29 @@ def test_with_members_each_member_finds_its_own_files():
     assert SourceIndex.of(sorted(moved, key=lambda f: f.member), "member").fingerprint() != index.fingerprint()
 
 
+def test_with_variable_groups_each_member_and_group_finds_its_own_files():
+    """Variables from separate files: within each member, each group of variables has its own files."""
+    names = (("tas",), ("uas", "vas"))
+    files = []
+    for member in range(2):
+        for group, lengths in enumerate([[5, 3], [2, 2, 4]]):
+            start = 0
+            for i, length in enumerate(lengths):
+                path = f"m{member}-g{group}-{i}.nc"
+                files.append(SourceFile(path, start, start + length, 10, "", member, group=group))
+                start += length
+    index = SourceIndex.of(files, "member", group_names=names)
+    assert [index.group_of(n) for n in ("tas", "uas", "vas", "time_bnds")] == [0, 1, 1, 0]
+    assert [f.path for f in index.overlapping(3, 6, 0, 0)] == ["m0-g0-0.nc", "m0-g0-1.nc"]
+    assert [f.path for f in index.overlapping(3, 6, 0, 1)] == ["m0-g1-1.nc", "m0-g1-2.nc"]
+    assert [f.path for f in index.overlapping(0, 2, 1, 1)] == ["m1-g1-0.nc"]
+    again = SourceIndex.from_bytes(index.to_bytes())
+    assert list(again) == files and again.group_names == names
+    assert again.fingerprint() == index.fingerprint()
+    regrouped = SourceIndex.of(files, "member", group_names=(("tas",), ("uas",)))
+    assert regrouped.fingerprint() != index.fingerprint()
+
+
 def test_byte_form_round_trips():
     index = _index([3, 1, 4, 1, 5])
     again = SourceIndex.from_bytes(index.to_bytes())

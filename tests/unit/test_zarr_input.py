@@ -12,7 +12,7 @@ from arco_like import STATIC, arco_like, set_codecs, write_store
 
 from planning.config import BuildConfig
 from planning.formats import zarr_store
-from planning.formats.zarr_store import is_store, store_input
+from planning.formats.zarr_paths import is_store, store_input
 from planning.plan import make_plan
 from planning.reads import zarr_reads
 from planning.run.contracts import SAMPLE_ID

@@ -1,0 +1,242 @@
+"""Command line: predictions (or a split's own records) back on the source grid (``python -m pipelines.reassemble``).
+
+    python -m pipelines.reassemble OUTPUT --split valid --to pred.zarr [--predictions DIR]
+
+A Beam pipeline (transforms.reassemble): each output chunk is assembled by one task from the samples
+that reach it and written once, as its region of a Zarr store; a .nc destination is that store
+copied into one NetCDF file at the end (locally). Flags it does not know go to Beam (``--runner``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import math
+import posixpath
+import sys
+import threading
+import time
+
+from pipelines.cli import report_failure
+from schemas.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+#: A chunk's sums and weights (float64) held by one task: the memory a worker needs, about.
+DEFAULT_CHUNK_MB = 256
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.reassemble",
+        description=(
+            "Put samples back on the output's source grid: a model's predictions (--predictions), or the "
+            "split's own records. Overlaps are blended; coverage counts the samples per cell. "
+            "Unknown flags go to Beam (e.g. --runner)."
+        ),
+    )
+    parser.add_argument("output", help="the xarray-tfrecords output the samples were cut by (its schema.json)")
+    parser.add_argument("--to", required=True, help="where to write: PATH.zarr (any fsspec URL) or PATH.nc (local)")
+    parser.add_argument("--split", help="the split the samples belong to (default: train, else the first)")
+    parser.add_argument(
+        "--predictions", metavar="DIR", help="TFRecords of tf.Example or .npz batches, with the index/<dim> features"
+    )
+    parser.add_argument("--blend", default="mean", choices=("mean", "cosine", "gaussian"), help="overlap weights")
+    parser.add_argument(
+        "--layout",
+        default="grid",
+        choices=("grid", "forecast"),
+        help="forecast: pairs and sequences as init_time x lead_time (WeatherBench-X's layout)",
+    )
+    parser.add_argument("--chunk_mb", type=float, default=DEFAULT_CHUNK_MB, help="memory per output chunk (MB)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --to")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--verbose", action="store_true", help="log details; show tracebacks on errors")
+    return parser
+
+
+def _destination(to: str, overwrite: bool) -> str:
+    """The kind of --to ("zarr" or "nc"), after refusing one that exists (or removing it, with --overwrite)."""
+    import fsspec
+
+    from schemas.urls import is_remote
+
+    kind = "zarr" if to.rstrip("/").endswith(".zarr") else "nc" if to.endswith(".nc") else None
+    if kind is None:
+        raise UserError(f"--to: {to} is neither a .zarr store nor a .nc file; name it PATH.zarr or PATH.nc")
+    if kind == "nc" and is_remote(to):
+        raise UserError(f"--to: {to}: NetCDF is written locally only; write PATH.zarr to remote storage")
+    fs, path = fsspec.core.url_to_fs(to)
+    if fs.exists(path):
+        if not overwrite:
+            raise UserError(f"--to: {to} exists; remove it, or pass --overwrite to replace it")
+        looks_ours = fs.isfile(path) if kind == "nc" else fs.exists(posixpath.join(path, ".zgroup"))
+        if not looks_ours:
+            raise UserError(f"--to: {to} exists and is not a {kind} {'file' if kind == 'nc' else 'store'}; remove it")
+        fs.rm(path, recursive=kind == "zarr")
+    return kind
+
+
+def make_plan(args, store: str, work: str):
+    """The plan workers run (transforms.reassemble.ReassemblePlan), and the sample files they read."""
+    from schemas.dataset import load_schema
+    from schemas.prediction_files import list_predictions
+    from schemas.schema import default_split
+    from transforms.reassemble import ReassemblePlan, chunk_length
+
+    output = args.output.rstrip("/") or "/"
+    schema = load_schema(output)
+    split = args.split or default_split(list(schema.splits))
+    plan = ReassemblePlan(output, schema, split, args.blend, args.layout, {}, "", 1, 1, store, work, True)
+    probe = plan.assembly((0, 0))  # checks the split and the layout; holds no cells
+    if not probe.checked:
+        raise UserError(f"{output}: its samples have no dim to reassemble along; nothing to do")
+    axis = probe.checked[0]
+    # Values per cell of the placed dims: each variable's kept dims and channels (its feature less its window).
+    placed = {a.key or a.dim: a for a in probe.checked}
+    per_cell = sum(
+        f.size // math.prod(n for n, d in zip(f.shape, f.dims) if d in placed) for f in schema.variable_features
+    )
+    per_step = max(1, per_cell) * math.prod(a.length for a in probe.checked[1:])
+    length = min(axis.length, chunk_length(per_step, args.chunk_mb * 1e6))
+    chunks = max(1, -(-axis.length // length))
+    records = [shard.file for shard in schema.splits[split]]
+    files = list_predictions(args.predictions) if args.predictions else records
+    records = not args.predictions
+    chunk_bytes = 4 * per_step * length  # as written: float32
+    plan = ReassemblePlan(
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, chunk_bytes
+    )
+    return plan, files
+
+
+def write_template(plan, files: list[str]) -> None:
+    """The store's metadata and coordinates, every variable chunked as the tasks will write it (no data yet)."""
+    import dask.array
+    import xarray as xr
+
+    from schemas.reassembly import finished
+    from transforms.reassemble import chunks_of, iter_file
+
+    first = next((batch for name in files for batch in iter_file(plan, name)), None)
+    if first is None:
+        raise UserError(f"{plan.output}: split {plan.split!r} holds no sample to reassemble")
+    one = {name: values[:1] for name, values in first.items()}
+    probe = plan.assembly((0, 0))
+    probe.check_key({k: v[0] for k, v in one.items() if k.startswith("index/")})
+    chunk = int(chunks_of(plan, probe, one)[0][0])
+    sample = plan.assembly(plan.bounds(chunk)).add_all([one]).dataset()
+    whole = plan.assembly((0, 0))
+    coords = whole.coordinates(whole=True)
+    data, encoding = {}, {}
+    for name, variable in sample.data_vars.items():
+        shape = [len(coords[d]) if d == plan.chunk_dim else variable.sizes[d] for d in variable.dims]
+        chunks = [plan.chunk_length if d == plan.chunk_dim else -1 for d in variable.dims]
+        values = dask.array.zeros(shape, dtype=variable.dtype, chunks=chunks)
+        data[name] = xr.Variable(variable.dims, values, variable.attrs)
+        sizes = [plan.chunk_length if d == plan.chunk_dim else n for d, n in zip(variable.dims, shape)]
+        encoding[name] = {"chunks": sizes}
+        if variable.dtype.kind in "iu":  # no fill value: integers (coverage) read back as integers
+            encoding[name]["_FillValue"] = None
+    template = finished(xr.Dataset(data, coords, sample.attrs))
+    template.to_zarr(plan.store, mode="w", compute=False, encoding=encoding, zarr_format=2)
+
+
+class ChunkProgress:
+    """'reassembled k/N chunks' on stderr while the pipeline runs, from the tasks' done markers."""
+
+    def __init__(self, folder: str, total: int, stream, every: float = 0.5):
+        self.folder, self.total, self.stream, self.every = folder, total, stream, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.monotonic()
+
+    def line(self) -> str:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(self.folder)
+        done = len(fs.ls(path, detail=False)) if fs.exists(path) else 0
+        return f"reassembled {done}/{self.total} chunks · {time.monotonic() - self._started:,.0f} s"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.stream.write("\r" + self.line())
+            self.stream.flush()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.stream.write("\r" + self.line() + "\n")
+
+
+def run(args, beam_args: list[str], progress) -> tuple[str, int]:
+    """Reassemble as the arguments say; returns where it wrote and the chunks written."""
+    import apache_beam as beam
+    import fsspec
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.runners import make_runner, with_runner_defaults
+    from schemas.reassembly import import_xarray
+    from transforms.reassemble import DONE_DIR, Reassemble
+
+    xr = import_xarray()
+    kind = _destination(args.to, args.overwrite)
+    to = args.to.rstrip("/")
+    store = to if kind == "zarr" else f"{to}.zarr.tmp"
+    work = f"{to}.parts"
+    fs, work_path = fsspec.core.url_to_fs(work)
+    try:
+        plan, files = make_plan(args, store, work)
+        fs.makedirs(work_path, exist_ok=True)
+        write_template(plan, files)
+        options = PipelineOptions(with_runner_defaults(beam_args))
+        pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+        _ = pipeline | "Files" >> beam.Create(files) | "Reassemble" >> Reassemble(plan)
+        marker = posixpath.join(work, DONE_DIR)
+        with ChunkProgress(marker, plan.num_chunks, progress) if progress else contextlib.nullcontext():
+            pipeline.run().wait_until_finish()
+        if kind == "nc":
+            import dask
+
+            with dask.config.set(scheduler="synchronous"), xr.open_zarr(store) as dataset:
+                dataset.to_netcdf(to)  # chunk by chunk: memory of one chunk
+            fsspec.core.url_to_fs(store)[0].rm(store, recursive=True)
+    except BaseException:
+        for path in (store if kind == "nc" else None, store if kind == "zarr" else None):
+            if path is not None:
+                store_fs, store_path = fsspec.core.url_to_fs(path)
+                if store_fs.exists(store_path):
+                    store_fs.rm(store_path, recursive=True)
+        raise
+    finally:
+        if fs.exists(work_path):
+            fs.rm(work_path, recursive=True)
+    return to, plan.num_chunks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args, beam_args = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if not args.verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    started = time.monotonic()
+    worker_output = io.StringIO()
+    try:
+        progress = None if args.quiet else sys.stderr
+        with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
+            to, chunks = run(args, beam_args, progress)
+    except Exception as error:
+        return report_failure(error, args.verbose, subject=args.output)
+    print(f"Reassembled {args.output} into {to} ({chunks} chunk(s)) in {time.monotonic() - started:,.1f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""An output's generations (0: its build; 1, 2, ...: appends), recorded in generations.json, and what an append adds.
+
+Each generation records how many steps of the (selected) concat dim the output holds once it is
+committed, the first and last of them, a fingerprint of the files holding them, its counts and
+each split's statistics accumulators (float64, exact in JSON), so that an append cuts only the
+samples that reach into steps the output does not hold and merges its statistics into theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from schemas.errors import UserError
+
+FORMAT = "xarray-tfrecords-generations/1"
+GENERATIONS_FILE = "generations.json"
+#: Keys of the config an append may change: which files it reads (the rest must be what the output was built with).
+APPENDABLE_KEYS = frozenset({"input.paths", "output.path"})
+
+
+class NothingToAppend(Exception):
+    """The input holds no step the output does not hold already: an append has nothing to do (not an error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """What an output's committed generations hold along its concat dim: steps [0, steps) of the selected grid."""
+
+    generation: int  # the number the next generation gets (the committed generations count)
+    steps: int
+    first: Any  # the first and last step held, as schema.json writes coordinate values
+    last: Any
+    fingerprint: str | None  # of the files holding them (None: one Zarr store, which grows in place)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldFile:
+    """An input file as the held check sees it: its range [start, stop) on the selected concat dim."""
+
+    path: str
+    start: int
+    stop: int
+    nbytes: int
+
+
+def files_fingerprint(files: Sequence[HeldFile]) -> str:
+    """Changes when a file, its size or its range changes, or one is added or removed."""
+    text = "\n".join(f"{f.path}\t{f.nbytes}\t{f.start}\t{f.stop}" for f in files)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def generation_entry(number: int, steps: int, first: Any, last: Any, files: Sequence[HeldFile], store: bool) -> dict:
+    """A generation's record before its counts and statistics are known (Finalize adds them).
+
+    Nothing in it changes from run to run (no run id, no time): a build hashes the same every time.
+    """
+    held = [f for f in files if f.stop <= steps]
+    return {
+        "generation": number,
+        "steps": steps,
+        "first": first,
+        "last": last,
+        "fingerprint": None if store else files_fingerprint(held),
+        "files": len(held),
+        "bytes": sum(f.nbytes for f in held),
+    }
+
+
+def dumps(entries: Sequence[dict]) -> str:
+    """generations.json: floats as Python writes them (exact in float64), infinities included (an empty min)."""
+    return json.dumps({"format": FORMAT, "generations": list(entries)}, indent=1) + "\n"
+
+
+def loads(text: str, source: str, committed: int) -> list[dict]:
+    """The first ``committed`` generations recorded in ``text`` (later ones: an append that never committed)."""
+    try:
+        document = json.loads(text)
+        entries = document["generations"] if document.get("format") == FORMAT else None
+        valid = isinstance(entries, list) and all(isinstance(e, dict) for e in entries)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        valid = False
+    if (
+        not valid
+        or len(entries) < committed
+        or [e.get("generation") for e in entries[:committed]] != list(range(committed))
+    ):
+        raise UserError(
+            f"output: {source} is not a generations record of this tool for its {committed} generation(s); "
+            "it was edited or lost: rebuild the output with --overwrite"
+        )
+    return entries[:committed]
+
+
+def held_of(entries: Sequence[dict], source: str) -> Held:
+    """What the committed generations hold (the last one's record), checked for the types it must have."""
+    last = entries[-1]
+    steps, fingerprint = last.get("steps"), last.get("fingerprint")
+    if not isinstance(steps, int) or steps < 1 or not (fingerprint is None or isinstance(fingerprint, str)):
+        raise UserError(f"output: {source} records no steps held; it was edited: rebuild the output with --overwrite")
+    return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint)
+
+
+def config_difference(built: dict, now: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """The first config key (dotted) whose value differs, with both values; keys an append may change are skipped."""
+    for key in sorted(set(built) | set(now)):
+        name = f"{prefix}{key}"
+        if name in APPENDABLE_KEYS:
+            continue
+        before, after = built.get(key), now.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            found = config_difference(before, after, f"{name}.")
+            if found:
+                return found
+        elif before != after:
+            return name, before, after
+    return None
+
+
+def check_config(built: dict, now: dict) -> None:
+    """UserError naming the first key where ``now`` differs from the config the output was built with."""
+    found = config_difference(built, now)
+    if found:
+        key, before, after = found
+        raise UserError(
+            f"{key}: {after!r} differs from the {before!r} the output was built with; --append adds files with the "
+            "same config (build into a new output, or rebuild with --overwrite, to change it)"
+        )
+
+
+def new_steps(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile] | None) -> int:
+    """The held steps, checked against the input; NothingToAppend when it holds no other step.
+
+    ``values``: the input's concat coordinate as schema.json writes values (only those at the
+    held range's ends and just before it are read: pass a lazy sequence for a long one);
+    ``files``: the input files' ranges (None: one Zarr store).
+    """
+    total = len(values)
+    if total < held.steps or values[0] != held.first:
+        where = _index_of(values, held.first)
+        if where is not None and where > 0:
+            raise UserError(
+                f"input: {dim} steps from {values[0]} come before the output's first ({held.first}); adding them "
+                f"would renumber index/{dim} of every sample it holds, so --append adds only steps after its last "
+                f"({held.last}): rebuild with --overwrite to extend it backwards"
+            )
+        raise UserError(
+            f"input: its {dim} steps do not start with the {held.steps:,} the output holds ({held.first} to "
+            f"{held.last}); --input must name every file the output was built from as well as the new ones"
+        )
+    if values[held.steps - 1] != held.last:
+        raise UserError(
+            f"input: its {dim} step {held.steps - 1:,} is {values[held.steps - 1]}, where the output holds "
+            f"{held.last}: files overlap or change the steps it holds ({held.first} to {held.last}); --append adds "
+            "files after its last step only"
+        )
+    if files is not None:
+        straddling = next((f for f in files if f.start < held.steps < f.stop), None)
+        if straddling is not None:
+            raise UserError(
+                f"input: {straddling.path} holds {dim} steps on both sides of {held.last}, the output's last; "
+                "--append adds whole files after its last step: rebuild with --overwrite"
+            )
+        if files_fingerprint([f for f in files if f.stop <= held.steps]) != held.fingerprint:
+            raise UserError(
+                f"input: the files holding {held.first} to {held.last} are not those the output was built from (one "
+                "was added, removed, moved or resized); --input must name them unchanged, with the new ones"
+            )
+    if total == held.steps:
+        raise NothingToAppend(
+            f"nothing to append: the input's {total:,} {dim} steps ({held.first} to {held.last}) are all in the output"
+        )
+    return held.steps
+
+
+def _index_of(values: Sequence, value: Any) -> int | None:
+    """Where ``value`` is among ``values`` (None: not there)."""
+    for index in range(len(values)):
+        if values[index] == value:
+            return index
+    return None

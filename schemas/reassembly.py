@@ -1,0 +1,666 @@
+"""Predictions back on the grid: keyed samples reassembled into an xarray Dataset on the output's source grid.
+
+    import schemas
+    ds = schemas.reassemble("out/patches", schemas.Reader("out/patches", "valid"), split="valid")
+
+Every record carries ``index/<dim>``, its start on the selected grid along each sample dim; with
+schema.json's ``grid`` (every cell's coordinate) that is all it takes to put a sample back. Overlapping
+samples are blended with weights per window dim, normalised per cell; ``coverage`` counts the samples
+that touched each cell (0: none, and the values there are NaN). xarray is imported here only: the base
+install reads outputs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from schemas.errors import UserError
+from schemas.grid import coordinate_attrs, coordinate_values
+from schemas.schema import Feature, Schema
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+BLENDS = ("mean", "cosine", "gaussian")
+#: MONAI's sliding-window gaussian: sigma as a fraction of the window.
+GAUSSIAN_SIGMA = 0.125
+#: A dim a prediction adds (more channels than the records had), unless ``dims`` names it.
+EXTRA_DIM = "channel"
+COVERAGE = "coverage"
+#: Layouts: samples on the source grid, or (for pairs and sequences along the concat dim) as forecasts.
+LAYOUTS = ("grid", "forecast")
+#: The forecast layout's dims, as WeatherBench-X's PredictionsFromXarray opens them.
+INIT_TIME, LEAD_TIME, VALID_TIME = "init_time", "lead_time", "valid_time"
+AREA_WEIGHT = "area_weight"
+#: Samples placed together (their index arrays: some 30 bytes per value of the batch).
+BATCH = 128
+#: Roles whose dim every sample holds whole (no position along it).
+_WHOLE = ("keep", "lead")
+_SKIPPED_ROLES = ("index", "coord", "count")
+
+
+def import_xarray():
+    try:
+        import xarray
+    except ImportError:
+        raise UserError(
+            "reassembly needs xarray, which the base install leaves out: pip install 'xarray-tfrecords[reassemble]'"
+        ) from None
+    return xarray
+
+
+def window_weights(size: int, blend: str) -> np.ndarray:
+    """Weights along one window dim: ones (mean), a Hann window (cosine) or a gaussian, none of them zero."""
+    if blend == "mean":
+        return np.ones(size)
+    centre = (np.arange(size) + 0.5) / size  # cell centres in (0, 1): the edge cells keep a weight above 0
+    if blend == "cosine":
+        return np.sin(np.pi * centre) ** 2
+    if blend == "gaussian":
+        return np.exp(-0.5 * ((centre - 0.5) / GAUSSIAN_SIGMA) ** 2)
+    raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
+
+
+@dataclasses.dataclass(frozen=True)
+class GridAxis:
+    """One sample dim of the output grid: its role, and the cells reassembly covers ([first, first + length))."""
+
+    dim: str
+    role: str
+    length: int
+    first: int = 0
+    size: int = 1
+    stride: int = 1
+    positions: int = 0
+    offsets: tuple[int, ...] = ()
+    #: the dim whose index/<dim> places samples along this one (the forecast layout's init_time: the concat dim)
+    key: str = ""
+
+    @property
+    def index_name(self) -> str:
+        return f"index/{self.key or self.dim}"
+
+    @property
+    def whole(self) -> bool:
+        return self.role in _WHOLE
+
+    @classmethod
+    def of(cls, entry: dict) -> GridAxis:
+        return cls(
+            entry["dim"],
+            entry["role"],
+            entry["length"],
+            size=entry.get("size", 1),
+            stride=entry.get("stride", 1),
+            positions=entry.get("positions", entry["length"]),
+            offsets=tuple(entry.get("offsets", ())),
+        )
+
+    def reach(self) -> tuple[int, int]:
+        """Cells a sample starting at 0 covers along this dim: [low, high)."""
+        if self.role == "window":
+            return 0, self.size
+        if self.role in ("offsets", "init"):
+            return min(self.offsets), max(self.offsets) + 1
+        return 0, 1
+
+    def holds(self, starts: np.ndarray) -> np.ndarray:
+        """Which of ``starts`` are sample positions of the output along this dim."""
+        low, high = self.reach()
+        held = (self.first - low <= starts) & (starts + high <= self.first + self.length)
+        if self.role == "window":
+            held &= (starts % self.stride == 0) & (starts // self.stride < self.positions)
+        return held
+
+    def check(self, start: int, where: str) -> None:
+        """UserError unless ``start`` is a sample position of the output along this dim."""
+        low, high = self.reach()
+        held = self.first - low <= start and start + high <= self.first + self.length
+        if self.role == "window":
+            held = held and start % self.stride == 0 and start // self.stride < self.positions
+        if not held:
+            raise UserError(
+                f"{where}: {self.index_name} = {start} is not a sample of the output (along "
+                f"{(self.key or self.dim)!r} it holds {self._described()}); reassemble samples of this output only"
+            )
+
+    def _described(self) -> str:
+        if self.role == "window":
+            return f"windows of {self.size} every {self.stride} from 0, {self.positions} of them"
+        return f"starts {self.first - self.reach()[0]} to {self.first + self.length - self.reach()[1]}"
+
+    def local_cells(self) -> np.ndarray:
+        """Cells a sample covers along this dim, from its start."""
+        if self.role == "window":
+            return np.arange(self.size)
+        if self.role == "offsets":
+            return np.asarray(self.offsets)
+        return np.zeros(1, dtype=np.int64)
+
+    def span(self) -> int:
+        """Positions along this dim within which two samples may overlap (1: never)."""
+        if self.role == "window":
+            return -(-self.size // self.stride)
+        if self.role == "offsets":
+            return max(self.offsets) - min(self.offsets) + 1
+        return 1
+
+
+@dataclasses.dataclass
+class Target:
+    """One variable being reassembled: the weighted sum and the weights of the samples that touched each cell."""
+
+    name: str
+    dims: tuple[str, ...]  # on the grid, in the files' order; a prediction's added dims last
+    sample_dims: tuple[str, ...]  # as the samples hold it
+    attrs: dict
+    dtype: str
+    is_coordinate: bool = False
+    source_dtype: str | None = None
+    total: np.ndarray | None = None
+    weight: np.ndarray | None = None
+
+
+class Reassembly:
+    """Samples added one by one (any order, from any reader) -> an xr.Dataset on the output's grid."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        split: str | None = None,
+        blend: str = "mean",
+        dims: Mapping[str, Sequence[str]] | None = None,
+        where: str = "output",
+        layout: str = "grid",
+        region: tuple[str | None, int, int] | None = None,
+    ):
+        """``region``: (dim, start, stop): reassemble only those cells of a grid dim (one output chunk); samples
+        reaching beyond them add only their part inside."""
+        if blend not in BLENDS:
+            raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
+        if layout not in LAYOUTS:
+            raise UserError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}; choose one of those")
+        if not schema.grid:
+            raise UserError(
+                f"{where}: schema.json has no grid (the output was built before reassembly existed); build it again"
+            )
+        if schema.sample.get("roles"):
+            raise UserError(
+                f"{where}: built with sample.roles (features <role>/<variable> at their own steps and crops), which "
+                "reassembly does not place yet; reassemble an output built without roles"
+            )
+        self.schema, self.split, self.blend, self.where = schema, split, blend, where
+        self.dims = {name: tuple(d) for name, d in (dims or {}).items()}
+        self.axes = self._axes(schema, split)
+        self.renamed: dict[str, str] = {}  # a sample dim -> its dim here (the forecast layout's lead_time)
+        if layout == "forecast":
+            self._as_forecasts(where)
+        self.layout = layout
+        self.checked = [a for a in self.axes.values() if not a.whole]  # keys are checked on the whole grid
+        self.whole_grid = dict(self.axes)
+        if region is not None:
+            dim, start, stop = region
+            dim = dim or (self.checked[0].dim if self.checked else None)  # None: the first placed dim
+            axis = self.axes[dim]
+            self.axes[dim] = dataclasses.replace(axis, first=axis.first + start, length=stop - start)
+        self.grid_axes = [a for a in self.axes.values() if not a.whole]
+        self.keys: set[tuple[int, ...]] = set()
+        self.targets: dict[str, Target] = {}
+        self.extra_sizes: dict[str, int] = {}
+        self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
+        self._weights: dict[tuple[str, ...], np.ndarray] = {}
+        self._features = {f.name: f for f in schema.features}
+        self._placed_dims = {a.dim for a in self.grid_axes}
+        self._masks = {f.name: f.source.get("of") for f in schema.features if f.role == "mask"}
+
+    def _axes(self, schema: Schema, split: str | None) -> dict[str, GridAxis]:
+        axes = {e["dim"]: GridAxis.of(e) for e in schema.sample["axes"]}
+        if split is None:
+            return axes
+        if split not in schema.splits:
+            have = ", ".join(schema.splits) or "none"
+            raise UserError(f"{self.where}: no split {split!r}; it has: {have}; choose one of those")
+        info = schema.sample.get("splits", {}).get(split)
+        dim = schema.sample.get("split_dim", schema.sample["concat_dim"])
+        if info is None or dim not in axes:
+            return axes
+        axis = axes[dim]
+        start, stop = info["index_range"]
+        low, high = axis.reach()
+        first, last = max(0, start + low), min(axis.length, stop - 1 + high)
+        axes[dim] = dataclasses.replace(axis, first=first, length=max(0, last - first))
+        return axes
+
+    def _as_forecasts(self, where: str) -> None:
+        """The concat dim's offsets as lead_time, each sample's index along it as its init_time."""
+        concat_dim = self.schema.sample["concat_dim"]
+        axis = self.axes.get(concat_dim)
+        if axis is None or axis.role != "offsets":
+            raise UserError(
+                f"{where}: layout 'forecast' needs samples with offsets along {concat_dim!r} (sample.offsets), "
+                "which this output's samples do not have; use layout 'grid'"
+            )
+        axes = {}
+        for dim, each in self.axes.items():
+            if dim == concat_dim:
+                axes[INIT_TIME] = dataclasses.replace(axis, dim=INIT_TIME, role="init", key=concat_dim)
+                axes[LEAD_TIME] = dataclasses.replace(axis, dim=LEAD_TIME, role="lead", key=concat_dim)
+            else:
+                axes[dim] = each
+        self.axes = axes
+        self.renamed = {concat_dim: LEAD_TIME}
+
+    # ---- samples in -------------------------------------------------------------------------------------------
+
+    def add_all(self, samples: Iterable[Mapping[str, Any]]) -> Reassembly:
+        """Add samples: dicts of one sample, or batches of them (every array with a leading sample axis)."""
+        first = self.checked[0].index_name if self.checked else None
+        for sample in samples:
+            index = sample.get(first) if first else None
+            if index is None or np.ndim(index) == 0:
+                self.add(sample)
+                continue
+            for begin in range(0, len(index), BATCH):
+                self.add_batch({name: values[begin : begin + BATCH] for name, values in sample.items()})
+        return self
+
+    def checked_axis(self, dim: str) -> GridAxis:
+        """A placed dim of the whole grid (before any region)."""
+        return next(a for a in self.checked if a.dim == dim)
+
+    def check_keys(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """(samples, placed dims): each sample's starts; UserError unless the output holds every such sample."""
+        columns = []
+        for axis in self.checked:
+            name = axis.index_name
+            if name not in batch:
+                raise UserError(
+                    f"{self.where}: a sample lacks {name} (it has: {', '.join(batch) or 'nothing'}); "
+                    "keep the records' index features beside each prediction"
+                )
+            starts = np.asarray(batch[name]).reshape(-1).astype(np.int64)
+            if not axis.holds(starts).all():
+                bad = int(np.flatnonzero(~axis.holds(starts))[0])
+                axis.check(int(starts[bad]), f"{self.where}: sample {self._key_text(batch, bad)}")
+            columns.append(starts)
+        return np.stack(columns, axis=1) if columns else np.zeros((1, 0), dtype=np.int64)
+
+    def check_key(self, sample: Mapping[str, Any]) -> tuple[int, ...]:
+        """One sample's starts along every placed dim (check_keys of one)."""
+        return tuple(
+            self.check_keys({k: np.asarray(v).reshape(1) for k, v in sample.items() if k.startswith("index/")})[0]
+        )
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """One sample: its index/<dim> for every sample dim, and arrays shaped like the output's features."""
+        self.add_batch({name: np.asarray(values)[None] for name, values in sample.items()})
+
+    def add_batch(self, batch: Mapping[str, Any]) -> None:
+        """Samples with a leading axis: placed together, in rounds of samples that cannot overlap."""
+        batch = {name: np.asarray(values) for name, values in batch.items()}
+        starts = self.check_keys(batch)
+        for i, key in enumerate(map(tuple, starts.tolist())):
+            if key in self.keys:
+                raise UserError(
+                    f"{self.where}: sample {self._key_text(batch, i)} was given twice; give each sample once "
+                    "(duplicate keys: two readers over one split, or a prediction written twice)"
+                )
+            self.keys.add(key)
+        if len(starts) > 1 and len(set(map(tuple, starts.tolist()))) < len(starts):
+            raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
+        # Samples whose positions agree modulo the overlap span along every dim never overlap: one round each.
+        spans = [a.span() for a in self.checked]
+        positions = [
+            starts[:, j] // (a.stride if a.role == "window" else 1) % span
+            for j, (a, span) in enumerate(zip(self.checked, spans))
+        ]
+        rounds = np.ravel_multi_index(positions, spans) if positions else np.zeros(len(starts), dtype=np.int64)
+        masks = {of: batch[name] for name, of in self._masks.items() if name in batch}
+        for value in np.unique(rounds):
+            rows = np.flatnonzero(rounds == value)
+            at = starts[rows]
+            self._cover(at)
+            for name, values in batch.items():
+                feature = self._features.get(name)
+                if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
+                    continue
+                if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
+                    continue  # a static coordinate: schema.json's grid holds it exactly
+                values = values[rows]
+                if name in masks:
+                    values = np.where(masks[name][rows] != 0, np.nan, values.astype(np.float64))
+                for target, part in self._parts(name, feature, values):
+                    if self._placed_dims <= set(target.dims) or len(rows) == 1:
+                        self._place(target, part, at)
+                    else:  # without some placed dim (a static field) samples of a round may overlap: one by one
+                        for i in range(len(rows)):
+                            self._place(target, part[i : i + 1], at[i : i + 1])
+
+    def _cells(self, dims: Sequence[str], at: np.ndarray, shape: Sequence[int]) -> tuple[list, np.ndarray | None]:
+        """Per dim, each sample's cells there, shaped to broadcast as (samples, *dims); and where they are inside."""
+        placed = [a.dim for a in self.checked]
+        index, inside = [], None
+        for i, dim in enumerate(dims):
+            axis = self.axes.get(dim)
+            form = [1] * (len(dims) + 1)
+            if axis is None or axis.whole:
+                form[i + 1] = shape[i]
+                index.append(np.arange(shape[i]).reshape(form))
+                continue
+            cells = at[:, placed.index(dim)][:, None] - axis.first + axis.local_cells()[None, :]
+            form[0], form[i + 1] = len(at), cells.shape[1]
+            cells = cells.reshape(form)
+            index.append(cells)
+            within = (cells >= 0) & (cells < axis.length)
+            if not within.all():
+                inside = within if inside is None else inside & within
+        return index, inside
+
+    def _cover(self, at: np.ndarray) -> None:
+        dims = [a.dim for a in self.grid_axes]
+        index, inside = self._cells(dims, at, self.coverage.shape)
+        full = np.broadcast_shapes(*(i.shape for i in index)) if index else (len(at),)
+        index = [np.broadcast_to(i, full) for i in index]
+        if inside is not None:
+            inside = np.broadcast_to(inside, full)
+            index = [i[inside] for i in index]
+        flat = np.ravel_multi_index(index, self.coverage.shape) if index else np.zeros(0, dtype=np.int64)
+        self.coverage.reshape(-1)[flat] += 1  # (no two samples of a round share a cell)
+
+    def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
+        return (
+            "("
+            + ", ".join(
+                f"{n}={int(np.asarray(v).reshape(-1)[row])}" for n, v in sample.items() if n.startswith("index/")
+            )
+            + ")"
+        )
+
+    def _parts(self, name: str, feature: Feature | None, values: np.ndarray):
+        """(target, values in the target's sample dims) for a sample's array: a stack gives one per channel."""
+        channels = feature.source.get("channels") if feature is not None else None
+        if channels and name not in self.dims:
+            self._check_shape(name, values, feature.shape)
+            axis = 1 + feature.dims.index("channel")
+            for i, member in enumerate(channels):
+                info = feature.source["variables"][member]
+                dims = tuple(d for d in feature.dims if d != "channel")
+                target = self._target(member, dims, info, feature.dtype)
+                yield target, np.take(values, i, axis=axis)
+            return
+        if feature is not None and name not in self.dims:
+            self._check_shape(name, values, feature.shape)
+            is_coordinate = feature.role == "aux_coord"
+            named = feature.source.get("coordinate", name) if is_coordinate else name
+            yield self._target(named, feature.dims, feature.source, feature.dtype, is_coordinate), values
+            return
+        dims = self.dims.get(name) or self._guess_dims(name, values.shape[1:])
+        if len(dims) != values.ndim - 1:
+            raise UserError(
+                f"{self.where}: {name!r} has shape {values.shape[1:]} but dims {dims} were given for it; "
+                "name one dim per axis"
+            )
+        for dim, size in zip(dims, values.shape[1:]):
+            want = self._dim_size(dim)
+            if want is None:
+                want = self.extra_sizes.setdefault(dim, size)
+            if want != size:
+                raise UserError(
+                    f"{self.where}: {name!r} has {size} along {dim!r} where the output's samples have {want}; "
+                    "predict on the output's sample shape"
+                )
+        template = self.schema.variable_features[0]
+        source = {"dims": [*template.source.get("dims", template.dims)], "attrs": {}}
+        yield self._target(name, dims, source, "float32"), values
+
+    def _dim_size(self, dim: str) -> int | None:
+        """Cells a sample holds along ``dim`` (the grid's cells along an iterated one); None: not a dim of the grid."""
+        axis = self.axes.get(self.renamed.get(dim, dim))
+        if axis is None:
+            return None
+        if axis.role in ("offsets", "lead"):
+            return len(axis.offsets)
+        return axis.size if axis.role == "window" else axis.length
+
+    def _check_shape(self, name: str, values: np.ndarray, shape: tuple[int, ...]) -> None:
+        if values.shape[1:] != tuple(shape):
+            raise UserError(
+                f"{self.where}: {name!r} has shape {values.shape[1:]} where the output's feature has {tuple(shape)}; "
+                "predict on the output's sample shape, or say its dims (dims=...)"
+            )
+
+    def _guess_dims(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """A prediction under another name: the first variable's dims, without the kept ones, or with a channel."""
+        template = self.schema.variable_features[0]
+        unkept = tuple(d for d in template.dims if d not in self.axes or self.axes[d].role != "keep")
+        candidates = [
+            template.dims,
+            unkept,
+            (*template.dims, EXTRA_DIM),
+            (*unkept, EXTRA_DIM),
+        ]
+        for dims in candidates:
+            sizes = [self._dim_size(d) for d in dims]
+            if len(dims) == len(shape) and all(s is None or s == n for s, n in zip(sizes, shape)):
+                return dims
+        raise UserError(
+            f"{self.where}: {name!r} has shape {shape}, which fits no sample shape of the output "
+            f"({template.name!r} is {template.shape} over {template.dims}); pass dims={{{name!r}: (...)}} to say which"
+        )
+
+    def _target(self, name: str, sample_dims, source: dict, dtype: str, is_coordinate: bool = False) -> Target:
+        target = self.targets.get(name)
+        if target is not None:
+            return target
+        sample_dims = tuple(self.renamed.get(d, d) for d in sample_dims)
+        files = source.get("dims") or [*[a.key or a.dim for a in self.grid_axes if a.role == "iterate"], *sample_dims]
+        files = [n for d in files for n in ((INIT_TIME, LEAD_TIME) if d in self.renamed else (d,))]
+        placed = ("iterate", "init")
+        on_grid = [d for d in files if d in sample_dims or (d in self.axes and self.axes[d].role in placed)]
+        dims = (*on_grid, *[d for d in sample_dims if d not in on_grid])
+        attrs = dict(source.get("attrs", {}))
+        target = Target(name, dims, tuple(sample_dims), attrs, dtype, is_coordinate, source.get("dtype"))
+        sizes = [self._dim_size(d) if d not in self.axes or self.axes[d].whole else self.axes[d].length for d in dims]
+        sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
+        target.total = np.zeros(sizes, dtype=np.float32 if dtype == "float32" else np.float64)
+        target.weight = np.zeros([s if d in self.axes and not self.axes[d].whole else 1 for d, s in zip(dims, sizes)])
+        self.targets[name] = target
+        return target
+
+    def _window_weight(self, target: Target) -> np.ndarray:
+        """The weight of one sample's cells, shaped to broadcast against the block it adds to ``target``."""
+        found = self._weights.get(target.dims)
+        if found is None:
+            found = np.ones([1] * len(target.dims))
+            for i, dim in enumerate(target.dims):
+                axis = self.axes.get(dim)
+                if axis is not None and axis.role == "window":
+                    shape = [1] * len(target.dims)
+                    shape[i] = axis.size
+                    found = found * window_weights(axis.size, self.blend).reshape(shape)
+            self._weights[target.dims] = found
+        return found
+
+    def _place(self, target: Target, values: np.ndarray, at: np.ndarray) -> None:
+        """Blend a round of samples (no two overlap) into ``target``: values (samples, *its sample dims)."""
+        want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
+        if values.shape[1:] != want:
+            raise UserError(
+                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
+                "give every sample one shape"
+            )
+        order = [0] + [1 + target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
+        block = np.transpose(values, order)
+        for i, dim in enumerate(target.dims):
+            if dim not in target.sample_dims:  # an iterated dim: each sample is one step of it
+                block = np.expand_dims(block, i + 1)
+        index, inside = self._cells(target.dims, at, target.total.shape)
+        weight = np.broadcast_to(self._window_weight(target)[None], block.shape)
+        # The weights' cells: their kept (whole) dims have one cell.
+        windex = [i if target.weight.shape[d] > 1 else np.zeros([1] * i.ndim, np.int64) for d, i in enumerate(index)]
+        flat = np.broadcast_to(_flat(index, target.total.shape), block.shape)
+        wflat = np.broadcast_to(_flat(windex, target.weight.shape), block.shape)
+        if inside is not None:  # the parts inside the region
+            inside = np.broadcast_to(inside, block.shape)
+            flat, wflat, block, weight = flat[inside], wflat[inside], block[inside], weight[inside]
+        # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
+        # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
+        weights = target.weight.reshape(-1)[wflat] + weight
+        target.weight.reshape(-1)[wflat] = weights  # (a kept dim's cells share one weight: written alike)
+        total = target.total.reshape(-1)
+        mean = total[flat]
+        mean += (weight / weights).astype(mean.dtype) * (block - mean)
+        total[flat] = mean
+
+    # ---- the dataset out --------------------------------------------------------------------------------------
+
+    def coordinates(self, whole: bool = False) -> dict[str, Any]:
+        """The grid's coordinates as xarray Variables: of the region, or of the ``whole`` grid."""
+        xr = import_xarray()
+        axes = self.whole_grid if whole else self.axes
+        coords: dict[str, Any] = {}
+        for name, entry in self.schema.grid.items():
+            if "dims" in entry:  # a static coordinate of config ``coords`` (a curvilinear grid's 2-D lat, lon)
+                coords[self.schema.feature(name).source.get("coordinate", name)] = self._static(xr, entry, axes)
+        for dim, axis in axes.items():
+            entry = self.schema.grid.get(axis.key or dim)
+            if entry is None:
+                continue
+            if axis.role == "lead":
+                coords[dim] = xr.Variable(dim, _lead_times(entry, axis.offsets), {"long_name": "forecast lead time"})
+                continue
+            values = coordinate_values(entry)[axis.first : axis.first + axis.length]
+            attrs, encoding = coordinate_attrs(entry)
+            variable = xr.Variable(dim, values, attrs)
+            variable.encoding.update(encoding)
+            coords[dim] = variable
+        for scalar in self.schema.scalar_coords:
+            coords[scalar["name"]] = xr.Variable(
+                (), np.asarray(scalar["value"], dtype=scalar["dtype"]), scalar["attrs"]
+            )
+        return coords
+
+    def dataset(self) -> xr.Dataset:
+        """The samples added so far on the grid (or the region): blended values, coverage, coordinates."""
+        xr = import_xarray()
+        coords = self.coordinates()
+        data = {}
+        for target in self.targets.values():
+            values = target.total  # the blended values already: NaN where no sample was (in place: no copy)
+            np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
+            dtype = values.dtype
+            stored = target.source_dtype
+            if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
+                dtype = np.dtype(stored)  # integers come back as the files held them, where every cell was covered
+            variable = xr.Variable(target.dims, values.astype(dtype, copy=False), target.attrs)
+            if target.is_coordinate:
+                coords[target.name] = variable
+            else:
+                data[target.name] = variable
+        data[COVERAGE] = xr.Variable(
+            [a.dim for a in self.grid_axes],
+            self.coverage,
+            {"long_name": "samples that touched the cell", "comment": "0: no sample, the values there are NaN"},
+        )
+        attrs = {"reassembled_from": self.where, "blend": self.blend}
+        if self.split is not None:
+            attrs["split"] = self.split
+        return finished(xr.Dataset(data, coords, attrs))
+
+    def _static(self, xr, entry: dict, axes: dict[str, GridAxis]):
+        values = coordinate_values(entry).reshape(entry["shape"])
+        crop = tuple(
+            slice(axes[d].first, axes[d].first + axes[d].length) if d in axes else slice(None) for d in entry["dims"]
+        )
+        attrs, encoding = coordinate_attrs(entry)
+        variable = xr.Variable(entry["dims"], values[crop], attrs)
+        variable.encoding.update(encoding)
+        return variable
+
+
+def finished(dataset):
+    """The derived coordinates: valid_time (init_time + lead_time) in the forecast layout, area weights."""
+    if INIT_TIME in dataset.coords and LEAD_TIME in dataset.coords:
+        dataset = dataset.assign_coords({VALID_TIME: dataset[INIT_TIME] + dataset[LEAD_TIME]})
+    return _with_area_weights(dataset)
+
+
+def _flat(index: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
+    """Flat (C order) positions of broadcastable per-dim indices: summed by broadcasting, never expanded first."""
+    strides = np.cumprod([1, *shape[::-1]])[:-1][::-1]
+    flat = np.zeros([1] * (len(shape) + 1), dtype=np.int64)
+    for cells, stride in zip(index, strides):
+        flat = flat + cells * np.int64(stride)
+    return flat
+
+
+def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:
+    """Offsets along the concat dim as lead times: offset x the dim's typical (median) step."""
+    values = coordinate_values(entry)
+    if len(values) < 2:
+        raise UserError("layout 'forecast': the concat dim has one step, so lead times have no step; use layout 'grid'")
+    steps = np.diff(values)
+    if steps.dtype == object:  # cftime dates: their differences are datetime.timedelta
+        steps = steps.astype("timedelta64[ns]")
+    step = np.sort(steps)[len(steps) // 2]
+    return np.asarray(offsets) * step
+
+
+def _latitude(dataset) -> Any:
+    """The grid's latitude coordinate (1-D, or 2-D on a curvilinear grid), if it has one."""
+    for name, coord in dataset.coords.items():
+        units = str(coord.attrs.get("units", "")).lower()
+        if coord.attrs.get("standard_name") == "latitude" or units in ("degrees_north", "degree_north", "degrees_n"):
+            return coord
+        if name in ("lat", "latitude") and coord.dtype.kind == "f":
+            return coord
+    return None
+
+
+def _with_area_weights(dataset):
+    """The dataset with cos-latitude cell-area weights (mean 1 over the grid's latitudes), where it has latitudes."""
+    latitude = _latitude(dataset)
+    if latitude is None:
+        return dataset
+    weights = np.cos(np.deg2rad(latitude.values.astype(np.float64))).clip(min=0)
+    if not weights.sum() > 0:
+        return dataset
+    weights = weights / weights.mean()
+    attrs = {"long_name": "cell area weight", "comment": "cos(latitude), normalised to mean 1 over the grid"}
+    return dataset.assign_coords({AREA_WEIGHT: (latitude.dims, weights, attrs)})
+
+
+def reassemble(
+    output: str,
+    samples: Iterable[Mapping[str, Any]] | None = None,
+    split: str | None = None,
+    blend: str = "mean",
+    *,
+    dims: Mapping[str, Sequence[str]] | None = None,
+    layout: str = "grid",
+    schema: Schema | None = None,
+) -> xr.Dataset:
+    """Samples of ``output`` (its records, or predictions keyed by their index/<dim>) on its source grid.
+
+    ``samples``: dicts of one sample or batches of them (``schemas.Reader`` yields them); None: the
+    split's own records. ``dims``: a prediction's dims by name, where its name is not a feature of the
+    output and its shape does not say them (a prediction may drop the kept dims or add a ``channel``).
+    ``layout``: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along
+    the concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
+    WeatherBench-X opens predictions. Where the grid has latitudes, ``area_weight`` holds cos-latitude weights.
+    """
+    import_xarray()
+    from schemas.dataset import load_schema
+    from schemas.reader import Reader
+    from schemas.schema import default_split
+
+    path = str(output).rstrip("/") or "/"
+    schema = schema if schema is not None else load_schema(path)
+    assembly = Reassembly(schema, split, blend, dims, where=path, layout=layout)
+    if samples is None:
+        samples = Reader(path, split or default_split(list(schema.splits)), schema=schema).iter_chunks()
+    return assembly.add_all(samples).dataset()

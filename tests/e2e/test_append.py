@@ -1,0 +1,344 @@
+"""--append: a new generation holds exactly the samples a full rebuild adds; old shards untouched; stats merged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipelines import graph
+from pipelines.build import main
+from pipelines.inspect import main as inspect_main
+from schemas import load_schema
+from schemas.random_access import open_source
+from schemas.reader import Reader
+from schemas.stream import shuffled_stream
+from transforms import finalize
+
+from helpers import parse_with_generated_parser
+
+SPLITS = ("train", "val")
+#: Held by generation 0: the first three of five files (a time window of 3 makes samples straddle them).
+HELD_FILES = 3
+
+
+def _config(archive: Path, output: Path, **changes) -> dict:
+    config = {
+        "input": {"paths": str(archive / "*.nc"), "concat_dim": "time"},
+        "variables": ["t", "u"],
+        "sample": {"window": {"time": {"size": 3}}, "keep": ["level", "lat", "lon"]},
+        # val ends inside the new files: the new steps after it make samples outside every split.
+        "splits": {"train": {"time": [None, "2020-01-02"]}, "val": {"time": ["2020-01-03", "2020-01-04T12"]}},
+        "stats": {"per": ["level"]},
+        "output": {"path": str(output), "num_shards": 2},
+    }
+    for key, value in changes.items():
+        section, name = key.split("__")
+        config[section] = {**config.get(section, {}), name: value}
+    return config
+
+
+def _build(config: dict, directory: Path, *flags: str) -> int:
+    path = directory / f"config-{len(list(directory.glob('config-*')))}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return main(["--config", str(path), "--quiet", *flags])
+
+
+def _hashes(output: Path, names=None) -> dict[str, str]:
+    names = names if names is not None else [p.name for p in output.iterdir() if p.is_file()]
+    return {name: hashlib.sha256((output / name).read_bytes()).hexdigest() for name in names}
+
+
+def _shard_files(output: Path) -> list[str]:
+    schema = load_schema(str(output))
+    return [name for shards in schema.splits.values() for s in shards for name in (s.file, s.index)]
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> Path:
+    from pipelines.demo import ArchiveShape, write_archive
+
+    directory = tmp_path_factory.mktemp("growing")
+    write_archive(directory, ArchiveShape(num_files=5, steps_per_file=4, levels=2, lat=8, lon=10), seed=4)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def appended(archive, tmp_path_factory) -> dict:
+    """Generation 0 from the first files, then --append of the rest; and a full rebuild of all of them."""
+    work = tmp_path_factory.mktemp("appended")
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output, full = work / "out", work / "full"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), work) == 0
+    before = _hashes(output, _shard_files(output))
+    stats0 = json.loads((output / "stats.json").read_text())
+    assert _build(_config(archive, output), work, "--append") == 0
+    assert _build(_config(archive, full), work) == 0
+    return {"output": output, "full": full, "before": before, "stats0": stats0, "work": work}
+
+
+def _by_sample(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.argsort(columns["index/time"], kind="stable")
+    return {name: values[order] for name, values in columns.items()}
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_generations_hold_the_samples_of_a_full_rebuild(appended, split):
+    """Read with TensorFlow through each output's own parser: the same samples, keys and values, as multisets."""
+    union = _by_sample(parse_with_generated_parser(appended["output"], split))
+    rebuilt = _by_sample(parse_with_generated_parser(appended["full"], split))
+    assert union.keys() == rebuilt.keys()
+    assert len(np.unique(union["index/time"])) == len(union["index/time"])  # no sample cut twice
+    for name in union:
+        np.testing.assert_array_equal(union[name], rebuilt[name], err_msg=name)
+
+
+def test_the_new_generation_holds_the_straddling_samples_and_drops_those_outside_the_splits(appended):
+    schema = load_schema(str(appended["output"]))
+    generations = {s.generation for shards in schema.splits.values() for s in shards}
+    assert generations == {0, 1}
+    assert all(s.generation == 0 for s in schema.splits["train"])  # train ended inside the held steps
+    new = [s for s in schema.splits["val"] if s.generation == 1]
+    assert new and all("-g001-" in s.file for s in new)
+    # The windows reaching from the held steps into the new ones (and only those) were cut now.
+    index = open_source(str(appended["output"]), "val")
+    assert len(index) == schema.num_examples("val")
+    rebuilt = load_schema(str(appended["full"]))
+    assert schema.counts == rebuilt.counts and schema.sample == rebuilt.sample
+    record = json.loads((appended["output"] / "generations.json").read_text())["generations"][1]
+    assert record["counts"]["samples_outside_splits"] > 0  # new steps after val's range: dropped, counted
+
+
+def test_old_shards_and_their_indexes_are_byte_identical(appended):
+    assert _hashes(appended["output"], list(appended["before"])) == appended["before"]
+    manifest = json.loads((appended["output"] / "_manifest.json").read_text())
+    assert set(_shard_files(appended["output"])) <= set(manifest["files"]) and not manifest["runs"]
+    assert inspect_main([str(appended["output"]), "--verify"]) == 0
+
+
+def _assert_close(got, want, path=""):
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), path
+        for key in want:
+            _assert_close(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), path
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_close(a, b, f"{path}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, int):
+        assert abs(got - want) <= 1e-12 * max(abs(got), abs(want)), (path, got, want)
+    else:
+        assert got == want, path  # counts exactly
+
+
+def test_statistics_equal_a_full_rebuild(appended):
+    union = json.loads((appended["output"] / "stats.json").read_text())
+    rebuilt = json.loads((appended["full"] / "stats.json").read_text())
+    own = union.pop("generations")
+    rebuilt.pop("generations")
+    _assert_close(union, rebuilt)
+    # Each generation's own statistics are kept, and generation 0's normalisation as it was.
+    assert [g["generation"] for g in own] == [0, 1]
+    assert own[0]["normalization"] == appended["stats0"]["normalization"]
+    assert own[0]["splits"] == appended["stats0"]["splits"]
+    assert own[1]["splits"]["val"]["samples"] == union["splits"]["val"]["samples"] - own[0]["splits"]["val"]["samples"]
+    # The regenerated parser normalises with the merged statistics.
+    assert json.dumps(union["normalization"]["t"]["mean"])[:20] in (appended["output"] / "parser.py").read_text()
+
+
+def test_readers_see_one_dataset(appended):
+    from schemas import load_dataset
+
+    output = str(appended["output"])
+    total = load_schema(output).num_examples("val")
+    assert sum(int(b["t"].shape[0]) for b in load_dataset(output, "val", batch_size=2)) == total
+    stream = iter(shuffled_stream(output, "val", seed=3))
+    seen = [int(next(stream)["index/time"]) for _ in range(total)]  # one epoch: every sample of every generation
+    assert sorted(seen) == sorted(Reader(output, "val").read_all()["index/time"].tolist())
+
+
+def test_nothing_to_append_changes_nothing(appended, archive, capsys):
+    output = appended["output"]
+    before = _hashes(output)
+    capsys.readouterr()
+    assert _build(_config(archive, output), appended["work"], "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
+    assert _hashes(output) == before
+
+
+def _refused(config: dict, directory: Path, capsys) -> str:
+    capsys.readouterr()
+    assert _build(config, directory, "--append") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.fixture
+def generation0(archive, tmp_path) -> tuple[Path, list[str]]:
+    """A fresh generation 0 of the first files (for tests that break an append)."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    return output, files
+
+
+def test_hostile_appends_are_refused_in_one_line_and_change_nothing(generation0, archive, tmp_path, capsys):
+    output, files = generation0
+    before = _hashes(output)
+    line = _refused(_config(archive, output, shuffle__seed=7), tmp_path, capsys)
+    assert "shuffle.seed" in line
+    line = _refused(_config(archive, output, output__num_shards=3), tmp_path, capsys)
+    assert "output.num_shards" in line
+    # The files the output holds must be named with the new ones.
+    line = _refused(_config(archive, output, input__paths=files[HELD_FILES:]), tmp_path, capsys)
+    assert "every file the output was built from" in line
+    # A held file changed (here: replaced by a copy with other bytes and size).
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in files:
+        shutil.copy(path, moved)
+    with open(moved / Path(files[0]).name, "ab") as grown:
+        grown.write(b"\0" * 64)
+    line = _refused(_config(archive, output, input__paths=str(moved / "*.nc")), tmp_path, capsys)
+    assert "not those the output was built from" in line
+    # A new file overlapping the steps the output holds.
+    (moved / Path(files[0]).name).unlink()
+    shutil.copy(files[0], moved)
+    shutil.copy(files[1], moved / "zz_again.nc")
+    line = _refused(_config(archive, output, input__paths=str(moved / "*.nc")), tmp_path, capsys)
+    assert "zz_again.nc" in line and "overlaps" in line
+    assert _hashes(output) == before
+    assert _build(_config(archive, output), tmp_path, "--overwrite", "--append") == 2
+
+
+def test_earlier_steps_are_refused(archive, tmp_path, capsys):
+    """Steps before the output's first would renumber every sample it holds: refused, contiguous or not."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = tmp_path / "out"
+
+    def config(paths):
+        return {**_config(archive, output, input__paths=paths), "splits": {}}
+
+    assert _build(config(files[2:]), tmp_path) == 0
+    line = _refused(config(files[1:]), tmp_path, capsys)
+    assert "come before the output's first" in line
+    line = _refused(config([files[0], *files[2:]]), tmp_path, capsys)
+    assert "come before the output's first" in line
+
+
+def test_an_output_without_generations_is_refused(generation0, archive, tmp_path, capsys):
+    output, _ = generation0
+    (output / "generations.json").unlink()
+    assert "rebuild it once with --overwrite" in _refused(_config(archive, output), tmp_path, capsys)
+    assert "no complete output" in _refused(_config(archive, tmp_path / "none"), tmp_path, capsys)
+
+
+def _fail_before_commit(monkeypatch):
+    def fail(output, shards):
+        raise RuntimeError("injected: the append fails after writing its shards")
+
+    monkeypatch.setattr(finalize, "_check_shards_exist", fail)
+
+
+def test_a_failed_append_leaves_the_output_whole_and_a_rerun_completes_it(generation0, archive, tmp_path, monkeypatch):
+    output, _ = generation0
+    before = _hashes(output, [*_shard_files(output), "schema.json", "stats.json", "parser.py", "generations.json"])
+    _fail_before_commit(monkeypatch)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    assert _hashes(output, list(before)) == before
+    assert not list(output.glob("*-g001-*")) and not (output / "_tmp").exists()  # its own files removed
+    assert inspect_main([str(output), "--verify"]) == 0
+    monkeypatch.undo()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def test_a_killed_append_leaves_the_output_verifiable_and_a_rerun_removes_what_it_left(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """A kill cleans nothing up: its shards stay beside the committed ones until the rerun."""
+    output, _ = generation0
+    before = _hashes(output, _shard_files(output))
+    _fail_before_commit(monkeypatch)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # as killed: nothing removed
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    left = sorted(output.glob("*-g001-*.tfrecord"))
+    assert left
+    # Killed mid-write, a shard's temporary would be left too.
+    (output / f"{left[0].name}.tmp-0123abcd").write_bytes(b"partial")
+    assert inspect_main([str(output), "--verify"]) == 0
+    monkeypatch.undo()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert _hashes(output, list(before)) == before
+    listed = set(_shard_files(output))
+    assert not [p.name for p in output.iterdir() if p.is_file() and ".tfrecord" in p.name and p.name not in listed]
+    assert not (output / "_tmp").exists()
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def _same_samples(output: str, reference: Path) -> None:
+    for split in SPLITS:
+        got, want = (_by_sample(Reader(str(path), split).read_all()) for path in (output, reference))
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
+
+
+def test_steps_appended_to_a_zarr_store_are_a_new_generation(appended, archive, tmp_path, capsys):
+    """For a store, what the output does not hold is the steps appended to it after its last one."""
+    import xarray as xr
+
+    with xr.open_mfdataset(sorted(archive.glob("*.nc")), combine="by_coords") as ds:
+        whole = ds[["t", "u"]].load()
+    store, output = tmp_path / "store.zarr", tmp_path / "out"
+    whole.isel(time=slice(0, 4 * HELD_FILES)).to_zarr(store, mode="w", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path) == 0
+    capsys.readouterr()
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
+    whole.isel(time=slice(4 * HELD_FILES, None)).to_zarr(store, append_dim="time", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path, "--append") == 0
+    _same_samples(str(output), appended["full"])
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def test_an_append_to_a_gs_output(appended, archive, gcs, tmp_path):
+    from conftest import BUCKET
+
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = f"gs://{BUCKET}/append/out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    old = {name: gcs.cat(f"{output}/{name}") for name in gcs_names(output)}
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert {name: gcs.cat(f"{output}/{name}") for name in old} == old
+    _same_samples(output, appended["full"])
+    assert inspect_main([output, "--verify"]) == 0
+
+
+def gcs_names(output: str) -> list[str]:
+    schema = load_schema(output)
+    return [name for shards in schema.splits.values() for s in shards for name in (s.file, s.index) if name]
+
+
+def test_new_steps_outside_every_split_are_a_generation_without_shards(appended, archive, tmp_path, capsys):
+    """val ends inside the fourth file: the fifth's samples are dropped, counted, and not planned again."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(archive, output, input__paths=files[:4]), tmp_path) == 0
+    before = _hashes(output, _shard_files(output))
+    capsys.readouterr()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    printed = capsys.readouterr().out
+    assert "Appended generation 1: 0 samples in 0 shard(s)" in printed and "outside" in printed
+    assert _hashes(output, _shard_files(output)) == before
+    assert load_schema(str(output)).counts == load_schema(str(appended["full"])).counts
+    _same_samples(str(output), appended["full"])
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
