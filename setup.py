@@ -83,6 +83,7 @@ setup(
             *LAUNCHER,
             TENSORFLOW,
             "pytest>=8",
+            "pytest-xdist>=3.5",  # pyproject's addopts run the suite in parallel (-n)
             "packaging>=23",  # the packaging test reads requirements and versions
             "hypothesis>=6.100",
             "scipy>=1.13",

@@ -34,7 +34,7 @@ from schemas.tfrecord import frame
 
 #: (name, feature shape, records, shards): a 44 KB patch (11 x 32 x 32 float32) and a 0.5 KB point (120 float32).
 SETS = (("patches 44 KB", (11, 32, 32), 4000, 4), ("points 0.5 KB", (120,), 100_000, 4))
-QUICK_SETS = (("patches 44 KB", (11, 32, 32), 400, 2), ("points 0.5 KB", (120,), 4000, 2))
+QUICK_SETS = (("patches 44 KB", (11, 32, 32), 64, 2), ("points 0.5 KB", (120,), 512, 2))  # a smoke test
 BATCH = 256
 #: Targets: our rate over ArrayRecord's (issue 23).
 MIN_SINGLE_RATIO = 1.0

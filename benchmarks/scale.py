@@ -69,13 +69,13 @@ REMOTE_MEMORY_SIZES = (300, 2_100, 10_000)
 #: Unit budgets (bytes) that cut the 12-file patches archive into ~200 and ~2,000 units, for the Dask rows.
 DASK_FILES = 12
 DASK_BUDGETS = (6.5e6, 0.6e6)
-#: --quick: tiny archives, a smoke test of every row (not a measurement).
+#: --quick: the tiniest archives that print every row, a smoke test (not a measurement).
 QUICK = {
-    "sizes": (12,),
-    "classic": 12,
-    "units": (8, 16),
-    "remote": 12,
-    "remote_memory": (6, 12),
+    "sizes": (4,),
+    "classic": 4,
+    "units": (2, 4),
+    "remote": 4,
+    "remote_memory": (2, 4),
     "graph_units": job_graph.QUICK_UNITS,
     "dask_budgets": (0.1e6,),
 }

@@ -90,14 +90,44 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for(port: int, process: subprocess.Popen, timeout: float = 30) -> None:
+def _listening(process: subprocess.Popen, port: int, timeout: float = 30) -> bool:
+    """Whether ``process`` listens on ``port`` (False: it exited, e.g. the port was taken meanwhile)."""
+    import psutil
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.poll() is None, "the storage emulator exited"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
+        if process.poll() is not None:
+            return False
+        # Its own socket, not merely an answer on the port: another worker's emulator may answer there.
+        with contextlib.suppress(psutil.Error):
+            sockets = psutil.Process(process.pid).net_connections("tcp")
+            if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets):
+                return True
         time.sleep(0.05)
     raise TimeoutError("the storage emulator did not start")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _start_emulator(bucket: str = BUCKET) -> tuple[subprocess.Popen, int]:
+    """gcp-storage-emulator in memory on a free port: (its process, the port)."""
+    emulator = Path(__file__).parent / "gcs_emulator.py"  # with a longer listen queue and GCS's moveTo
+    for _ in range(5):  # a port free when chosen may be taken before the emulator binds it (parallel workers)
+        port = _free_port()
+        command = [sys.executable, str(emulator), "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        process = subprocess.Popen([*command, f"--default-bucket={bucket}", "--quiet"], **quiet)
+        if _listening(process, port):
+            return process, port
+        _stop(process)
+    raise RuntimeError("the storage emulator exited on each of 5 ports")
 
 
 @pytest.fixture(scope="module")
@@ -105,28 +135,15 @@ def gcs(tmp_path_factory):
     """A GCS emulator on 127.0.0.1 with an empty bucket; the environment points gcsfs and Beam at it."""
     import fsspec
 
-    port = _free_port()
-    emulator = Path(__file__).parent / "gcs_emulator.py"  # with a longer listen queue and GCS's moveTo
-    command = [sys.executable, str(emulator), "start", "--host=127.0.0.1", f"--port={port}"]
-    process = subprocess.Popen(
-        [*command, "--in-memory", f"--default-bucket={BUCKET}", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, port = _start_emulator()
     saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
     try:
-        _wait_for(port, process)
         os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else gcsfs probes the bucket over gRPC for 60 s
         fsspec.config.conf.pop("gs", None)
         yield fsspec.filesystem("gs", skip_instance_cache=True)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -134,10 +151,33 @@ def gcs(tmp_path_factory):
                 os.environ[key] = value
 
 
+def _shared_across_workers(tmp_path_factory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this session sees (without xdist: this process's own)."""
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's basetemp is <session>/popen-gwN: their parent is this session's alone.
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Hold ``folder``'s lock: one worker at a time makes what the others then reuse."""
+    import fcntl
+
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
-def _staged(tmp_path_factory) -> dict:
-    """What Beam's stager made once this session: the sdists it built, the `pip freeze` it wrote."""
-    return {"folder": tmp_path_factory.mktemp("staged"), "sdists": {}, "freeze": None}
+def _staged(tmp_path_factory) -> Path:
+    """Where Beam's stager's products of this session are kept: the sdists it built, the `pip freeze` it wrote.
+
+    Shared by the session's workers: two sdist builds of this checkout at once would also write
+    its egg-info at once.
+    """
+    return _shared_across_workers(tmp_path_factory, "staged")
 
 
 @pytest.fixture
@@ -145,8 +185,9 @@ def staged_once(_staged, monkeypatch):
     """Dataflow dry runs in this test reuse the session's staging of this checkout (its sdist, `pip freeze`).
 
     Each dry run otherwise builds the sdist and runs `pip freeze` again, in subprocesses: about
-    7 s of a 10 s dry run. The first one here runs them for real; later runs get copies.
+    7 s of a 10 s dry run. The first one of the session runs them for real; later runs get copies.
     """
+    import hashlib
     import shutil
 
     from apache_beam.runners.portability import stager
@@ -154,22 +195,28 @@ def staged_once(_staged, monkeypatch):
     build, freeze = stager.Stager._build_setup_package, stager.Stager._create_stage_submission_env_dependencies
 
     def build_once(setup_file, temp_dir, build_setup_args=None):
-        key = (setup_file, tuple(build_setup_args or ()))
-        if key not in _staged["sdists"]:
-            folder = _staged["folder"] / str(len(_staged["sdists"]))
-            folder.mkdir()
-            _staged["sdists"][key] = build(setup_file, str(folder), build_setup_args)
-        return shutil.copy(_staged["sdists"][key], temp_dir)
+        key = repr((setup_file, tuple(build_setup_args or ())))
+        folder = _staged / hashlib.sha256(key.encode()).hexdigest()[:16]
+        with _locked(_staged):
+            if not folder.exists():
+                building = _staged / "building"
+                shutil.rmtree(building, ignore_errors=True)  # a build that failed half-way
+                building.mkdir()
+                build(setup_file, str(building), build_setup_args)
+                building.rename(folder)  # complete, or not there
+            (sdist,) = folder.glob("*.tar.gz")
+        return shutil.copy(sdist, temp_dir)
 
     def freeze_once(temp_dir):
         name = stager.SUBMISSION_ENV_DEPENDENCIES_FILE
-        if _staged["freeze"] is None:
-            artifacts = freeze(temp_dir)
-            if not artifacts:
-                return artifacts  # it logged why; the next run tries again
-            _staged["freeze"] = (Path(temp_dir) / name).read_text()
-            return artifacts
-        (Path(temp_dir) / name).write_text(_staged["freeze"])
+        frozen = _staged / name
+        with _locked(_staged):
+            if not frozen.exists():
+                artifacts = freeze(temp_dir)
+                if artifacts:  # else it logged why; the next run tries again
+                    frozen.write_text((Path(temp_dir) / name).read_text())
+                return artifacts
+        (Path(temp_dir) / name).write_text(frozen.read_text())
         return [stager.Stager._create_file_stage_to_artifact(str(Path(temp_dir) / name), name)]
 
     monkeypatch.setattr(stager.Stager, "_build_setup_package", staticmethod(build_once))

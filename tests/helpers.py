@@ -1,8 +1,9 @@
-"""Test helpers: an independent reference for what each record must contain, and readers."""
+"""Test helpers: an independent reference for what each record must contain, readers, a benchmark script's run."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import uuid
 import warnings
@@ -153,3 +154,15 @@ def refused(config: dict, tmp_path: Path, capsys) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert not (Path(config["output"]["path"]) / "schema.json").exists()
     return lines[0]
+
+
+def run_benchmark(module: str, *arguments: str, timeout: float = 600) -> str:
+    """A benchmark script run end to end in its own process: its stdout, once it exited 0 (else its output's tail)."""
+    import pytest
+
+    pytest.importorskip("psutil", reason="the benchmarks measure memory with psutil (test extras)")
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", module, *arguments]
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout

@@ -102,7 +102,9 @@ def test_the_job_graph_and_schema_do_not_grow_with_the_file_count(tmp_path):
     sizes = [len(pickle.dumps(cut_spec(plan, files))) for plan, files in zip((few, many), files)]
     assert abs(sizes[1] - sizes[0]) < 200, sizes
     assert len(pickle.dumps(cut_spec(many))) > sizes[1] + 58 * 40  # in the spec, every file would travel
-    schema_sizes = [len(plan.schema.dumps()) for plan in (few, many)]
+    # Less the folder's name: the schema names a few files of each archive whole, and their paths' length
+    # (a worker's tmp_path under pytest-xdist is longer) is not what grows with the file count.
+    schema_sizes = [len(plan.schema.dumps().replace(str(tmp_path), "")) for plan in (few, many)]
     assert abs(schema_sizes[1] - schema_sizes[0]) < 200, schema_sizes
 
 

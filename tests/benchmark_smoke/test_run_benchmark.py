@@ -1,0 +1,85 @@
+"""The side-by-side benchmark (``benchmarks.run``) runs end to end on tiny data: every row printed, the JSON readable.
+
+No timing is asserted: the machines that run the tests are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO
+from helpers import run_benchmark
+
+pytest.importorskip("xbatcher", reason="the benchmark's naive peer uses xbatcher (test extras)")
+
+ROWS = [
+    "floor (numpy, 1 process)",
+    "I/O limit (read, write, sync)",
+    "pipeline (default runner)",
+    "pipeline, 2 workers",
+    "naive peer (xbatcher + tf.train)",
+    "pipeline start-up (default runner",
+    "pipeline start-up (2 workers",
+    "python -m pipelines.build --help",
+    "the demo build, python -m pipelines.build (median of",
+    "patches (1x)",
+    "point series (32 steps of t)",
+    "same, 32 per record",
+    "series per record (output.examples_per_record: 32)",
+    "== shard writer",
+    "~0.5 KB samples, 32 per record",
+    "== targets ==",
+]
+
+
+def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
+    result_file = tmp_path / "results.json"
+    printed = run_benchmark("benchmarks.run", "--quick", "--workdir", str(tmp_path), "--json", str(result_file))
+    for row in ROWS:
+        assert row in printed, f"no row {row!r} in:\n{printed}"
+    results = json.loads(result_file.read_text())
+    assert results["failed"] == []
+    competitors = results["scales"]["1"]["competitors"]
+    assert set(competitors) == {"floor", "io-limit", "pipeline", "pipeline-2w", "naive"}
+    assert all(row["samples"] > 0 and row["peak_rss"] > 0 for row in competitors.values())
+    # The I/O limit moved the inputs' bytes, every one; the demo build ran (its wall is a target).
+    assert competitors["io-limit"]["details"]["bytes"] == results["scales"]["1"]["dataset"]["input_bytes"]
+    assert results["demo"]["ok"] and len(results["demo"]["runs"]) == 1  # one with --quick
+    assert "demo build wall" in {t["name"] for t in results["targets"]}
+    # The floor uses the pipeline's encoder, keys and framing: its shards must equal the pipeline's.
+    assert results["scales"]["1"]["identical_to_pipeline"] == {"floor": True, "pipeline-2w": True}
+    assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"}
+    (packed,) = results["shard_writer"]["cases"].values()  # --quick: the packed case alone
+    assert packed["stream"]["identical"] is True
+
+
+def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is not an installed package
+    from benchmarks import run, scale
+
+    monkeypatch.setattr(scale, "PARTS", ("units",))  # the cheapest part: two planning runs
+    result_file = tmp_path / "results.json"
+    assert run.main(["--only", "scale", "--quick", "--workdir", str(tmp_path), "--json", str(result_file)]) == 0
+    printed = capsys.readouterr().out
+    assert "_plan_units 4 / 2 files" in printed and "== targets ==" in printed
+    results = json.loads(result_file.read_text())
+    assert results["scales"] == {} and results["failed"] == []
+    assert [t["name"] for t in results["targets"]] == ["_plan_units 4 / 2 files"]
+    assert "scale" not in run.DEFAULT_COMPETITORS
+
+
+def test_the_io_limit_writes_the_inputs_bytes_over_the_shards_in_turn(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is not an installed package
+    from benchmarks.io_limit import copy_and_sync
+
+    inputs = []
+    for i, size in enumerate((0, 5, 3 * 2**20 + 7)):
+        inputs.append(tmp_path / f"in-{i}.nc")
+        inputs[-1].write_bytes(bytes([i + 1]) * size)
+    result = copy_and_sync(inputs, tmp_path / "out", shards=2)
+    assert result["bytes"] == sum(p.stat().st_size for p in inputs)
+    written = sorted((tmp_path / "out").iterdir())
+    assert [p.read_bytes() for p in written] == [inputs[0].read_bytes() + inputs[2].read_bytes(), b"\2" * 5]
+    assert set(result["seconds"]) == {"read", "write", "sync"}
