@@ -30,8 +30,23 @@ def load_schema(path: str) -> Schema:
 
 
 def load_stats(path: str) -> dict[str, Any]:
-    """The statistics written beside the shards."""
-    return json.loads(_read_text(posixpath.join(str(path), STATS_FILE)))
+    """The statistics written beside the shards, checked to be those of the committed schema.json.
+
+    An append writes stats.json (and parser.py) before schema.json, its commit: killed between them, it
+    leaves the new generation's statistics beside the old schema, which would normalise the data the
+    schema lists with statistics of data it does not list.
+    """
+    stats = json.loads(_read_text(posixpath.join(str(path), STATS_FILE)))
+    held = stats.get("generations")
+    if isinstance(held, list):
+        committed = json.loads(_read_text(posixpath.join(str(path), SCHEMA_FILE))).get("sources", {})
+        count = committed.get("generations")
+        if isinstance(count, int) and count != len(held):
+            raise UserError(
+                f"{path}: {STATS_FILE} holds the statistics of {len(held)} generation(s) but {SCHEMA_FILE} commits "
+                f"{count}: an append stopped between writing them; run the same append again to complete it"
+            )
+    return stats
 
 
 def load_dataset(

@@ -283,6 +283,34 @@ def test_a_killed_append_leaves_the_output_verifiable_and_a_rerun_removes_what_i
     assert inspect_main([str(output), "--verify"]) == 0
 
 
+def test_statistics_of_an_append_killed_before_its_commit_are_not_read(generation0, archive, tmp_path, monkeypatch):
+    """Killed between stats.json and schema.json: readers refuse the new statistics beside the old schema."""
+    from schemas.dataset import load_dataset
+    from schemas.errors import UserError
+
+    output, _ = generation0
+    write = finalize.write_atomically
+
+    def killed_at_the_commit(path, *args, **kwargs):
+        if str(path).endswith("schema.json"):
+            raise KeyboardInterrupt  # as a kill: nothing after it runs
+        return write(path, *args, **kwargs)
+
+    monkeypatch.setattr(finalize, "write_atomically", killed_at_the_commit)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # as killed: nothing removed
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert load_schema(str(output)).sources["generations"] == 1  # the old commit stands
+    for read in (
+        lambda: Reader(str(output), "train", normalize=True),
+        lambda: load_dataset(str(output), "train", normalize=True),
+    ):
+        with pytest.raises(UserError, match=r"holds the statistics of 2 generation\(s\) but schema.json commits 1"):
+            read()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # the rerun completes it
+    assert len(Reader(str(output), "train", normalize=True).read_all()["index/time"]) > 0
+
+
 def _same_samples(output: str, reference: Path) -> None:
     for split in SPLITS:
         got, want = (_by_sample(Reader(str(path), split).read_all()) for path in (output, reference))
