@@ -63,12 +63,22 @@ def _wait(pid: int, deadline: float) -> int | None:
     return None
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+#: How long a build's process group may take to be gone after its main process ended: its pool's
+#: workers it killed may wait a moment to be reaped (by init, once the build is gone) on a loaded
+#: machine; a leaked process lives on.
+GROUP_GRACE = 10.0
+
+
+def _group_gone(pgid: int, within: float = GROUP_GRACE) -> bool:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _finish(build: dict, pid: int, code: int | None) -> dict:
