@@ -105,9 +105,8 @@ def make_plan(args, store: str, work: str):
     records = [shard.file for shard in schema.splits[split]]
     files = list_predictions(args.predictions) if args.predictions else records
     records = not args.predictions
-    chunk_bytes = 4 * per_step * length  # as written: float32
     plan = ReassemblePlan(
-        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, chunk_bytes
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records
     )
     return plan, files
 

@@ -13,7 +13,7 @@ install reads outputs without it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -556,13 +556,7 @@ class Reassembly:
         coords = self.coordinates()
         data = {}
         for target in self.targets.values():
-            values = target.total  # the blended values already: NaN where no sample was (in place: no copy)
-            np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
-            dtype = values.dtype
-            stored = target.source_dtype
-            if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
-                dtype = np.dtype(stored)  # integers come back as the files held them, where every cell was covered
-            variable = xr.Variable(target.dims, values.astype(dtype, copy=False), target.attrs)
+            variable = xr.Variable(target.dims, self._finished(target), target.attrs)
             if target.is_coordinate:
                 coords[target.name] = variable
             else:
@@ -576,6 +570,26 @@ class Reassembly:
         if self.split is not None:
             attrs["split"] = self.split
         return finished(xr.Dataset(data, coords, attrs))
+
+    def variables(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
+        """(name, dims, values) of each data variable and coverage, as ``dataset`` holds them, one at a time; each
+        variable's cells are let go once the next is asked for (so one region write never holds a second copy)."""
+        for target in list(self.targets.values()):
+            if not target.is_coordinate:
+                yield target.name, target.dims, self._finished(target)
+                del self.targets[target.name]
+        yield COVERAGE, tuple(a.dim for a in self.grid_axes), self.coverage
+
+    @staticmethod
+    def _finished(target: Target) -> np.ndarray:
+        """A target's blended values, NaN where no sample was (in place: no copy); integers as the files held
+        them where every cell was covered (else float64, for the NaN)."""
+        values = target.total
+        np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
+        stored = target.source_dtype
+        if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
+            return values.astype(np.dtype(stored))
+        return values
 
     def _static(self, xr, entry: dict, axes: dict[str, GridAxis]):
         values = coordinate_values(entry).reshape(entry["shape"])
