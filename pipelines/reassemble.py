@@ -203,10 +203,12 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.runners import make_runner, with_runner_defaults
+    from planning.formats.dask_on_demand import defer_dask
     from schemas.reassembly import import_xarray
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
+    defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
     map_large_arrays()
     kind = _destination(args.to, args.overwrite)
     to = args.to.rstrip("/")
