@@ -500,19 +500,18 @@ class Reassembly:
         # The weights' cells: one along the dims every sample holds whole (kept dims share a weight).
         shared = [axis is None or axis.whole for axis in map(self.axes.get, target.dims)]
         unweighted = [n == 1 for n in window.shape]
-        # Where no two samples share a cell, each cell is set once: its value as it is, its weight the window's.
-        first_only = self._disjoint and self._placed_dims <= set(target.dims)
         total, weights = target.total, target.weight
+        if self._set_once(target):  # each cell its sample's value, as it is (the weights: coverage says where)
+            for sample, box in zip(block, boxes):
+                if box is not None:
+                    total[box[0]] = sample[box[1]]
+            return
         for sample, box in zip(block, boxes):
             if box is None:
                 continue
             at, crop = box
             wat = tuple(slice(None) if s else c for s, c in zip(shared, at))
             weight = window[tuple(slice(None) if u else c for u, c in zip(unweighted, crop))]
-            if first_only:
-                total[at] = sample[crop]
-                weights[wat] = weight
-                continue
             # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
             # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
             so_far = weights[wat] + weight
@@ -580,12 +579,24 @@ class Reassembly:
                 del self.targets[target.name]
         yield COVERAGE, tuple(a.dim for a in self.grid_axes), self.coverage
 
-    @staticmethod
-    def _finished(target: Target) -> np.ndarray:
+    def _set_once(self, target: Target) -> bool:
+        """Whether no two samples share a cell of ``target``: over every placed dim, with disjoint samples."""
+        return self._disjoint and self._placed_dims <= set(target.dims)
+
+    def _uncovered(self, target: Target) -> np.ndarray:
+        """Where no sample touched ``target``, shaped to broadcast against it."""
+        if not self._set_once(target):
+            return target.weight == 0
+        grid = [a.dim for a in self.grid_axes]  # coverage's dims: all of them among the target's
+        placed = [d for d in target.dims if d in grid]
+        shape = [self.coverage.shape[grid.index(d)] if d in grid else 1 for d in target.dims]
+        return np.transpose(self.coverage, [grid.index(d) for d in placed]).reshape(shape) == 0
+
+    def _finished(self, target: Target) -> np.ndarray:
         """A target's blended values, NaN where no sample was (in place: no copy); integers as the files held
         them where every cell was covered (else float64, for the NaN)."""
         values = target.total
-        np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
+        np.copyto(values, np.nan, where=np.broadcast_to(self._uncovered(target), values.shape))
         stored = target.source_dtype
         if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
             return values.astype(np.dtype(stored))
