@@ -20,7 +20,7 @@ import math
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 import fsspec
@@ -28,11 +28,11 @@ import numpy as np
 
 from schemas.prediction_files import read_predictions
 from schemas.reader import Reader
-from schemas.reassembly import Reassembly
+from schemas.reassembly import BATCH, Reassembly
 from schemas.schema import Schema
 
 #: Records a scan decodes at once (a few MB of samples: what a scan holds).
-SCAN_RECORDS = 256
+SCAN_RECORDS = 64
 #: Where a chunk's task marks it written (the progress line counts these).
 DONE_DIR = "done"
 
@@ -222,10 +222,8 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     map_large_arrays()
     with _ONE_CHUNK:
         assembly = plan.assembly((start, stop))
-        for path in sorted(paths):  # one frame in memory at a time, besides the chunk
-            with fsspec.open(path, "rb") as stream:
-                for frame in iter_bucket(stream, path):
-                    assembly.add_all([frame])
+        for batch in _batches(_frames(sorted(paths)), BATCH):  # a batch in memory at a time, besides the chunk
+            assembly.add_all([batch])
         write_region(plan, assembly, chunk)
         del assembly
     fs = fsspec.core.url_to_fs(plan.work)[0]
@@ -234,6 +232,33 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
         stream.write(b"")
     return chunk
+
+
+def _frames(paths: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    for path in paths:
+        with fsspec.open(path, "rb") as stream:
+            yield from iter_bucket(stream, path)
+
+
+def _batches(frames: Iterable[dict[str, np.ndarray]], size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Frames joined into batches of about ``size`` samples (frames are small: a scan's batch over every chunk)."""
+    pending: list[dict[str, np.ndarray]] = []
+    held = 0
+    for frame in frames:
+        if pending and frame.keys() != pending[0].keys():
+            yield _joined(pending)
+            pending, held = [], 0
+        pending.append(frame)
+        held += len(next(iter(frame.values()), ()))
+        if held >= size:
+            yield _joined(pending)
+            pending, held = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(frames: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return frames[0] if len(frames) == 1 else {k: np.concatenate([f[k] for f in frames]) for k in frames[0]}
 
 
 def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None:
