@@ -121,7 +121,7 @@ def write_template(plan, files: list[str]) -> None:
     import xarray as xr
     import zarr
 
-    from schemas.reassembly import finished
+    from schemas.reassembly import COVERAGE, finished
     from transforms.reassemble import chunks_of, iter_file
 
     first = next((batch for name in files for batch in iter_file(plan, name)), None)
@@ -130,8 +130,15 @@ def write_template(plan, files: list[str]) -> None:
     one = {name: values[:1] for name, values in first.items()}
     probe = plan.assembly((0, 0))
     probe.check_key({k: v[0] for k, v in one.items() if k.startswith("index/")})
-    chunk = int(chunks_of(plan, probe, one)[0][0])
-    sample = plan.assembly(plan.bounds(chunk)).add_all([one]).dataset()
+    # The sample's dataset gives each variable's dims, dtype and attributes: on one cell of the chunked dim the
+    # sample covers (not a whole chunk of cells), unless an integer variable comes back whole there, which on
+    # its chunk it might not (then it is float64: README, "dtypes").
+    axis = probe.checked_axis(plan.chunk_dim)
+    cell = int(one[axis.index_name].reshape(-1)[0]) - axis.first + int(axis.local_cells().min())
+    sample = plan.assembly((cell, cell + 1)).add_all([one]).dataset()
+    if any(v.dtype.kind in "iub" for name, v in sample.data_vars.items() if name != COVERAGE):
+        chunk = int(chunks_of(plan, probe, one)[0][0])
+        sample = plan.assembly(plan.bounds(chunk)).add_all([one]).dataset()
     whole = plan.assembly((0, 0))
     coords = whole.coordinates(whole=True)
     data, encoding, shapes = {}, {}, {}
