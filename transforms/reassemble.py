@@ -1,12 +1,14 @@
 """Beam stages of reassembly: samples sorted into bucket files by output chunk, then each chunk assembled and written.
 
-    Create(sample files) -> Reshuffle -> ScanFile: each file's samples into bucket files, one per output chunk
-    they reach (halo included) -> (chunk, bucket path) -> GroupByKey -> AssembleChunk: one task per chunk reads
-    its buckets, reassembles the chunk's cells and writes them as one Zarr region (its own Zarr chunks).
+    Create(sample files) -> Reshuffle -> ScanFile: each file's samples, a batch at a time, appended as frames
+    to the bucket files of the output chunks they reach (halo included) -> (chunk, bucket path) -> GroupByKey
+    -> AssembleChunk: one task per chunk reads its buckets frame by frame, reassembles the chunk's cells and
+    writes them as one Zarr region (its own Zarr chunks), a variable at a time.
 
 Only paths ride the GroupByKey (the local runner holds every grouped value in memory: DESIGN.md,
-decision 3), so a worker holds one chunk, its halo, and a bounded buffer of samples. Every stage takes
-what it needs from the plan it is given: no state on the driver.
+decision 3). A scan holds one batch; a process assembles one chunk at a time (its other threads wait),
+so a worker holds one chunk, its halo, and a batch. Every stage takes what it needs from the plan it
+is given: no state on the driver.
 """
 
 from __future__ import annotations
