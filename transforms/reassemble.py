@@ -281,7 +281,7 @@ def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None
         region = tuple(slice(start, stop) if d == plan.chunk_dim else slice(None) for d in dims)
         if _holds_a_value(values, array.fill_value):  # (zarr need not look for an empty chunk: it is not one)
             array = array.with_config({"write_empty_chunks": True})
-        array[region] = values
+        array[region] = values.astype(array.dtype, copy=False)  # (as the template laid it out)
 
 
 def _holds_a_value(values: np.ndarray, fill) -> bool:
