@@ -13,6 +13,7 @@ is given: no state on the driver.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import dataclasses
@@ -272,16 +273,28 @@ def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None
 
     start, stop = plan.bounds(chunk)
     group = zarr.open_group(plan.store, mode="r+", zarr_format=2)
-    for name, dims, values in assembly.variables():
-        array = group[name]
-        if list(array.attrs["_ARRAY_DIMENSIONS"]) != list(dims):
-            raise ValueError(f"{plan.store}: {name} has dims {array.attrs['_ARRAY_DIMENSIONS']}, not {dims}")
-        if plan.chunk_dim not in dims and chunk != 0:
-            continue  # a variable without the chunked dim (a static field): written whole, by one task
-        region = tuple(slice(start, stop) if d == plan.chunk_dim else slice(None) for d in dims)
-        if _holds_a_value(values, array.fill_value):  # (zarr need not look for an empty chunk: it is not one)
-            array = array.with_config({"write_empty_chunks": True})
-        array[region] = values.astype(array.dtype, copy=False)  # (as the template laid it out)
+    # Two variables in flight: one compressing and writing while the next is made ready (NaN where uncovered).
+    with concurrent.futures.ThreadPoolExecutor(WRITERS) as pool:
+        writing: list[concurrent.futures.Future] = []
+        for name, dims, values in assembly.variables():
+            array = group[name]
+            if list(array.attrs["_ARRAY_DIMENSIONS"]) != list(dims):
+                raise ValueError(f"{plan.store}: {name} has dims {array.attrs['_ARRAY_DIMENSIONS']}, not {dims}")
+            if plan.chunk_dim not in dims and chunk != 0:
+                continue  # a variable without the chunked dim (a static field): written whole, by one task
+            region = tuple(slice(start, stop) if d == plan.chunk_dim else slice(None) for d in dims)
+            if _holds_a_value(values, array.fill_value):  # (zarr need not look for an empty chunk: it is not one)
+                array = array.with_config({"write_empty_chunks": True})
+            while len(writing) >= WRITERS:
+                writing.pop(0).result()
+            writing.append(pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False)))
+            del values
+        for future in writing:
+            future.result()
+
+
+#: Variables a chunk's task writes at once.
+WRITERS = 2
 
 
 def _holds_a_value(values: np.ndarray, fill) -> bool:
