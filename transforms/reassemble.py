@@ -264,6 +264,10 @@ def _joined(frames: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return frames[0] if len(frames) == 1 else {k: np.concatenate([f[k] for f in frames]) for k in frames[0]}
 
 
+#: Variables a chunk's task writes at once.
+WRITERS = 2
+
+
 def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None:
     """The chunk's variables into their arrays of the store (made by the template): the chunk's region of those
     along the chunked dim, and (by the first chunk's task) the others whole; each variable's cells freed once
@@ -291,10 +295,6 @@ def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None
             del values
         for future in writing:
             future.result()
-
-
-#: Variables a chunk's task writes at once.
-WRITERS = 2
 
 
 def _holds_a_value(values: np.ndarray, fill) -> bool:
