@@ -179,6 +179,61 @@ def _nonfinite_json(spec: FinalizeSpec, totals: dict[str, NonFinite]) -> dict:
     }
 
 
+def _tendency_variables(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    per = spec.stats.per
+    return {
+        v.name: tendency[v.name].to_json([d for d in per if d in v.dims]) for v in spec.variables if v.name in tendency
+    }
+
+
+def tendency_normalization(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    """(x - mean) / std per float feature of a variable with a tendency, from the tendency's moments (the same
+    arrays as ``normalization``'s: they broadcast against one sample of the feature)."""
+    per = spec.stats.per
+    role_features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    out = {}
+    for variable in spec.variables:
+        m = tendency.get(variable.name)
+        if m is None or variable.feature.dtype != "float32":
+            continue
+        features = [f for f in role_features if variable_of(f) == variable.name] or [variable.feature]
+        # A variable's tendency per `per` dim is over its own dims; its features keep those dims whole.
+        dims = [d for d in per if d in variable.dims]
+        mean = np.where(m.count > 0, m.mean, 0.0)
+        std = np.sqrt(m.variance)
+        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        for feature in features:
+            if feature.name not in {f.name for f in spec.schema.features}:
+                continue  # (stacked into another feature)
+            out[feature.name] = {
+                "mean": _broadcast_dims(feature, mean, dims).tolist(),
+                "std": _broadcast_dims(feature, std, dims).tolist(),
+            }
+    return out
+
+
+def _broadcast_dims(feature: Feature, values: np.ndarray, dims: list[str]) -> np.ndarray:
+    """Values over ``dims`` (in that order) arranged to broadcast against one sample of the feature."""
+    in_feature_order = [d for d in feature.dims if d in dims]
+    values = np.transpose(values, [dims.index(d) for d in in_feature_order]) if dims else values
+    return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
+
+
+def _tendency_json(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    return {
+        "description": (
+            "population statistics (ddof=0) of x(t+1) - x(t) along the concat dim over the reference split's pairs of "
+            "consecutive steps a regular step apart (none across a gap or a split boundary), each pair once at every "
+            "cell of the selected region, whatever the samples; differences of the stored values, in float64. "
+            "`normalization`: load_dataset(..., normalize='tendency') applies it to residual features"
+        ),
+        "dim": spec.concat_dim,
+        "reference_split": spec.reference_split,
+        "variables": _tendency_variables(spec, tendency),
+        "normalization": tendency_normalization(spec, tendency),
+    }
+
+
 def stats_document(
     spec: FinalizeSpec, summaries: dict[str, SplitSummary], nonfinite: dict[str, NonFinite] | None = None
 ) -> dict:
@@ -200,6 +255,9 @@ def stats_document(
         },
         "normalization": normalization(spec, moments, merge_by_name(s.moments for s in summaries.values())),
     }
+    tendency = summaries[reference].tendency if reference in summaries else {}
+    if spec.tendency:
+        document["tendency"] = _tendency_json(spec, tendency)
     if nonfinite:
         document["preprocess"] = _nonfinite_json(spec, nonfinite)
     return document
@@ -316,6 +374,9 @@ def _own_statistics(spec: FinalizeSpec, entries: list[dict]) -> list[dict]:
                 "normalization": normalization(spec, reference.moments if reference else {}, everywhere),
             }
         )
+        if spec.tendency:
+            mine = own.get(spec.reference_split)
+            out[-1]["tendency"] = _tendency_variables(spec, mine.tendency if mine else {})
     return out
 
 

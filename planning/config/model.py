@@ -228,6 +228,14 @@ class StatsConfig(_Strict):
     reference_split: str | None = Field(
         None, description="split whose statistics normalise (default: train if there is one, else the first split)"
     )
+    tendency: bool = Field(
+        False,
+        description=(
+            "also the statistics of the one-step differences x(t+1) - x(t) along input.concat_dim over the "
+            "reference split's consecutive regular steps (every cell of the selected region), in stats.json's "
+            '`tendency`, for residual models (load_dataset(..., normalize="tendency"))'
+        ),
+    )
 
 
 class OutputConfig(_Strict):
