@@ -18,7 +18,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from planning.features import ROLE_KEY, variable_of
+from planning.features import CROP_KEY, ROLE_KEY, STEPS_KEY, variable_of
 from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
@@ -186,30 +186,77 @@ def _tendency_variables(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dic
     }
 
 
+#: The role whose features normalize="tendency" reads as residuals (sample.roles).
+TARGET_ROLE = "targets"
+
+
 def tendency_normalization(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
-    """(x - mean) / std per float feature of a variable with a tendency, from the tendency's moments (the same
-    arrays as ``normalization``'s: they broadcast against one sample of the feature)."""
+    """Per feature of the ``targets`` role whose every step's previous step the sample holds (in any role's
+    feature of its variable, over its crop): ``(x - x_before - mean) / std`` with the tendency's moments.
+
+    ``residual_of``: the feature holding x_before, and per axis of the feature (after the sample axis)
+    the indices that take x_before from it, aligned with x.
+    """
     per = spec.stats.per
-    role_features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    offsets = _concat_offsets(spec)
     out = {}
-    for variable in spec.variables:
-        m = tendency.get(variable.name)
-        if m is None or variable.feature.dtype != "float32":
+    for feature in features:
+        name = variable_of(feature)
+        m = tendency.get(name)
+        variable = next((v for v in spec.variables if v.name == name), None)
+        if feature.source[ROLE_KEY] != TARGET_ROLE or m is None or feature.dtype != "float32" or offsets is None:
             continue
-        features = [f for f in role_features if variable_of(f) == variable.name] or [variable.feature]
-        # A variable's tendency per `per` dim is over its own dims; its features keep those dims whole.
+        base = _residual_base(feature, features, offsets, spec.concat_dim)
+        if base is None:
+            continue
         dims = [d for d in per if d in variable.dims]
         mean = np.where(m.count > 0, m.mean, 0.0)
         std = np.sqrt(m.variance)
         std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
-        for feature in features:
-            if feature.name not in {f.name for f in spec.schema.features}:
-                continue  # (stacked into another feature)
-            out[feature.name] = {
-                "mean": _broadcast_dims(feature, mean, dims).tolist(),
-                "std": _broadcast_dims(feature, std, dims).tolist(),
-            }
+        out[feature.name] = {
+            "mean": _broadcast_dims(feature, mean, dims).tolist(),
+            "std": _broadcast_dims(feature, std, dims).tolist(),
+            "residual_of": base,
+        }
     return out
+
+
+def _concat_offsets(spec: FinalizeSpec) -> list[int] | None:
+    """The offsets along the concat dim a sample takes (role features' steps index them); None: no offsets."""
+    for axis in spec.schema.sample.get("axes", []):
+        if axis["dim"] == spec.concat_dim and axis["role"] == "offsets":
+            return list(axis["offsets"])
+    return None
+
+
+def _residual_base(feature: Feature, features: list[Feature], offsets: list[int], concat_dim: str) -> dict | None:
+    """Where x_before of each of ``feature``'s steps is: {"feature": name, "take": [[axis, indices], ...]}; None
+    when no feature of its variable holds every one of them over the feature's crop."""
+    steps = feature.source.get(STEPS_KEY, {}).get(concat_dim)
+    if steps is None or concat_dim not in feature.dims:
+        return None
+    before = [offsets.index(offsets[s] - 1) if offsets[s] - 1 in offsets else None for s in steps]
+    if None in before:
+        return None
+    crop = feature.source.get(CROP_KEY, {})
+    for other in features:
+        held = other.source.get(STEPS_KEY, {}).get(concat_dim, [])
+        if variable_of(other) != variable_of(feature) or not set(before) <= set(held):
+            continue
+        take, theirs = [], other.source.get(CROP_KEY, {})
+        for axis, dim in enumerate(feature.dims):
+            if dim == concat_dim:
+                take.append([axis, [held.index(b) for b in before]])
+            elif dim in crop or dim in theirs:
+                full = [0, other.shape[axis]] if dim not in theirs else None
+                mine, their = crop.get(dim, full), theirs.get(dim, full)
+                if mine is None or not their[0] <= mine[0] <= mine[1] <= their[1]:
+                    break  # (their crop does not cover this feature's)
+                take.append([axis, list(range(mine[0] - their[0], mine[1] - their[0]))])
+        else:
+            return {"feature": other.name, "take": take}
+    return None
 
 
 def _broadcast_dims(feature: Feature, values: np.ndarray, dims: list[str]) -> np.ndarray:
@@ -258,6 +305,9 @@ def stats_document(
     tendency = summaries[reference].tendency if reference in summaries else {}
     if spec.tendency:
         document["tendency"] = _tendency_json(spec, tendency)
+        for name, constants in document["tendency"]["normalization"].items():
+            if "filled" in document["normalization"].get(name, {}):  # (found in x as stored, as without residuals)
+                constants["filled"] = document["normalization"][name]["filled"]
     if nonfinite:
         document["preprocess"] = _nonfinite_json(spec, nonfinite)
     return document
@@ -411,7 +461,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     # committed), and the next append writes it again.
     write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()])
     write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
-    parser = render_parser(schema, spec.output, stats["normalization"])
+    parser = render_parser(schema, spec.output, stats["normalization"], stats.get("tendency", {}).get("normalization"))
     write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
     write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
