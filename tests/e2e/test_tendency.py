@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import yaml
 
 from planning.config import BuildConfig
 from planning.plan import make_plan
@@ -112,21 +113,6 @@ def test_normalize_tendency_makes_the_targets_residuals(cesm_build):
     np.testing.assert_allclose(generated, residual["targets/TREFHT"], rtol=1e-5, atol=1e-5)
 
 
-def test_normalize_tendency_without_residual_constants_is_refused_in_one_line(gapped, tmp_path):
-    from schemas.errors import UserError
-    from schemas.reader import Reader
-
-    directory, _ = gapped
-    config = _config(directory).model_dump(mode="json", exclude_none=True)
-    config["output"]["path"] = str(tmp_path / "plain")
-    output = build_quietly(config, tmp_path)  # stats.tendency, but no roles: no residual to form
-    assert "variables" in json.loads((output / "stats.json").read_text())["tendency"]
-    with pytest.raises(UserError, match="no residual constants for normalize='tendency'"):
-        Reader(str(output), "train", normalize="tendency")
-    with pytest.raises(UserError, match="is not True, False or 'tendency'"):
-        Reader(str(output), "train", normalize="residual")
-
-
 def _write_archive(directory: Path) -> xr.Dataset:
     """Daily steps in two files, one day missing in the first (a gap); levels; a zonal mean lacking lon."""
     rng = np.random.default_rng(7)
@@ -160,27 +146,31 @@ def _config(directory: Path, **stats) -> BuildConfig:
             "variables": ["t", "zm"],
             # Samples of 2 x 2 cells every 4: the tendency still covers every cell.
             "sample": {"window": {"lat": {"size": 2, "stride": 4}, "lon": {"size": 2, "stride": 4}}, "keep": ["level"]},
-            # train ends inside the second file (its pairs end there); test after it.
-            "splits": {"train": {"time": [None, "2000-01-10"]}, "test": {"time": ["2000-01-11", None]}},
+            # A split boundary inside the first file; test holds the gap and the seam between the files.
+            "splits": {"train": {"time": [None, "2000-01-03"]}, "test": {"time": ["2000-01-04", None]}},
             "stats": {"per": ["level"], "tendency": True, **stats},
             "output": {"path": str(directory / "out")},
         }
     )
 
 
-@pytest.mark.parametrize("budget", [64e6, 300])
-def test_tendency_skips_gaps_and_split_boundaries_per_level_whatever_the_units(gapped, budget):
+SPLITS = {"train": slice(None, "2000-01-03"), "test": slice("2000-01-04", None)}
+
+
+@pytest.mark.parametrize(("split", "budget"), [("train", 64e6), ("test", 64e6), ("test", 300)])
+def test_tendency_skips_gaps_and_split_boundaries_per_level_whatever_the_units(gapped, split, budget):
     directory, data = gapped
-    plan = make_plan(_config(directory), unit_budget_bytes=budget)
+    plan = make_plan(_config(directory, reference_split=split), unit_budget_bytes=budget)
     if budget < 1000:  # units of one pair and a few cells: pairs across units read the step after them, and
         # zm (no lon) lies whole in each unit along lon: only the first counts it
         assert {unit.ranges[0][1] - unit.ranges[0][0] for unit in plan.tendency.units} == {1}
         assert max(unit.ranges[2][0] for unit in plan.tendency.units) > 0
-    summary = tendency_summary(tendency_spec(plan))["train"].tendency
-    train = data.sel(time=slice(None, "2000-01-10"))
-    regular = np.diff(train.time.values) == np.timedelta64(1, "D")
+    summary = tendency_summary(tendency_spec(plan))[split].tendency
+    steps = data.sel(time=SPLITS[split])
+    regular = np.diff(steps.time.values) == np.timedelta64(1, "D")
+    assert regular.sum() == (2 if split == "train" else 8)  # (test: 01-05 to 01-07 is a gap)
     for name in ("t", "zm"):
-        pairs = np.diff(train[name].values.astype(np.float64), axis=0)[regular]  # (no pair across the gap)
+        pairs = np.diff(steps[name].values.astype(np.float64), axis=0)[regular]
         want = _numpy(pairs, per_axis=1)
         got = summary[name]
         assert got.count.tolist() == want["count"]
@@ -189,14 +179,47 @@ def test_tendency_skips_gaps_and_split_boundaries_per_level_whatever_the_units(g
     assert "orog" not in summary  # (no concat dim: no tendency)
 
 
-def test_test_split_as_reference(gapped):
-    directory, data = gapped
-    plan = make_plan(_config(directory, reference_split="test"))
-    summary = tendency_summary(tendency_spec(plan))["test"].tendency
-    test = data["t"].sel(time=slice("2000-01-11", None)).values.astype(np.float64)
-    want = _numpy(np.diff(test, axis=0), per_axis=1)
-    _close(summary["t"].mean, want["mean"])
-    assert summary["t"].count.tolist() == want["count"]
+@pytest.fixture(scope="module")
+def plain_builds(gapped, tmp_path_factory) -> dict[str, Path]:
+    """The gapped archive built whole, and built from its first file then --append of the second."""
+    from pipelines.build import main
+
+    directory, _ = gapped
+    work = tmp_path_factory.mktemp("tendency-append")
+    config = _config(directory, reference_split="test").model_dump(mode="json", exclude_none=True)
+    full = build_quietly({**config, "output": {"path": str(work / "full")}}, work, "full.yaml")
+    first = {**config, "input": {**config["input"], "paths": [str(directory / "in" / "a.nc")]}}
+    appended = build_quietly({**first, "output": {"path": str(work / "appended")}}, work, "first.yaml")
+    (work / "append.yaml").write_text(yaml.safe_dump({**config, "output": {"path": str(appended)}}))
+    assert main(["--config", str(work / "append.yaml"), "--quiet", "--append"]) == 0
+    return {"full": full, "appended": appended}
+
+
+def test_an_append_adds_the_pairs_across_its_seam_and_equals_a_rebuild(plain_builds, gapped):
+    _, data = gapped
+    full, appended = (json.loads((plain_builds[k] / "stats.json").read_text()) for k in ("full", "appended"))
+    assert len(appended["generations"]) == 2
+    for name in ("t", "zm"):
+        want, got = full["tendency"]["variables"][name], appended["tendency"]["variables"][name]
+        assert got["count"] == want["count"] and got["dims"] == ["level"]
+        for key in ("mean", "variance", "std", "min", "max"):
+            _close(got[key], want[key])
+    # The second generation's own pairs: from the first file's last step (01-08) on, the seam's included.
+    new = np.diff(data["t"].sel(time=slice("2000-01-08", None)).values.astype(np.float64), axis=0)
+    own = appended["generations"][1]["tendency"]["t"]
+    assert own["count"] == _numpy(new, per_axis=1)["count"] == [6 * 6 * 8] * 3
+    _close(own["mean"], _numpy(new, per_axis=1)["mean"])
+
+
+def test_normalize_tendency_without_residual_constants_is_refused_in_one_line(plain_builds):
+    from schemas.errors import UserError
+    from schemas.reader import Reader
+
+    output = str(plain_builds["full"])  # stats.tendency, but no roles: no residual to form
+    with pytest.raises(UserError, match="no residual constants for normalize='tendency'"):
+        Reader(output, "train", normalize="tendency")
+    with pytest.raises(UserError, match="is not True, False or 'tendency'"):
+        Reader(output, "train", normalize="residual")
 
 
 def test_hostile_tendency_configs_are_refused_in_one_line(gapped, tmp_path, capsys):
