@@ -308,6 +308,8 @@ def make_plan(
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
+    if config.sample.roles:
+        stacks = []  # (stacked within each role: the roles' features say how, planning.features.stack_roles)
     files = dataset.files_on_grid()
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)

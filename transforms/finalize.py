@@ -18,7 +18,16 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from planning.features import CROP_KEY, ROLE_KEY, STEPS_KEY, variable_of
+from planning.features import (
+    CHANNEL_AXIS_KEY,
+    CHANNELS_KEY,
+    CROP_KEY,
+    ROLE_KEY,
+    STEPS_KEY,
+    channel_feature,
+    is_role_stack,
+    variable_of,
+)
 from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
@@ -149,6 +158,19 @@ def normalization(
         how = filled(stack.feature, list(stack.variables), axis)
         if how:
             out[stack.feature.name]["filled"] = how
+    for feature in spec.schema.features:  # layout.stack within a role: each channel its variable's
+        names = feature.source.get(CHANNELS_KEY, []) if is_role_stack(feature) else []
+        if feature.dtype != "float32" or not names or not all(n in moments for n in names):
+            continue
+        pairs = [arrays(n, channel_feature(feature)) for n in names]
+        axis = 0 if feature.source[CHANNEL_AXIS_KEY] == 0 else -1
+        out[feature.name] = {
+            "mean": np.stack([m for m, _ in pairs], axis=axis).tolist(),
+            "std": np.stack([s for _, s in pairs], axis=axis).tolist(),
+        }
+        how = filled(feature, list(names), axis)
+        if how:
+            out[feature.name]["filled"] = how
     return out
 
 

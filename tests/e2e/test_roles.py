@@ -125,5 +125,37 @@ def test_roles_name_the_variables(cmip, tmp_path, capsys):
     directory, _ = cmip
     config = _config(directory, tmp_path / "out") | {"variables": ["tas"]}
     assert "with sample.roles the roles name the variables" in refused(config, tmp_path, capsys)
-    config = _config(directory, tmp_path / "out") | {"layout": {"stack": {"name": "w", "variables": ["tas", "uas"]}}}
-    assert "layout.stack does not work with sample.roles yet" in refused(config, tmp_path, capsys)
+    config = _config(directory, tmp_path / "out") | {"nan_policy": "fill", "fill_value": 0.0, "nan_mask": True}
+    assert "nan_mask does not work with sample.roles yet" in refused(config, tmp_path, capsys)
+
+
+def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_path):
+    directory, reference = cmip
+    stack = {"name": "fields", "variables": ["uas", "tas"], "axis": 0}
+    output = build_quietly(_config(directory, tmp_path / "out") | {"layout": {"stack": stack}}, tmp_path)
+    schema = load_schema(str(output))
+    # inputs holds both: one feature, channels first; targets holds tas alone: it stays apart.
+    assert {f.name: f.shape for f in schema.variable_features} == {
+        "inputs/fields": (2, 2, 16, 16),
+        "targets/tas": (1, 8, 8),
+        "forcings/vas": (1, 16, 16),
+    }
+    assert schema.feature("inputs/fields").dims == ("channel", "time", "lat", "lon")
+    records = read_all_records(output, schema, "test")
+    for i in range(0, len(records["index/time"]), 11):
+        record = {name: values[i] for name, values in records.items()}
+        for channel, name in enumerate(stack["variables"]):
+            expected = _expected(reference, ROLES["inputs"], name, record)
+            np.testing.assert_array_equal(record["inputs/fields"][channel], expected)
+        np.testing.assert_array_equal(record["targets/tas"], _expected(reference, ROLES["targets"], "tas", record))
+    # normalize: each channel with its variable's statistics, in the Reader and TensorFlow's parser alike.
+    from schemas import Reader
+
+    stats = json.loads((output / "stats.json").read_text())["variables"]
+    normalized = Reader(str(output), "test", normalize=True).read_all()["inputs/fields"]
+    for channel, name in enumerate(stack["variables"]):
+        want = (records["inputs/fields"][:, channel] - np.float32(stats[name]["mean"])) / np.float32(stats[name]["std"])
+        np.testing.assert_allclose(normalized[:, channel], want, rtol=1e-5, atol=1e-5)
+    parser = import_generated_parser(output)
+    batch = next(parser.make_dataset("test", batch_size=64, normalize=True).as_numpy_iterator())
+    np.testing.assert_allclose(batch["inputs/fields"], normalized[:64], rtol=1e-5, atol=1e-5)
