@@ -179,6 +179,55 @@ def test_tendency_skips_gaps_and_split_boundaries_per_level_whatever_the_units(g
     assert "orog" not in summary  # (no concat dim: no tendency)
 
 
+@pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
+def test_a_zarr_stores_tendency_equals_the_files(gapped, tmp_path):
+    """The same steps in a store (chunks of 4 steps): its units hold whole chunks and read the next one's first step."""
+    directory, data = gapped
+    store = tmp_path / "gapped.zarr"
+    data.drop_vars("orog").chunk({"time": 4}).to_zarr(store, consolidated=True)
+    config = _config(directory, reference_split="test").model_dump(mode="json", exclude_none=True)
+    config["input"]["paths"] = [str(store)]
+    plan = make_plan(BuildConfig.model_validate(config), unit_budget_bytes=3000)
+    assert len(plan.tendency.units) > 1
+    got = tendency_summary(tendency_spec(plan))["test"].tendency["t"]
+    steps = data.sel(time=SPLITS["test"])
+    regular = np.diff(steps.time.values) == np.timedelta64(1, "D")
+    want = _numpy(np.diff(steps["t"].values.astype(np.float64), axis=0)[regular], per_axis=1)
+    assert got.count.tolist() == want["count"]
+    _close(got.mean, want["mean"])
+    _close(got.variance, want["variance"])
+
+
+def test_members_split_the_tendency_by_member(tmp_path):
+    """Splits along input.new_dim: the reference split's members only, every pair of steps of each."""
+    rng = np.random.default_rng(3)
+    days = pd.date_range("2001-01-01", periods=5, freq="D")
+    members = {}
+    for member in (1, 2, 3):
+        values = rng.normal(size=(5, 4, 6)).astype(np.float32) * member
+        members[member] = values
+        xr.Dataset(
+            {"t": (("time", "lat", "lon"), values)},
+            coords={"time": days, "lat": np.arange(4.0), "lon": np.arange(6.0)},
+        ).to_netcdf(tmp_path / f"run_m{member}.nc")
+    config = BuildConfig.model_validate(
+        {
+            "input": {"paths": str(tmp_path / "run_m*.nc"), "new_dim": {"name": "member", "from": "_m(\\d)\\."}},
+            "sample": {"window": {"lat": 2, "lon": 3}},
+            "splits": {"train": {"member": [1, 2]}, "test": {"member": [3, 3]}},
+            "stats": {"tendency": True},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    for budget in (64e6, 400):  # (400: a unit per member and pair, or less)
+        plan = make_plan(config, unit_budget_bytes=budget)
+        got = tendency_summary(tendency_spec(plan))["train"].tendency["t"]
+        pairs = np.concatenate([np.diff(members[m].astype(np.float64), axis=0).ravel() for m in (1, 2)])
+        assert int(got.count) == pairs.size
+        _close(got.mean, pairs.mean())
+        _close(got.variance, pairs.var())
+
+
 @pytest.fixture(scope="module")
 def plain_builds(gapped, tmp_path_factory) -> dict[str, Path]:
     """The gapped archive built whole, and built from its first file then --append of the second."""
