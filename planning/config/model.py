@@ -95,12 +95,13 @@ class SampleConfig(_Strict):
         ),
         json_schema_extra={"reference_type": "mapping: role → {variables, offsets, crop}"},
     )
-    time_features: list[Literal["year_progress", "day_progress"]] = Field(
+    time_features: list[Literal["year_progress", "day_progress", "cos_zenith"]] = Field(
         default_factory=list,
         description=(
             "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
             "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
-            "[year_progress, day_progress]"
+            "[year_progress, day_progress]; cos_zenith: the cosine of the solar zenith angle per cell and step "
+            "(time_features/cos_zenith; the sample must hold ranges of latitudes and longitudes)"
         ),
     )
 
