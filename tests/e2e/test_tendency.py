@@ -228,6 +228,25 @@ def test_members_split_the_tendency_by_member(tmp_path):
         _close(got.variance, pairs.var())
 
 
+def test_derived_variables_tendency_is_of_the_functions_output(small_archive, tmp_path):
+    """input.preprocess: the tendency units read its inputs and difference its outputs, as stored."""
+    config = BuildConfig.model_validate(
+        {
+            "input": {"paths": str(small_archive / "*.nc"), "preprocess": "preprocess_examples:wind_speed"},
+            "sample": {"window": {"lat": 4, "lon": 4}, "keep": ["level"]},
+            "stats": {"tendency": True, "per": ["level"]},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    got = tendency_summary(tendency_spec(make_plan(config, unit_budget_bytes=20_000)))["data"].tendency["wind_speed"]
+    with xr.open_mfdataset(sorted(small_archive.glob("era5_*.nc"))) as ds:
+        speed = np.sqrt(ds["u"] ** 2 + ds["v"] ** 2).transpose("time", "level", "lat", "lon").values
+    want = _numpy(np.diff(speed.astype(np.float32).astype(np.float64), axis=0), per_axis=1)
+    assert got.count.tolist() == want["count"]
+    _close(got.mean, want["mean"])
+    _close(got.variance, want["variance"])
+
+
 @pytest.fixture(scope="module")
 def plain_builds(gapped, tmp_path_factory) -> dict[str, Path]:
     """The gapped archive built whole, and built from its first file then --append of the second."""
