@@ -228,6 +228,24 @@ def test_members_split_the_tendency_by_member(tmp_path):
         _close(got.variance, pairs.var())
 
 
+def test_files_on_gs_give_the_local_files_tendency(gapped, gcs):
+    """Remote files (ranged reads on the storage emulator): the same pairs, the same moments to the bit."""
+    from conftest import BUCKET
+
+    directory, _ = gapped
+    for path in sorted((directory / "in").glob("*.nc")):
+        gcs.put(str(path), f"{BUCKET}/tendency/{path.name}")
+    summaries = {}
+    for where in ("local", "gs"):
+        config = _config(directory, reference_split="test").model_dump(mode="json", exclude_none=True)
+        if where == "gs":
+            config["input"]["paths"] = f"gs://{BUCKET}/tendency/*.nc"
+        plan = make_plan(BuildConfig.model_validate(config), unit_budget_bytes=2000)
+        summaries[where] = tendency_summary(tendency_spec(plan))["test"].tendency["t"]
+    for field in ("count", "mean", "m2", "minimum", "maximum"):
+        np.testing.assert_array_equal(getattr(summaries["gs"], field), getattr(summaries["local"], field))
+
+
 def test_derived_variables_tendency_is_of_the_functions_output(small_archive, tmp_path):
     """input.preprocess: the tendency units read its inputs and difference its outputs, as stored."""
     config = BuildConfig.model_validate(
