@@ -268,6 +268,13 @@ def test_earlier_contiguous_steps_are_a_backfill_keeping_every_index_written(arc
     covered = back["coverage"].values > 0
     assert covered[:origin].all()  # the backfilled steps are placed before the held ones
     np.testing.assert_array_equal(back["t"].values[covered], want.values.astype(np.float32)[covered])
+    # The reassembly pipeline (samples bucketed by output chunk) places them the same way.
+    from pipelines.reassemble import main as reassemble_main
+
+    assert reassemble_main([str(output), "--split", "train", "--to", str(tmp_path / "back.zarr"), "--quiet"]) == 0
+    with xr.open_zarr(tmp_path / "back.zarr") as written:
+        np.testing.assert_array_equal(written["t"].values, back["t"].values)
+        np.testing.assert_array_equal(written["coverage"].values, back["coverage"].values)
 
 
 def test_earlier_steps_with_a_gap_or_off_the_stride_are_refused(archive, tmp_path, capsys):
