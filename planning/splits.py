@@ -181,7 +181,7 @@ def assign_splits(
     the concat dim an output's earlier generations hold: the positions within them make no samples,
     nor count among the drops (an append, ``generation`` 1, 2, ..., plans the others only).
     """
-    held_steps = held is not None
+    appending = held is not None
     concat_dim, split_dim = config.input.concat_dim, config.split_dim
     splits = split_ranges(config, *dataset.coordinate(split_dim))
     grid_dims = [a.dim for a in grid.grid_axes]
@@ -190,11 +190,11 @@ def assign_splits(
     across_gap, cut_before, held_samples = None, None, 0
     if concat_dim in grid_dims:
         across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
-        if held_steps:
+        if appending:
             cut_before = held_positions(grid.axis(concat_dim), held)
             held_samples = int(cut_before.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
             across_gap = across_gap & ~cut_before  # (gaps among held steps were counted by their generation)
-    elif held_steps:
+    elif appending:
         raise UserError(
             f"input: {concat_dim!r} is kept whole in every sample, so new steps change every sample; "
             "--append needs samples along it: rebuild with --overwrite"
@@ -219,12 +219,12 @@ def assign_splits(
         "samples_dropped_at_gaps": gap_drops,
         "samples_outside_splits": grid.num_samples - held_samples - gap_drops - sum(counts),
     }
-    if sum(counts) == 0 and not held_steps:  # (an append whose samples all lie outside the splits adds none)
+    if sum(counts) == 0 and not appending:  # (an append whose samples all lie outside the splits adds none)
         reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
         raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
     planned, first = [], 0
     for split, count in zip(splits, counts):
-        if count == 0 and not held_steps:
+        if count == 0 and not appending:
             raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
         shards = num_shards(config, count, record_bound) if count else 0  # (an append adds none to a split)
         planned.append(
