@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
+import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -42,6 +44,7 @@ from pipelines.runners import (
     make_runner,
     runner_context,
     runner_name,
+    submission_temp_dir,
     unit_ranges,
     with_runner_defaults,
 )
@@ -139,10 +142,23 @@ def run_build(
     name, where the runner reports them. ``append``: add the input's steps the output does not hold as a new
     generation (planning.run.generations; NothingToAppend, before anything is written, when there are none).
     """
+    beam_args = with_runner_defaults(beam_args)
+    with submission_temp_dir(PipelineOptions(beam_args)):
+        return _run_build(config, beam_args, overwrite, progress, shared_filesystem, counters, append)
+
+
+def _run_build(
+    config: BuildConfig,
+    beam_args: list[str],
+    overwrite: bool,
+    progress: TextIO | None,
+    shared_filesystem: bool,
+    counters: dict[str, int] | None,
+    append: bool,
+) -> tuple[BuildPlan, Schema | None]:
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
     check_stopped()  # stopped while Beam was being imported
-    beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
@@ -299,9 +315,15 @@ def _checked_graph_size(pipeline: beam.Pipeline, options: PipelineOptions) -> in
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
-    """The pipeline object; Beam validates the options here, before any planning or submission."""
+    """The pipeline object; Beam validates the options here, before any planning or submission.
+
+    Beam makes it a folder in the system's temp directory that only its ``run`` removes: a run
+    refused, stopped or dry ends without one, so the folder goes when the object does (or at exit).
+    """
     try:
-        return beam.Pipeline(runner=make_runner(options), options=options)
+        pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+        weakref.finalize(pipeline, shutil.rmtree, pipeline.local_tempdir, True)
+        return pipeline
     except ValueError as error:
         problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
         if not problems:

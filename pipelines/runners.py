@@ -8,6 +8,8 @@ import difflib
 import io
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, WorkerOptions
@@ -278,6 +280,27 @@ def _local_runner_class():
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner
+
+
+@contextlib.contextmanager
+def submission_temp_dir(options: PipelineOptions):
+    """For a remote runner, the system temp directory is a private folder removed when the run ends.
+
+    Beam stages a remote job's dependencies (this package's sdist, the pickled session) in a
+    folder of the temp directory that it never removes (apache_beam.transforms.environments'
+    ``python_sdk_dependencies``): a launcher would leave one behind per job. Local runs stage nothing.
+    """
+    if is_local_runner(options):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="xarray-tfrecords-submit-")
+    previous = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManager:

@@ -27,14 +27,14 @@ from planning.features import (
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_paths import store_input
-from planning.inputs.coords import irregular_steps, json_values, record_values
+from planning.inputs.coords import format_value, irregular_steps, json_values, record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
 from planning.positions import Positions, plan_time_features
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
-from planning.run.generations import Held, HeldFile, generation_entry, new_steps
+from planning.run.generations import Held, HeldFile, HeldRange, generation_entry, held_range
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
@@ -170,11 +170,12 @@ def plan_tendency(
     splits: list[SplitPlan],
     reference: str,
     plan_units_of,
-    held_steps: int = 0,
+    kept: HeldRange | None = None,
 ) -> TendencyPlan | None:
     """The tendency's pairs and units (None without stats.tendency); UserError where it has nothing to summarise.
 
-    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own).
+    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own);
+    ``kept``: an append's held steps (their pairs are in the earlier generations' statistics).
     """
     if not config.stats.tendency:
         return None
@@ -194,9 +195,9 @@ def plan_tendency(
     elif config.splits:
         members = np.zeros(grid.axis(config.split_dim).length, dtype=bool)
         members[chosen.start : chosen.stop] = True
-    if held_steps:
-        pairs &= starts + 1 >= held_steps  # (pairs within the held steps are in an earlier generation's stats)
-    if not pairs.any() and not held_steps:
+    if kept is not None:  # (pairs within the held steps are in earlier generations' stats; those across its ends not)
+        pairs &= ~((starts >= kept.start) & (starts + 1 < kept.stop))
+    if not pairs.any() and kept is None:
         raise UserError(
             f"stats.tendency: split {reference!r} holds no two consecutive {concat_dim} steps a regular step apart, "
             "so there is no x(t+1) - x(t) to summarise; widen the split, or remove stats.tendency"
@@ -320,9 +321,12 @@ def make_plan(
             f"input.new_dim: --append adds steps along {config.input.concat_dim} to one run, not to members "
             f"({config.input.new_dim}); rebuild with --overwrite"
         )
-    held_steps = 0 if held is None else new_steps(held, config.input.concat_dim, values, None if store else held_files)
+    kept = None if held is None else held_range(held, config.input.concat_dim, values, None if store else held_files)
+    if kept is not None and kept.start:
+        _check_backfill(config, grid, dataset, kept)
     generation = 0 if held is None else held.generation
-    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, held_steps, generation)
+    origin = 0 if kept is None else kept.origin
+    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, kept, generation)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
@@ -345,15 +349,25 @@ def make_plan(
         )
         return units
 
-    tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, held_steps)
+    tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, kept)
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
-    schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
+    schema = describe_build(
+        config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory), origin
+    )
     schema = with_static_coordinates(schema, coordinates, dataset)
     coord_values = {d: v for d, (v, _) in coords.items()}
     run_id = run_id or new_run_id()
     positions = Positions(
-        grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap, False, time_features
+        grid,
+        config.input.concat_dim,
+        placed.labels,
+        coord_values,
+        placed.dim,
+        placed.across_gap,
+        False,
+        time_features,
+        origin,
     )
     return BuildPlan(
         sources=sources,
@@ -384,10 +398,29 @@ def make_plan(
         unstated_calendar=unstated_calendar(inventory, decoding),
         generation=generation,
         generation_record=generation_entry(
-            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None
+            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
         ),
         tendency=tendency,
     )
+
+
+def _check_backfill(config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, kept: HeldRange) -> None:
+    """Steps added before the held ones must join them without a gap and keep the samples' stride."""
+    dim = config.input.concat_dim
+    values = dataset.concat_values
+    if irregular_steps(values)[kept.start - 1]:  # (the typical step is the whole input's)
+        raise UserError(
+            f"input: its {dim} steps before the output's first ({format_value(values[kept.start])}) end at "
+            f"{format_value(values[kept.start - 1])}, not one step before it; --append adds earlier steps only "
+            "contiguous with the output's: add the missing files, or rebuild with --overwrite"
+        )
+    stride = grid.axis(dim).stride if dim in [a.dim for a in grid.grid_axes] else 1
+    if kept.start % stride:
+        raise UserError(
+            f"input: {kept.start:,} {dim} steps come before the output's first, not a multiple of "
+            f"sample.stride {stride} along {dim}, so the new samples would not fall on the held ones' grid; add "
+            "or leave out files to make it one, or rebuild with --overwrite"
+        )
 
 
 class _JsonValues:

@@ -53,6 +53,9 @@ class Positions:
     is_hollow: bool = False
     #: sample.time_features, computed from the concat dim's coordinate (None: none configured)
     time_features: TimeFeatures | None = None
+    #: the position along the concat dim whose index/<concat_dim> is 0 (above 0 after a backfill: the steps
+    #: added before an output's first get negative indices, so the held samples keep theirs)
+    index_origin: int = 0
 
     def to_bytes(self) -> bytes:
         """The per-position arrays (splits, gaps, coordinates): what grows with the grid, saved for the workers."""
@@ -97,7 +100,9 @@ class Positions:
         self._check_filled()
         columns: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         for axis, where in zip(self.grid.grid_axes, positions):
-            columns[index_feature(axis.dim)] = ((), axis.first_index(where).astype(np.int64))
+            index = axis.first_index(where).astype(np.int64)
+            origin = self.index_origin if axis.dim == self.concat_dim else 0
+            columns[index_feature(axis.dim)] = ((), index - origin if origin else index)
             if axis.dim in self.coords:
                 values = self.coords[axis.dim]
                 if axis.role == "iterate":

@@ -149,19 +149,23 @@ class Reader:
     def iter_chunks(self, shards: Sequence[Shard] | None = None, chunk: int = DEFAULT_CHUNK) -> Iterator[Batch]:
         """Decoded samples in blocks of up to ``chunk`` records: {name: (samples, *shape)}."""
         for shard in self.shards if shards is None else shards:
-            first = 0
-            for records in _chunks(self.iter_records(shard), chunk):
-                try:
-                    block = self._decoder.decode_batch(records, first_index=first)
-                    if self.schema.examples_per_record > 1:
-                        block = unpack(block, self.schema.examples_per_record)
-                    stored = dict(block)  # (a residual's x_before is another feature as stored)
-                    for name, normalizer in self._normalization.items():
-                        block[name] = normalizer.apply(stored, name, self._normalized_fill)
-                except ValueError as error:
-                    raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
-                first += len(records)
-                yield block
+            yield from self.decode_records(shard, self.iter_records(shard), chunk)
+
+    def decode_records(self, shard: Shard, records: Iterable[bytes], chunk: int = DEFAULT_CHUNK) -> Iterator[Batch]:
+        """``iter_chunks`` of one shard whose serialized records come from ``records`` (e.g. noted on the way)."""
+        first = 0
+        for batch in _chunks(records, chunk):
+            try:
+                block = self._decoder.decode_batch(batch, first_index=first)
+                if self.schema.examples_per_record > 1:
+                    block = unpack(block, self.schema.examples_per_record)
+                stored = dict(block)  # (a residual's x_before is another feature as stored)
+                for name, normalizer in self._normalization.items():
+                    block[name] = normalizer.apply(stored, name, self._normalized_fill)
+            except ValueError as error:
+                raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
+            first += len(batch)
+            yield block
 
     def iter_examples(self, shards: Sequence[Shard] | None = None) -> Iterator[Batch]:
         """One {name: array} per sample; the arrays are views of a decoded block (copy to keep many)."""

@@ -39,6 +39,7 @@ from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
 from transforms.files import (
+    make_durable,
     read_bytes,
     remove_if_empty,
     remove_tree,
@@ -462,7 +463,8 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
     committed, entries = _earlier(spec)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
-    _check_shards_exist(spec.output, [shard for split in shards.values() for shard in split])
+    written = [shard for split in shards.values() for shard in split]  # this generation's
+    _check_shards_exist(spec.output, written)
     counts = _check_counts(spec, shards, summaries)
     record = {**spec.generation_record, "counts": counts}
     record["splits"] = {name: summary_to_json(s) for name, s in summaries.items()}
@@ -479,13 +481,16 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources, sample=sample)
     stats = stats_document(spec, totals, nonfinite)
     stats["generations"] = _own_statistics(spec, entries)
+    # What schema.json will name reaches the disk before it does (earlier generations' at their commit).
+    make_durable([join(spec.output, name) for shard in written for name in (shard.file, shard.index) if name])
     # generations.json first: one written for an append that then fails is ignored (schema.json counts those
     # committed), and the next append writes it again.
-    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()])
-    write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
+    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()], durable=True)
+    stats_text = json.dumps(stats, indent=2, allow_nan=False).encode()
+    write_atomically(join(spec.output, STATS_FILE), [stats_text], durable=True)
     parser = render_parser(schema, spec.output, stats["normalization"], stats.get("tendency", {}).get("normalization"))
-    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
-    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
+    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()], durable=True)
+    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()], durable=True)
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
         remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
     remove_if_empty(join(spec.output, TMP_DIR))

@@ -78,7 +78,7 @@ def chunks_of(plan: ReassemblePlan, assembly: Reassembly, batch: Mapping[str, np
     """Per sample of ``batch``, the chunks it reaches (keys checked on the whole grid)."""
     axis = assembly.checked_axis(plan.chunk_dim)
     low, high = axis.reach()
-    starts = np.asarray(batch[axis.index_name]).reshape(-1) - axis.first
+    starts = np.asarray(batch[axis.index_name]).reshape(-1) + axis.origin - axis.first
     first = (starts + low) // plan.chunk_length
     last = (starts + high - 1) // plan.chunk_length
     return [np.arange(max(a, 0), min(b, plan.num_chunks - 1) + 1) for a, b in zip(first, last)]

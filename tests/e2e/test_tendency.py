@@ -297,6 +297,29 @@ def test_an_append_adds_the_pairs_across_its_seam_and_equals_a_rebuild(plain_bui
     _close(own["mean"], _numpy(new, per_axis=1)["mean"])
 
 
+def test_a_backfill_adds_the_pairs_before_and_across_its_first_step(gapped, tmp_path):
+    """--append of earlier steps: the new pairs are those before the held ones and the one across their first."""
+    from pipelines.build import main
+
+    directory, _ = gapped
+    config = _config(directory, reference_split="test").model_dump(mode="json", exclude_none=True)
+    config["splits"] = {"test": {"time": ["2000-01-04", None]}}  # (the held file alone must hold every split)
+    outputs = {}
+    for name, paths in (("rebuilt", ["a.nc", "b.nc"]), ("backfilled", ["b.nc"])):
+        first = {**config, "input": {**config["input"], "paths": [str(directory / "in" / p) for p in paths]}}
+        outputs[name] = build_quietly({**first, "output": {"path": str(tmp_path / name)}}, tmp_path, f"{name}.yaml")
+    (tmp_path / "backfill.yaml").write_text(yaml.safe_dump({**config, "output": {"path": str(outputs["backfilled"])}}))
+    assert main(["--config", str(tmp_path / "backfill.yaml"), "--quiet", "--append"]) == 0
+    rebuilt, backfilled = (json.loads((outputs[k] / "stats.json").read_text()) for k in ("rebuilt", "backfilled"))
+    for name in ("t", "zm"):
+        want, got = rebuilt["tendency"]["variables"][name], backfilled["tendency"]["variables"][name]
+        assert got["count"] == want["count"]
+        for key in ("mean", "variance", "min", "max"):
+            _close(got[key], want[key])
+    # Generation 1's own: 01-04 to 01-05 and 01-07 to 01-09 (01-08 to 01-09 across the held first step).
+    assert backfilled["generations"][1]["tendency"]["t"]["count"] == [3 * 6 * 8] * 3
+
+
 def test_normalize_tendency_without_residual_constants_is_refused_in_one_line(plain_builds):
     from schemas.errors import UserError
     from schemas.reader import Reader
