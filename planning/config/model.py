@@ -433,9 +433,6 @@ class BuildConfig(_Strict):
             raise ValueError(
                 f"variables: with sample.roles the roles name the variables ({', '.join(named)}); remove `variables:`"
             )
-        if self.nan_mask:
-            # (its masks are per variable or stack; per role feature they would need the roles' steps and crops)
-            raise ValueError("nan_mask does not work with sample.roles yet; remove one of them")
         object.__setattr__(self, "variables", named)  # frozen: set while the model is made
         return self
 
