@@ -58,7 +58,7 @@ from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files
+from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files, tendency_spec
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -69,6 +69,7 @@ from transforms.files import use_anonymous_credentials_for_emulator, write_atomi
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.stats import ComputeStats
 from transforms.streamed import StreamBlocks
+from transforms.tendency import ComputeTendency, tendency_summary
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
@@ -111,6 +112,14 @@ def build_pipeline(
         blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
         shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
         summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if specs.tendency is not None:  # stats.tendency: the source's pairs of steps, read by units of their own
+        tendency = (
+            pipeline
+            | "EnumerateTendencyUnits" >> EnumerateUnits(specs.tendency.plan.units, None, ranges)
+            | "SpreadTendencyUnits" >> beam.Reshuffle()
+            | "ComputeTendency" >> ComputeTendency(specs.tendency)
+        )
+        summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -245,7 +254,8 @@ def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
     """
     check_stopped()
     manifest = prepare_append(plan.output, plan.manifest(), committed)
-    finalize_output(finalize_spec(plan), [], {})
+    tendency = tendency_spec(plan)  # (its new steps may still add pairs of steps)
+    finalize_output(finalize_spec(plan), [], tendency_summary(tendency) if tendency is not None else {})
     record_complete(plan.output, manifest)
     return load_schema(plan.output)
 

@@ -38,9 +38,9 @@ from planning.run.generations import Held, HeldFile, HeldRange, generation_entry
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
+from planning.sampling import Axis, SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
-from planning.splits import SplitPlan, assign_splits
+from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
@@ -96,6 +96,8 @@ class BuildPlan:
     generation: int = 0
     #: generations.json's record of it (planning.run.generations): what the output holds once it is committed
     generation_record: dict = dataclasses.field(default_factory=dict)
+    #: config stats.tendency: the pairs of steps whose differences are summarised, and the units reading them
+    tendency: TendencyPlan | None = None
 
     @property
     def grid(self) -> SampleGrid:
@@ -129,6 +131,90 @@ class BuildPlan:
     def shard_names(self) -> list[str]:
         """The files this run's shards take (with their indexes): a failed append removes these alone."""
         return sorted(self.manifest().files - build_manifest(self.run_id, []).files)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TendencyPlan:
+    """stats.tendency: which consecutive steps of the selected grid pair up, and the units that read them.
+
+    Its grid has the concat dim as windows of 2 steps (a position is a pair, by its first step),
+    ``stats.per`` dims kept whole and every other dim iterated, so a unit's box is every cell of
+    its pairs, the step after its last included (a halo of one), and each (cell, pair) lies in one
+    unit alone: the source's pairs, not the samples', whatever their windows and strides.
+    """
+
+    grid: SampleGrid
+    units: Units
+    #: per pair start t (along the concat dim): whether (t, t + 1) is summarised: both in the reference split,
+    #: a regular step apart (no gap), and (an append) not both held by earlier generations
+    pairs: np.ndarray
+    #: per position along the split dim when it is not the concat dim (input.new_dim): whether it is in the
+    #: reference split (None: every position)
+    members: np.ndarray | None = None
+    split_dim: str | None = None
+
+    def unit_pairs(self, unit) -> tuple[int, int]:
+        """[start, stop) of the pair starts ``unit`` owns."""
+        dims = [a.dim for a in self.grid.grid_axes]
+        return unit.ranges[dims.index(self.concat_dim)]
+
+    @property
+    def concat_dim(self) -> str:
+        return next(a.dim for a in self.grid.axes if a.role == "window")
+
+
+def plan_tendency(
+    config: BuildConfig,
+    grid: SampleGrid,
+    dataset: SelectedDataset,
+    splits: list[SplitPlan],
+    reference: str,
+    plan_units_of,
+    kept: HeldRange | None = None,
+) -> TendencyPlan | None:
+    """The tendency's pairs and units (None without stats.tendency); UserError where it has nothing to summarise.
+
+    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own);
+    ``kept``: an append's held steps (their pairs are in the earlier generations' statistics).
+    """
+    if not config.stats.tendency:
+        return None
+    concat_dim = config.input.concat_dim
+    steps = grid.axis(concat_dim).length
+    if steps < 2:
+        raise UserError(
+            f"stats.tendency: {concat_dim!r} holds {steps} step(s) after `select`, so there is no x(t+1) - x(t); "
+            "remove stats.tendency, or select more steps"
+        )
+    chosen = next((s for s in splits if s.name == reference), None) or SplitPlan(DEFAULT_SPLIT, 0, steps)
+    pairs = ~irregular_steps(dataset.concat_values)
+    starts = np.arange(steps - 1)
+    members = None
+    if config.split_dim == concat_dim:
+        pairs &= (starts >= chosen.start) & (starts + 1 < chosen.stop)
+    elif config.splits:
+        members = np.zeros(grid.axis(config.split_dim).length, dtype=bool)
+        members[chosen.start : chosen.stop] = True
+    if kept is not None:  # (pairs within the held steps are in earlier generations' stats; those across its ends not)
+        pairs &= ~((starts >= kept.start) & (starts + 1 < kept.stop))
+    if not pairs.any() and kept is None:
+        raise UserError(
+            f"stats.tendency: split {reference!r} holds no two consecutive {concat_dim} steps a regular step apart, "
+            "so there is no x(t+1) - x(t) to summarise; widen the split, or remove stats.tendency"
+        )
+    per = set(config.stats.per)
+    axes = []
+    for axis in grid.axes:
+        if axis.dim == concat_dim:
+            axes.append(Axis.window(concat_dim, steps, 2, 1))
+        elif axis.dim in per:
+            axes.append(Axis.keep(axis.dim, axis.length))
+        else:
+            axes.append(Axis.iterate(axis.dim, axis.length))
+    pair_grid = SampleGrid(tuple(axes))
+    # Per pair and cell: its float64 difference and what Moments makes of it.
+    units = plan_units_of(pair_grid, 8, {concat_dim: pairs})
+    return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -223,6 +309,8 @@ def make_plan(
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
+    if config.sample.roles:
+        stacks = []  # (stacked within each role: the roles' features say how, planning.features.stack_roles)
     files = dataset.files_on_grid()
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
@@ -253,6 +341,15 @@ def make_plan(
         held,
         dataset.selection,
     )
+    reference = config.stats.reference_split or default_split([s.name for s in splits])
+
+    def tendency_units(pair_grid: SampleGrid, position_bytes: int, can: dict) -> Units:
+        units, _ = _plan_units(
+            pair_grid, chosen, inventory, files, position_bytes, unit_budget_bytes, can, held, dataset.selection
+        )
+        return units
+
+    tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, kept)
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(
@@ -292,7 +389,7 @@ def make_plan(
         fill_value=config.fill_value,
         missing_chunks=config.input.missing_chunks,
         stats_per=tuple(config.stats.per),
-        reference_split=config.stats.reference_split or default_split([s.name for s in splits]),
+        reference_split=reference,
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
@@ -303,6 +400,7 @@ def make_plan(
         generation_record=generation_entry(
             generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
         ),
+        tendency=tendency,
     )
 
 

@@ -142,9 +142,12 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     ``sources``: the files along the concat dim.
     """
     box = spec.positions.grid.source_box(unit)
-    reader = unit_reader(spec, sources, unit)
+    return read_box(spec, sources, box, unit_reader(spec, sources, unit), f"unit {unit.index}")
+
+
+def read_box(spec: CutSpec, sources: SourceIndex, box: dict, reader: Reader, where: str) -> Slabs:
+    """Every variable's values over ``box`` of the selected grid, through ``reader`` (or input.preprocess)."""
     if spec.preprocess is not None:  # (never with a store: planning refuses it)
-        where = f"unit {unit.index}"
         concat_dim = spec.positions.concat_dim
         slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where)
         if spec.coords:  # the coordinates of config `coords` are read as they are, not derived

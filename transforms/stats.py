@@ -171,6 +171,8 @@ class SplitSummary:
     with_nan: int = 0
     #: per derived variable (input.preprocess), its NaN and inf values before nan_policy
     nonfinite: dict[str, NonFinite] = dataclasses.field(default_factory=dict)
+    #: stats.tendency, per variable: the moments of x(t+1) - x(t) over the split's pairs of steps (transforms.tendency)
+    tendency: dict[str, Moments] = dataclasses.field(default_factory=dict)
 
     def merge(self, other: SplitSummary) -> SplitSummary:
         moments = merge_by_name([self.moments, other.moments])
@@ -181,6 +183,7 @@ class SplitSummary:
             self.dropped_nan + other.dropped_nan,
             self.with_nan + other.with_nan,
             nonfinite,
+            merge_by_name([self.tendency, other.tendency]),
         )
 
 
@@ -283,18 +286,24 @@ class ComputeStats(beam.PTransform):
 _MOMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Moments))
 
 
+def _moments_to_json(moments: Mapping[str, Moments]) -> dict:
+    return {
+        name: {field: np.asarray(getattr(m, field)).tolist() for field in _MOMENT_FIELDS} for name, m in moments.items()
+    }
+
+
 def summary_to_json(summary: SplitSummary) -> dict:
     """A split's accumulators as JSON-ready values: float64 written exactly (Python's repr), for generations.json."""
-    return {
+    out = {
         "cut": summary.cut,
         "dropped_nan": summary.dropped_nan,
         "with_nan": summary.with_nan,
-        "moments": {
-            name: {field: np.asarray(getattr(m, field)).tolist() for field in _MOMENT_FIELDS}
-            for name, m in summary.moments.items()
-        },
+        "moments": _moments_to_json(summary.moments),
         "nonfinite": {name: dataclasses.asdict(n) for name, n in summary.nonfinite.items()},
     }
+    if summary.tendency:
+        out["tendency"] = _moments_to_json(summary.tendency)
+    return out
 
 
 def summary_from_json(data: dict) -> SplitSummary:
@@ -314,4 +323,5 @@ def summary_from_json(data: dict) -> SplitSummary:
         int(data["dropped_nan"]),
         int(data["with_nan"]),
         {name: NonFinite(**fields) for name, fields in data.get("nonfinite", {}).items()},
+        {name: moments(fields) for name, fields in data.get("tendency", {}).items()},
     )

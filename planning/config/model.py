@@ -95,12 +95,13 @@ class SampleConfig(_Strict):
         ),
         json_schema_extra={"reference_type": "mapping: role → {variables, offsets, crop}"},
     )
-    time_features: list[Literal["year_progress", "day_progress"]] = Field(
+    time_features: list[Literal["year_progress", "day_progress", "cos_zenith"]] = Field(
         default_factory=list,
         description=(
             "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
             "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
-            "[year_progress, day_progress]"
+            "[year_progress, day_progress]; cos_zenith: the cosine of the solar zenith angle per cell and step "
+            "(time_features/cos_zenith; the sample must hold ranges of latitudes and longitudes)"
         ),
     )
 
@@ -227,6 +228,14 @@ class StatsConfig(_Strict):
     )
     reference_split: str | None = Field(
         None, description="split whose statistics normalise (default: train if there is one, else the first split)"
+    )
+    tendency: bool = Field(
+        False,
+        description=(
+            "also the statistics of the one-step differences x(t+1) - x(t) along input.concat_dim over the "
+            "reference split's consecutive regular steps (every cell of the selected region), in stats.json's "
+            '`tendency`, for residual models (load_dataset(..., normalize="tendency"))'
+        ),
     )
 
 
@@ -424,9 +433,6 @@ class BuildConfig(_Strict):
             raise ValueError(
                 f"variables: with sample.roles the roles name the variables ({', '.join(named)}); remove `variables:`"
             )
-        for key, used in (("layout.stack", self.layout.stack), ("nan_mask", self.nan_mask)):
-            if used:
-                raise ValueError(f"{key} does not work with sample.roles yet; remove one of them")
         object.__setattr__(self, "variables", named)  # frozen: set while the model is made
         return self
 

@@ -331,3 +331,19 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     time.sleep(2.5)  # ... so nothing writes into the output after the clean-up (a task takes a second and more)
     left = sorted(str(p.relative_to(output)) for p in output.rglob("*"))
     assert left == ["_inventory.json", "_manifest.json"], left
+
+
+def test_tendency_on_dask_equals_numpys(small_archive, tmp_path, client):
+    """stats.tendency's own units and merge run on the cluster too (its branch joins the summaries at Finalize)."""
+    import xarray as xr
+
+    config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"))
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "stats": {"tendency": True}}))
+    build(config, "--shared_filesystem", *dask_flags(client))
+    tendency = json.loads((tmp_path / "dask" / "stats.json").read_text())["tendency"]["variables"]
+    with xr.open_mfdataset(sorted(small_archive.glob("*.nc"))) as source:
+        for name in ("t", "q"):
+            pairs = np.diff(source[name].values.astype(np.float32).astype(np.float64), axis=0)
+            assert tendency[name]["count"] == pairs.size
+            assert np.isclose(tendency[name]["mean"], pairs.mean(), rtol=1e-12, atol=0)
+            assert np.isclose(tendency[name]["variance"], pairs.var(), rtol=1e-12, atol=0)
