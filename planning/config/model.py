@@ -515,3 +515,25 @@ def format_validation_error(error: pydantic.ValidationError, source: str) -> str
             message += f" (got {item['input']!r})"
         problems.append(f"{_location(item)}: {message}")
     return f"{source}: " + "; ".join(problems)
+
+
+def json_default(key: str) -> object:
+    """The value a config key (dotted, as the JSON dump spells it) takes when it is not given, as JSON.
+
+    None for a key the model does not have or that has no default. (An output built by an earlier
+    version lacks the keys added since: those mean their defaults.)
+    """
+    model: type[pydantic.BaseModel] | None = BuildConfig
+    value: object = None
+    for part in key.split("."):
+        if model is None:
+            return None
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
+        if field is None:
+            return None
+        nested = field.annotation if isinstance(field.annotation, type) else None
+        model = nested if nested is not None and issubclass(nested, pydantic.BaseModel) else None
+        value = None if field.is_required() else field.get_default(call_default_factory=True)
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    return value

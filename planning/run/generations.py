@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from schemas.errors import UserError
@@ -132,15 +132,23 @@ def held_of(entries: Sequence[dict], source: str) -> Held:
     return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint, origin)
 
 
-def config_difference(built: dict, now: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
-    """The first config key (dotted) whose value differs, with both values; keys an append may change are skipped."""
+def config_difference(
+    built: dict, now: dict, prefix: str = "", default_of: Callable[[str], Any] | None = None
+) -> tuple[str, Any, Any] | None:
+    """The first config key (dotted) whose value differs, with both values; keys an append may change are skipped.
+
+    ``default_of(key)``: the value a key has when not given; a key missing from ``built`` (an output
+    of an earlier version, before the key existed) is taken to have it.
+    """
     for key in sorted(set(built) | set(now)):
         name = f"{prefix}{key}"
         if name in APPENDABLE_KEYS:
             continue
         before, after = built.get(key), now.get(key)
+        if key not in built and default_of is not None:
+            before = default_of(name)
         if isinstance(before, dict) and isinstance(after, dict):
-            found = config_difference(before, after, f"{name}.")
+            found = config_difference(before, after, f"{name}.", default_of)
             if found:
                 return found
         elif before != after:
@@ -148,9 +156,9 @@ def config_difference(built: dict, now: dict, prefix: str = "") -> tuple[str, An
     return None
 
 
-def check_config(built: dict, now: dict) -> None:
+def check_config(built: dict, now: dict, default_of: Callable[[str], Any] | None = None) -> None:
     """UserError naming the first key where ``now`` differs from the config the output was built with."""
-    found = config_difference(built, now)
+    found = config_difference(built, now, default_of=default_of)
     if found:
         key, before, after = found
         raise UserError(

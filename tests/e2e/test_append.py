@@ -296,6 +296,17 @@ def test_earlier_steps_with_a_gap_or_off_the_stride_are_refused(archive, tmp_pat
     assert "not a multiple of sample.stride 3" in line
 
 
+def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(generation0, archive, tmp_path):
+    """schema.json records the resolved config; an earlier version's lacks today's keys (stats.tendency, ...)."""
+    output, _ = generation0
+    document = json.loads((output / "schema.json").read_text())
+    for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
+        del document["config"][section][key]
+    (output / "schema.json").write_text(json.dumps(document, indent=1))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
+
+
 def test_an_output_without_generations_is_refused(generation0, archive, tmp_path, capsys):
     output, _ = generation0
     (output / "generations.json").unlink()

@@ -106,6 +106,23 @@ def test_a_config_difference_names_its_key_and_the_input_files_may_differ():
         check_config(built, changed)
 
 
+def test_keys_added_since_an_output_was_built_mean_their_defaults():
+    """An output of an earlier version lacks the config keys added since: they are not a difference."""
+    from planning.config.model import json_default
+
+    now = {"input": {"paths": ["a"]}, "stats": {"per": [], "tendency": False}, "sample": {"time_features": []}}
+    built = {"input": {"paths": ["a"]}, "stats": {"per": []}, "sample": {}}
+    check_config(built, now, json_default)
+    with pytest.raises(UserError, match=r"^stats\.tendency: True differs from the False"):
+        check_config(built, {**now, "stats": {"per": [], "tendency": True}}, json_default)
+    with pytest.raises(UserError, match=r"^sample\.time_features"):
+        check_config(built, {**now, "sample": {"time_features": ["year_progress"]}}, json_default)
+    with pytest.raises(UserError, match=r"^sample\.time_features: \[\] differs from the None"):
+        check_config(built, now)  # (without defaults, a missing key is a difference)
+    assert json_default("stats") == {"per": [], "reference_split": None, "tendency": False}
+    assert json_default("output.path") is None and json_default("no.such.key") is None
+
+
 def test_the_record_is_read_for_the_committed_generations_only():
     entries = [{"generation": 0, "steps": 4, "first": "a", "last": "b", "fingerprint": "f"}]
     text = dumps([*entries, {"generation": 1, "steps": 6}])  # the second: an append that never committed
