@@ -19,6 +19,7 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
+from planning.formats.hdf5_chunks import unit_chunks
 from planning.preprocess import read_derived
 from planning.reads.slabs import Reader, SelectionReader, Slabs, files_reader
 from planning.reads.source_index import SourceIndex
@@ -26,6 +27,7 @@ from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
     CHUNK_BYTES,
+    CHUNKS_FETCHED,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
     SAMPLE_ID,
@@ -113,7 +115,7 @@ def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int
 
 def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
     """Per grid dim, the source indices of the first elements of the unit's samples; and whether the unit is the
-    first along the concat dim (zarr_reads: the chunks a unit owns)."""
+    first along the concat dim (zarr_reads, planning.formats.hdf5_chunks: the chunks a unit owns)."""
     grid, own, first = spec.positions.grid, {}, True
     for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
         taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
@@ -122,6 +124,23 @@ def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
         if axis.dim == spec.positions.concat_dim:
             first = start == 0
     return own, first
+
+
+def _territory(spec: CutSpec, unit: Unit) -> tuple[dict[str, tuple[float, float]], bool]:
+    """Per grid dim, the source indices from the unit's first sample's first element to the next unit's (either end
+    open at the grid's ends); and whether the unit is the first along the concat dim (planning.formats.hdf5_chunks:
+    the chunks a unit owns)."""
+    grid, territory, first = spec.positions.grid, {}, True
+    for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
+        taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
+
+        def source(position: int) -> int:
+            return position * axis.stride if taken is None else int(taken[position * axis.stride])  # noqa: B023
+
+        territory[axis.dim] = (-math.inf if start == 0 else source(start), math.inf if stop >= axis.count else source(stop))
+        if axis.dim == spec.positions.concat_dim:
+            first = start == 0
+    return territory, first
 
 
 def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
@@ -143,6 +162,16 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """
     box = spec.positions.grid.source_box(unit)
     reader = unit_reader(spec, sources, unit)
+    if spec.zarr_store is not None:
+        return reader.read((*spec.variables, *spec.coords), box)
+    # NetCDF-4 chunks: each read once by the unit, and weighed against those it owns.
+    with unit_chunks(*_territory(spec, unit), spec.positions.concat_dim) as ledger:
+        slabs = _read_files(spec, sources, unit, reader, box)
+    slabs.chunks_fetched, slabs.chunk_bytes = ledger.fetched, ledger.needed
+    return slabs
+
+
+def _read_files(spec: CutSpec, sources: SourceIndex, unit: Unit, reader: Reader, box: dict) -> Slabs:
     if spec.preprocess is not None:  # (never with a store: planning refuses it)
         where = f"unit {unit.index}"
         concat_dim = spec.positions.concat_dim
@@ -307,6 +336,7 @@ class _CutUnitFn(beam.DoFn):
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, BYTES_READ)
         self._chunk_bytes = Metrics.counter(METRICS_NAMESPACE, CHUNK_BYTES)
+        self._chunks_fetched = Metrics.counter(METRICS_NAMESPACE, CHUNKS_FETCHED)
 
     def setup(self):
         self._spec = with_run_files(self._spec)
@@ -321,6 +351,7 @@ class _CutUnitFn(beam.DoFn):
             slabs = read_unit(spec, self._sources, unit)
             self._bytes_read.inc(slabs.bytes_read)
             self._chunk_bytes.inc(slabs.chunk_bytes)
+            self._chunks_fetched.inc(slabs.chunks_fetched)
             cut = 0
             for block in cut_pieces(spec, unit, slabs):
                 cut += block.num_samples
