@@ -44,7 +44,6 @@ from planning.splits import SplitPlan, assign_splits
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
-from schemas.urls import is_remote
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.

@@ -133,11 +133,9 @@ def _territory(spec: CutSpec, unit: Unit) -> tuple[dict[str, tuple[float, float]
     grid, territory, first = spec.positions.grid, {}, True
     for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
         taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
-
-        def source(position: int) -> int:
-            return position * axis.stride if taken is None else int(taken[position * axis.stride])  # noqa: B023
-
-        territory[axis.dim] = (-math.inf if start == 0 else source(start), math.inf if stop >= axis.count else source(stop))
+        ends = (start, min(stop, axis.count - 1))  # (the last is not read where the unit reaches the grid's end)
+        low, high = (p * axis.stride if taken is None else int(taken[p * axis.stride]) for p in ends)
+        territory[axis.dim] = (-math.inf if start == 0 else low, math.inf if stop >= axis.count else high)
         if axis.dim == spec.positions.concat_dim:
             first = start == 0
     return territory, first

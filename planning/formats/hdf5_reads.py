@@ -56,9 +56,7 @@ def dataset_ranges(dataset: h5py.Dataset, box: Box, path: str = "", name: str = 
     return list(zip(starts.tolist(), (starts + length).tolist()))
 
 
-def _slab_ranges(
-    reader: BlockReader, path: str, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
-):
+def _slab_ranges(reader: BlockReader, path: str, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]):
     with NETCDF_LOCK, h5py.File(reader, "r") as file:
         ranges = []
         for variable in variables:

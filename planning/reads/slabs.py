@@ -229,9 +229,9 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     ]
     ledger = UNIT_CHUNKS.get()
     read: list[dict[str, np.ndarray] | None] = []
-    for source, local in zip(files, boxes):
+    for source, local in zip(files, boxes):  # by offset first, without the lock: plain reads, any thread at once
         if ledger is not None:
-            ledger.file_starts_at(source.path, source.start)  # by offset first, without the lock: plain reads, any thread at once
+            ledger.file_starts_at(source.path, source.start)
         _check_unchanged(source)  # also what makes an offset planned for it still right
         read.append(read_direct(source, along, local, concat_dim))
     # Local files left to HDF5 are read holding the lock for all of the unit's: HDF5 works one call at a time
