@@ -102,12 +102,11 @@ def build_pipeline(
         | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
     )
-    if stream_blocks:
-        shards, summaries = spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats)
-    else:
-        blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
-        shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
-        summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if stream_blocks:  # Schema, one element, once committed
+        return spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
+    blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
+    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
