@@ -197,6 +197,37 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
     assert not any((tmp_path / name / "_tmp").exists() for name in ("local", "streamed", "in_place"))
 
 
+def _group_by_keys(pipeline: beam.Pipeline) -> list[str]:
+    """The GroupByKeys in a pipeline (each a shuffle of every partition on Dask), by full label."""
+    found = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, beam.GroupByKey):
+                found.append(node.full_label)
+
+        def visit_transform(self, node):
+            self.enter_composite_transform(node)
+
+    pipeline.visit(Visitor())
+    return found
+
+
+@pytest.mark.parametrize("strategy", [WriteStrategy.IN_PLACE, WriteStrategy.BUCKET_FILES])
+def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
+    """Streamed (Beam's DaskRunner): written in place, one GroupByKey in all (the commit's combine); with bucket
+    files, one more (a shard's bucket files). The graph of the other runners keeps its four global combines."""
+    write = lay_out(plan, WritePlan(strategy, "chosen", str(tmp_path / "work")))
+    counts = {}
+    for streamed in (True, False):
+        pipeline = beam.Pipeline()
+        build_pipeline(pipeline, plan.units, compile_specs(plan, write), ranges=3, stream_blocks=streamed)
+        # (but the Reshuffle's, which Beam's DaskRunner replaces with nothing)
+        counts[streamed] = [label for label in _group_by_keys(pipeline) if not label.startswith("SpreadUnits/")]
+    assert len(counts[True]) == (1 if strategy is WriteStrategy.IN_PLACE else 2), counts[True]
+    assert len(counts[False]) > len(counts[True])
+
+
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():
     import types
 
