@@ -5,38 +5,19 @@ from __future__ import annotations
 
 import collections
 
-import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
+from netcdf4_chunked import LEVELS, SHAPE, write_chunked
 
 from planning.config import parse_config
 from planning.formats import hdf5_chunks
 from planning.plan import make_plan
 from planning.specs import cut_spec
 from schemas.errors import UserError
-from tests.conftest import BUCKET
 from transforms.cut import cut_pieces, read_unit
 
-DIMS = ("time", "level", "y", "x")
-SHAPE = (6, 5, 20, 12)
-CHUNKS = (2, 5, 8, 12)  # two steps of every level; y chunks of 8 cross the windows of 5 (stride 3)
-LEVELS = [0, 2, 3]  # two runs, both inside every chunk
-
-
-def _write(path, chunks=CHUNKS):
-    rng = np.random.default_rng(1)
-    with netCDF4.Dataset(path, "w") as nc:
-        for dim, size in zip(DIMS, SHAPE):
-            nc.createDimension(dim, size)
-        nc.createVariable("time", "f8", ("time",))[:] = np.arange(SHAPE[0])
-        nc["time"].units = "hours since 2000-01-01"
-        nc.createVariable("level", "i4", ("level",))[:] = np.arange(SHAPE[1]) * 100
-        packed = nc.createVariable("t", "i2", DIMS, chunksizes=chunks, zlib=True, shuffle=True)
-        packed.scale_factor, packed.add_offset = 0.01, 280.0
-        packed[:] = 280 + rng.normal(0, 20, SHAPE)
-        nc.createVariable("q", "f4", DIMS, chunksizes=chunks, zlib=True)[:] = rng.normal(size=SHAPE)
-    return path
+from conftest import BUCKET
 
 
 def _plan(paths: str, tmp_path, levels=None, budget=2e5):
@@ -102,7 +83,7 @@ def _assert_xarray_slices(samples: xr.Dataset, path, levels=None):
 
 @pytest.mark.parametrize("levels", [None, LEVELS])
 def test_each_chunk_is_read_once_and_the_samples_are_xarray_slices(tmp_path, chunk_reads, levels):
-    path = _write(tmp_path / "a.nc")
+    path = write_chunked(tmp_path / "a.nc")
     plan = _plan(str(path), tmp_path, levels)
     assert len(plan.units) > 1
     for unit in plan.units:  # units hold whole chunks: along time too (two steps a chunk)
@@ -117,7 +98,7 @@ def test_each_chunk_is_read_once_and_the_samples_are_xarray_slices(tmp_path, chu
 def test_a_window_across_a_unit_edge_fetches_the_next_chunk_and_counts_it(tmp_path, chunk_reads):
     """A budget under a step: units split y where a chunk starts; a unit's last windows cross into the next
     unit's chunk, which it fetches too (a halo): counted as fetched, not as needed."""
-    path = _write(tmp_path / "a.nc")
+    path = write_chunked(tmp_path / "a.nc")
     plan = _plan(str(path), tmp_path, budget=3e4)
     assert len({u.ranges[1] for u in plan.units}) > 1
     samples, fetched, needed = _build(plan)
@@ -132,7 +113,7 @@ def test_a_window_across_a_unit_edge_fetches_the_next_chunk_and_counts_it(tmp_pa
 
 def test_a_damaged_chunk_is_named_with_its_file(tmp_path):
     """The compressed bytes of one chunk overwritten (planning reads no chunk): the read names file and variable."""
-    path = _write(tmp_path / "a.nc")
+    path = write_chunked(tmp_path / "a.nc")
     import h5py
 
     with h5py.File(path, "r") as file:
@@ -150,7 +131,7 @@ def test_on_gs_each_chunk_is_fetched_once(tmp_path, gcs, chunk_reads, monkeypatc
     fetched at planning), each chunk's bytes in one prefetch of the build, the samples xarray's."""
     from planning.formats.remote_files import BlockReader
 
-    path = _write(tmp_path / "a.nc")
+    path = write_chunked(tmp_path / "a.nc")
     gcs.put(str(path), f"{BUCKET}/chunks/a.nc")
     prefetched = []
     prefetch = BlockReader.prefetch
