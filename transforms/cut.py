@@ -115,7 +115,7 @@ def count_nonfinite(data: dict[str, np.ndarray], labels: np.ndarray, splits: int
 
 def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
     """Per grid dim, the source indices of the first elements of the unit's samples; and whether the unit is the
-    first along the concat dim (zarr_reads, planning.formats.hdf5_chunks: the chunks a unit owns)."""
+    first along the concat dim (zarr_reads: the chunks a unit owns)."""
     grid, own, first = spec.positions.grid, {}, True
     for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
         taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
