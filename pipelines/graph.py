@@ -106,12 +106,7 @@ def build_pipeline(
         | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
     )
-    if stream_blocks:
-        shards, summaries = spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats)
-    else:
-        blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
-        shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
-        summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    tendency = None
     if specs.tendency is not None:  # stats.tendency: the source's pairs of steps, read by units of their own
         tendency = (
             pipeline
@@ -119,6 +114,13 @@ def build_pipeline(
             | "SpreadTendencyUnits" >> beam.Reshuffle()
             | "ComputeTendency" >> ComputeTendency(specs.tendency)
         )
+    if stream_blocks:  # Schema, one element, once committed
+        inputs = spread if tendency is None else (spread, tendency)
+        return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
+    blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
+    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if tendency is not None:
         summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 

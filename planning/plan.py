@@ -44,7 +44,6 @@ from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
-from schemas.urls import is_remote
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
@@ -473,16 +472,16 @@ def _plan_units(
         return _making_samples(units, grid_dims, making), pieces
     stride = grid.axis(concat_dim).stride
     starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    if chunks and not (selection and concat_dim in selection.runs):
+        chunked.update(_concat_chunk_breaks(grid, variables, chunks, concat_dim, files))
     units = plan_units(grid, cost, budget_bytes, concat_dim, starts, chunked=chunked)
     return _making_samples(units, grid_dims, making), pieces
 
 
 def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...]]:
-    """The chunk shapes of the variables the reference file (a local NetCDF-4 file) stores in chunks; the other
+    """The chunk shapes of the variables the reference file (a NetCDF-4 file) stores in chunks; the other
     files are taken to be chunked alike (where they are not, units only read more than they would)."""
-    path = inventory.reference.path
-    if is_remote(path):  # (its chunks would cost a fetch at planning: remote files keep units as they were)
-        return {}
+    path = inventory.reference.path  # (remote: its metadata fetched, a few blocks)
     names = [v.name for v in variables if getattr(v, "static_path", None) is None]
     return chunk_shapes(path, names)
 
@@ -509,6 +508,31 @@ def _chunk_breaks(
         if common is not None:
             out[axis.dim] = sorted(common)
     return out
+
+
+def _concat_chunk_breaks(
+    grid: SampleGrid, variables, chunks: Mapping, concat_dim: str, files: list[SourceFile]
+) -> dict[str, list[int]]:
+    """Along the concat dim, the positions where a chunk of every chunked variable starts: each file's chunks
+    count from its own first step (a chunk never spans files). Nothing where every chunk is one step long."""
+    sizes = {
+        shape[v.dims.index(concat_dim)]
+        for v in variables
+        if (shape := chunks.get(v.name)) is not None and concat_dim in v.dims and len(shape) == len(v.dims)
+    }
+    sizes = {size for size in sizes if size > 1}
+    if not sizes:
+        return {}
+    axis = grid.axis(concat_dim)
+    first = np.arange(axis.count, dtype=np.int64) * axis.stride  # each position's first index along the dim
+    begins = np.array([f.start for f in files], dtype=np.int64)
+    within = np.searchsorted(begins, first, side="right") - 1
+    common = None
+    for size in sizes:
+        ids = np.column_stack([within, (first - begins[within]) // size])
+        found = set((np.flatnonzero((ids[1:] != ids[:-1]).any(axis=1)) + 1).tolist())
+        common = found if common is None else common & found
+    return {concat_dim: sorted(common)}
 
 
 def _making_samples(units: Units, grid_dims: list[str], making: dict[str, np.ndarray]) -> Units:

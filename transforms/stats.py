@@ -230,6 +230,12 @@ def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]
     return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
 
 
+def merge_groups_in_order(groups: Mapping[int, Iterable[tuple[tuple[int, int], dict[str, SplitSummary]]]]):
+    """keyed_summary's parts of every group ({group: [(unit and piece, summary)]}) merged as ComputeStats merges
+    them: each group's in unit order, then the groups in order (the same float additions, the same bits)."""
+    return merge_by_name(_merge_group(group, groups[group])[1] for group in sorted(groups))
+
+
 class _MergeGroupsInOrderFn(beam.CombineFn):
     """Merges the groups' summaries in group order; its accumulator holds one summary per group."""
 
@@ -249,19 +255,6 @@ class _MergeGroupsInOrderFn(beam.CombineFn):
 
     def extract_output(self, accumulator):
         return merge_by_name(accumulator[group] for group in sorted(accumulator))
-
-
-@dataclasses.dataclass
-class MergeSummaries(beam.PTransform):
-    """keyed_summary's parts -> ComputeStats' one merged dict: its steps after the per-block one."""
-
-    def expand(self, parts):
-        return (
-            parts
-            | "GroupUnits" >> beam.GroupByKey()
-            | "MergeGroup" >> beam.MapTuple(_merge_group)
-            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
-        )
 
 
 @dataclasses.dataclass
