@@ -267,6 +267,18 @@ class ComputeStats(beam.PTransform):
         return (
             blocks
             | "SummarizeBlock" >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per)
+            | "MergeSummaries" >> MergeSummaries()
+        )
+
+
+@dataclasses.dataclass
+class MergeSummaries(beam.PTransform):
+    """keyed_summary's parts -> one merged {split: SplitSummary} dict, in unit order (ComputeStats' and the
+    tendency's steps after their per-unit one)."""
+
+    def expand(self, parts):
+        return (
+            parts
             | "GroupUnits" >> beam.GroupByKey()
             | "MergeGroup" >> beam.MapTuple(_merge_group)
             # Without defaults: a global combine's default value is a side input, which Beam's
