@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from glob import glob
@@ -111,7 +112,11 @@ class Moments:
 
 
 def write_shards(output: Path, records: list[bytes], keys: np.ndarray, num_shards: int) -> list[int]:
-    """Records in shuffled order: by shard, then by key within each shard. Returns bytes per shard."""
+    """Records in shuffled order: by shard, then by key within each shard. Returns bytes per shard.
+
+    Each shard reaches the disk (fsync) before the next, as the pipeline's commit syncs its shards:
+    both write a durable output.
+    """
     shards = shard_of(keys, num_shards)
     order = np.lexsort((keys, shards))
     bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
@@ -122,6 +127,8 @@ def write_shards(output: Path, records: list[bytes], keys: np.ndarray, num_shard
         with open(output / f"data-{shard:05d}-of-{num_shards:05d}.tfrecord", "wb") as stream:
             stream.writelines(records[i] for i in chosen)
             written.append(stream.tell())
+            stream.flush()
+            os.fsync(stream.fileno())
     return written
 
 

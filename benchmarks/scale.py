@@ -11,7 +11,8 @@
    plans 300, 2,100 and 10,000 such files, as KB per file between sizes (the slope: what each
    more file costs, the interpreter and its imports aside).
 4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
-   byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS.
+   byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS; part
+   ``nc4chunks``: the same of a NetCDF-4 copy of the store chunked alike.
 5. The job graph's size, the dry run's wall and the launcher's peak RSS at 100k, 1M, 10M and
    30M work units of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
 6. A Dask LocalCluster (2 single-threaded worker processes) against the local runner at ~200
@@ -88,7 +89,7 @@ FULL = {
     "graph_units": job_graph.DEFAULT_UNITS,
     "dask_budgets": DASK_BUDGETS,
 }
-PARTS = ("local", "units", "remote", "zarr", "graph", "dask")
+PARTS = ("local", "units", "remote", "zarr", "nc4chunks", "graph", "dask")
 #: Repeats of the unit planning call (the fastest is kept): one call takes well under a millisecond.
 UNIT_REPEATS = 50
 BUCKET = "xtf-scale"
@@ -500,6 +501,8 @@ def run(
         results["remote"] = run_remote(bench, archives, local_plans)
     if "zarr" in parts:
         results["zarr"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout)
+    if "nc4chunks" in parts:  # the same store copied into a NetCDF-4 file chunked alike
+        results["nc4chunks"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout, netcdf=True)
     if "remote" in parts and remote_memory:
         archives = [ensure_archive(workdir, "nc4", n) for n in remote_memory]
         results["remote_memory"] = run_remote_memory(bench, archives)
@@ -588,6 +591,7 @@ def targets(results: dict) -> list[Target]:
             )
         )
     found += zarr_reads.targets(results.get("zarr") or {})
+    found += zarr_reads.targets(results.get("nc4chunks") or {})
     found += job_graph.targets(results.get("job_graph") or [])
     if results.get("dask"):
         from benchmarks import dask_vs_local
@@ -620,6 +624,7 @@ def failed(results: dict) -> list[str]:
     names += [f"units {k}" for k, row in (results.get("units") or {}).items() if not row["ok"]]
     names += [f"remote {k}" for k, row in (results.get("remote") or {}).items() if not row["ok"]]
     names += [f"zarr {k}" for k, row in (results.get("zarr") or {}).items() if not row["ok"]]
+    names += [f"nc4chunks {k}" for k, row in (results.get("nc4chunks") or {}).items() if not row["ok"]]
     names += [f"remote memory {k}" for k, row in (results.get("remote_memory") or {}).items() if not row["ok"]]
     names += [f"dry run of {row['steps']:,} steps" for row in results.get("job_graph") or [] if not row["ok"]]
     dask = results.get("dask") or []
@@ -677,6 +682,7 @@ def render(results: dict) -> str:
     for fmt, row in (results.get("remote") or {}).items():
         rows += _remote_rows(fmt, row, by_name if fmt == "nc4" else {})
     rows += zarr_reads.report_rows(results.get("zarr") or {}, by_name)
+    rows += zarr_reads.report_rows(results.get("nc4chunks") or {}, by_name)
     rows += _memory_rows(results.get("remote_memory") or {}, by_name)
     rows += job_graph.report_rows(results.get("job_graph") or [], by_name)
     if results.get("dask"):

@@ -5,6 +5,8 @@ the whole globe in it; the README's variables: four on levels and one at the sur
 written once into the work directory, then built with the README's 32x32 patches, all levels and
 the 3 selected levels, each ``python -m pipelines.build`` in its own process: the bytes it
 fetched against the stored bytes of the chunks it needed (its summary line), and its peak RSS.
+The same for a NetCDF-4 copy of the store chunked alike (one file, a step of a variable per
+chunk): the chunks it read against those it needed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ SELECTED = [500, 700, 850]
 FULL = {"steps": 2, "lat": 721, "lon": 1440}
 QUICK = {"steps": 2, "lat": 40, "lon": 72}
 _MARKER = "store.json"
-_SUMMARY = re.compile(r"read ([\d,.]+) MB from the store for ([\d,.]+) MB of chunks needed \(([\d,.]+)x")
+_SUMMARY = re.compile(
+    r"read ([\d,.]+) MB from (?:the store|NetCDF-4 chunks) for ([\d,.]+) MB of chunks needed \(([\d,.]+)x"
+)
 
 
 def ensure_store(workdir: Path, steps: int, lat: int, lon: int) -> Path:
@@ -62,6 +66,23 @@ def ensure_store(workdir: Path, steps: int, lat: int, lon: int) -> Path:
     return store
 
 
+def ensure_netcdf(store: Path) -> Path:
+    """The store copied once into one NetCDF-4 file, chunked as the store is (uncompressed, as ARCO's NetCDF peers)."""
+    import xarray as xr
+
+    path = store.with_suffix(".nc")
+    marker = store.parent / f"{path.name}.{_MARKER}"
+    wanted = (store.parent / f"{store.name}.{_MARKER}").read_text()
+    if marker.exists() and marker.read_text() == wanted:
+        return path
+    print(f"[zarr] writing {path} ...", flush=True)
+    with xr.open_zarr(store, chunks=None) as ds:
+        encoding = {name: {"chunksizes": (1, *ds[name].shape[1:])} for name in (*ON_LEVELS, SURFACE)}
+        ds.to_netcdf(path, engine="netcdf4", encoding=encoding)
+    marker.write_text(wanted)
+    return path
+
+
 def _config(workdir: Path, store: Path, name: str, levels: list[int] | None) -> Path:
     import yaml
 
@@ -86,13 +107,18 @@ def _parse(output: str) -> dict:
     return {"fetched_mb": fetched, "needed_mb": needed, "fetched_per_stored": ratio}
 
 
-def run_zarr(workdir: Path, repo: Path, env: dict[str, str], quick: bool = False, timeout: float = 3600) -> dict:
-    """{"all levels": row, "3 levels": row}: each build's fetched MB, needed MB, their ratio, peak RSS and time."""
+def run_zarr(
+    workdir: Path, repo: Path, env: dict[str, str], quick: bool = False, timeout: float = 3600, netcdf: bool = False
+) -> dict:
+    """{"all levels": row, "3 levels": row}: each build's fetched MB, needed MB, their ratio, peak RSS and time.
+    ``netcdf``: of the store's NetCDF-4 copy instead ("NetCDF-4, all levels", "NetCDF-4, 3 levels")."""
     shape = QUICK if quick else FULL
     store = ensure_store(workdir, **shape)
+    source = ensure_netcdf(store) if netcdf else store
     rows = {}
-    for name, levels in (("all levels", None), ("3 levels", SELECTED)):
-        config = _config(workdir, store, name.replace(" ", "-"), levels)
+    prefix = "NetCDF-4, " if netcdf else ""
+    for name, levels in ((f"{prefix}all levels", None), (f"{prefix}3 levels", SELECTED)):
+        config = _config(workdir, source, name.replace(" ", "-").replace(",", ""), levels)
         command = [sys.executable, "-m", "pipelines.build", "--config", str(config), "--overwrite", "--quiet"]
         measured = run_measured(command, str(repo), env, timeout)
         rows[name] = {
@@ -100,6 +126,7 @@ def run_zarr(workdir: Path, repo: Path, env: dict[str, str], quick: bool = False
             "wall": measured.wall_seconds,
             "peak_rss": measured.peak_rss_bytes,
             "shape": shape,
+            "source": "NetCDF-4" if netcdf else "Zarr",
             **_parse(measured.output_tail),
         }
         if not measured.ok:
@@ -108,19 +135,28 @@ def run_zarr(workdir: Path, repo: Path, env: dict[str, str], quick: bool = False
     return rows
 
 
+def _fetched_name(row: dict, name: str) -> str:
+    if row.get("source") == "NetCDF-4":
+        return f"NetCDF-4 chunk bytes read / stored, ARCO chunking, {name.removeprefix('NetCDF-4, ')}"
+    return f"Zarr bytes fetched / stored, ARCO chunking, {name}"
+
+
 def targets(rows: dict) -> list[Target]:
-    """Bytes fetched per stored byte of the chunks needed, both builds; the peak RSS of the 3-level build."""
+    """Bytes fetched per stored byte of the chunks needed, every build; the peak RSS of the store's builds (the
+    issue's target is a store's; the NetCDF-4 builds' is reported beside it)."""
     found = []
     for name, row in rows.items():
         ok = row.get("ok")
         found.append(
             Target(
-                f"Zarr bytes fetched / stored, ARCO chunking, {name}",
+                _fetched_name(row, name),
                 row.get("fetched_per_stored") if ok else None,
                 MAX_ZARR_FETCHED_PER_STORED,
                 True,
             )
         )
+        if row.get("source") == "NetCDF-4":
+            continue
         found.append(
             Target(
                 f"peak RSS, local build of 2 ARCO steps, {name}",
@@ -138,8 +174,9 @@ def report_rows(rows: dict, by_name: dict[str, Target]) -> list[list[str]]:
     out = []
     for name, row in rows.items():
         shape = row.get("shape", {})
-        what = f"Zarr {name}, 2 steps of 37 x {shape.get('lat')} x {shape.get('lon')}"
-        fetched = by_name.get(f"Zarr bytes fetched / stored, ARCO chunking, {name}")
+        label = name if row.get("source") == "NetCDF-4" else f"Zarr {name}"
+        what = f"{label}, 2 steps of 37 x {shape.get('lat')} x {shape.get('lon')}"
+        fetched = by_name.get(_fetched_name(row, name))
         rss = by_name.get(f"peak RSS, local build of 2 ARCO steps, {name}")
         if not row.get("ok"):
             out.append([f"{what}: build", "FAILED", "-", "-", "-", ""])

@@ -105,15 +105,16 @@ def _all(value) -> bool:
     return all(_all(v) for v in value) if isinstance(value, list) else bool(value)
 
 
-def store_reads_line(counters: dict[str, int]) -> str | None:
-    """What a build fetched from a Zarr store against the stored bytes of the chunks it needed (None: unknown)."""
-    from planning.run.contracts import BYTES_READ, CHUNK_BYTES  # here: --help loads no xarray
+def store_reads_line(counters: dict[str, int], source: str = "the store") -> str | None:
+    """What a build fetched of a Zarr store's (or NetCDF-4 files', ``source``) chunks against the stored bytes of
+    the chunks it needed (None: unknown, or nothing chunked read)."""
+    from planning.run.contracts import BYTES_READ, CHUNK_BYTES, CHUNKS_FETCHED  # here: --help loads no xarray
 
-    fetched, needed = counters.get(BYTES_READ, 0), counters.get(CHUNK_BYTES, 0)
+    fetched, needed = counters.get(CHUNKS_FETCHED, counters.get(BYTES_READ, 0)), counters.get(CHUNK_BYTES, 0)
     if not needed:
         return None
     return (
-        f"  read {fetched / 1e6:,.1f} MB from the store for {needed / 1e6:,.1f} MB of chunks needed "
+        f"  read {fetched / 1e6:,.1f} MB from {source} for {needed / 1e6:,.1f} MB of chunks needed "
         f"({fetched / needed:.2f}x; above 1x: chunks fetched again for windows that cross into them, static fields)"
     )
 
@@ -142,7 +143,7 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
-    reads = store_reads_line(counters or {}) if plan.zarr_store is not None else None
+    reads = store_reads_line(counters or {}, "the store" if plan.zarr_store is not None else "NetCDF-4 chunks")
     if reads:
         print(reads)
     counts = schema.counts

@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
+import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -42,6 +44,7 @@ from pipelines.runners import (
     make_runner,
     runner_context,
     runner_name,
+    submission_temp_dir,
     unit_ranges,
     with_runner_defaults,
 )
@@ -55,7 +58,7 @@ from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files
+from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files, tendency_spec
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
@@ -66,6 +69,7 @@ from transforms.files import use_anonymous_credentials_for_emulator, write_atomi
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.stats import ComputeStats
 from transforms.streamed import StreamBlocks
+from transforms.tendency import ComputeTendency, tendency_summary
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
@@ -102,12 +106,22 @@ def build_pipeline(
         | "EnumerateUnits" >> enumerate_units  # Unit
         | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
     )
-    if stream_blocks:
-        shards, summaries = spread | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats)
-    else:
-        blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
-        shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
-        summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    tendency = None
+    if specs.tendency is not None:  # stats.tendency: the source's pairs of steps, read by units of their own
+        tendency = (
+            pipeline
+            | "EnumerateTendencyUnits" >> EnumerateUnits(specs.tendency.plan.units, None, ranges)
+            | "SpreadTendencyUnits" >> beam.Reshuffle()
+            | "ComputeTendency" >> ComputeTendency(specs.tendency)
+        )
+    if stream_blocks:  # Schema, one element, once committed
+        inputs = spread if tendency is None else (spread, tendency)
+        return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
+    blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
+    shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
+    summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
+    if tendency is not None:
+        summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -130,10 +144,23 @@ def run_build(
     name, where the runner reports them. ``append``: add the input's steps the output does not hold as a new
     generation (planning.run.generations; NothingToAppend, before anything is written, when there are none).
     """
+    beam_args = with_runner_defaults(beam_args)
+    with submission_temp_dir(PipelineOptions(beam_args)):
+        return _run_build(config, beam_args, overwrite, progress, shared_filesystem, counters, append)
+
+
+def _run_build(
+    config: BuildConfig,
+    beam_args: list[str],
+    overwrite: bool,
+    progress: TextIO | None,
+    shared_filesystem: bool,
+    counters: dict[str, int] | None,
+    append: bool,
+) -> tuple[BuildPlan, Schema | None]:
     allow_writes()  # an earlier build in this process may have failed and refused its threads' writes
     watch_job(None)  # nor is an earlier build's job this one's
     check_stopped()  # stopped while Beam was being imported
-    beam_args = with_runner_defaults(beam_args)
     load_runner_options(beam_args)
     options = PipelineOptions(beam_args)
     use_anonymous_credentials_for_emulator()
@@ -229,7 +256,8 @@ def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
     """
     check_stopped()
     manifest = prepare_append(plan.output, plan.manifest(), committed)
-    finalize_output(finalize_spec(plan), [], {})
+    tendency = tendency_spec(plan)  # (its new steps may still add pairs of steps)
+    finalize_output(finalize_spec(plan), [], tendency_summary(tendency) if tendency is not None else {})
     record_complete(plan.output, manifest)
     return load_schema(plan.output)
 
@@ -289,9 +317,15 @@ def _checked_graph_size(pipeline: beam.Pipeline, options: PipelineOptions) -> in
 
 
 def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
-    """The pipeline object; Beam validates the options here, before any planning or submission."""
+    """The pipeline object; Beam validates the options here, before any planning or submission.
+
+    Beam makes it a folder in the system's temp directory that only its ``run`` removes: a run
+    refused, stopped or dry ends without one, so the folder goes when the object does (or at exit).
+    """
     try:
-        return beam.Pipeline(runner=make_runner(options), options=options)
+        pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+        weakref.finalize(pipeline, shutil.rmtree, pipeline.local_tempdir, True)
+        return pipeline
     except ValueError as error:
         problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
         if not problems:

@@ -13,6 +13,7 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
+from planning.config.model import json_default
 from planning.inputs.probe_cache import FORMAT as INVENTORY_FORMAT
 from planning.run import generations
 from planning.run.generations import GENERATIONS_FILE, Held, check_config, held_of
@@ -207,7 +208,7 @@ def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
             f"output: {path} was built before appends were recorded (no {GENERATIONS_FILE}); rebuild it once "
             "with --overwrite, then --append adds to it"
         )
-    check_config(schema.config, config)
+    check_config(schema.config, config, json_default)  # (keys added since it was built mean their defaults)
     entries = generations.loads(record, record_path, int(schema.sources.get("generations", 1)))
     return schema, held_of(entries, record_path)
 

@@ -23,6 +23,7 @@ from pipelines.runners import (
     is_dask_runner,
     is_local_runner,
     is_this_setup_file,
+    remember_dask_threads,
     runner_name,
     ships_code,
 )
@@ -293,6 +294,7 @@ def _check_dask_scheduler(options: PipelineOptions) -> None:
     try:
         with Client(address=dask.address, scheduler_file=dask.scheduler_file, **timeout) as client:
             workers = len(client.scheduler_info().get("workers", {}))
+            remember_dask_threads(dask.address, dask.scheduler_file, sum(client.nthreads().values()))
     except (OSError, ValueError) as error:
         raise UserError(
             f"DaskRunner: no Dask scheduler answers at {where} ({_reason(error)}); start the cluster first, "

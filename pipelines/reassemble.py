@@ -134,7 +134,7 @@ def write_template(plan, files: list[str]) -> None:
     # sample covers (not a whole chunk of cells), unless an integer variable comes back whole there, which on
     # its chunk it might not (then it is float64: README, "dtypes").
     axis = probe.checked_axis(plan.chunk_dim)
-    cell = int(one[axis.index_name].reshape(-1)[0]) - axis.first + int(axis.local_cells().min())
+    cell = int(one[axis.index_name].reshape(-1)[0]) + axis.origin - axis.first + int(axis.local_cells().min())
     sample = plan.assembly((cell, cell + 1)).add_all([one]).dataset()
     if any(v.dtype.kind in "iub" for name, v in sample.data_vars.items() if name != COVERAGE):
         chunk = int(chunks_of(plan, probe, one)[0][0])

@@ -8,6 +8,8 @@ import difflib
 import io
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, WorkerOptions
@@ -221,14 +223,29 @@ def unit_ranges(options: PipelineOptions, units: int) -> int:
     return max(1, min(units, DASK_PARTITIONS_PER_THREAD * dask_threads(options)))
 
 
+#: Threads of the Dask clusters this process asked (by scheduler address or file), as the preflight check saw them:
+#: each connection to the scheduler costs a round of handshakes, and a build would otherwise make three.
+_DASK_THREADS: dict[tuple[str | None, str | None], int] = {}
+
+
+def remember_dask_threads(address: str | None, scheduler_file: str | None, threads: int) -> None:
+    """The threads a cluster's workers have, seen while connected for another reason (none yet: not kept)."""
+    if threads:
+        _DASK_THREADS[(address, scheduler_file)] = threads
+
+
 def dask_threads(options: PipelineOptions) -> int:
     """Threads of the Dask cluster's workers, all told (at least 1; none yet: as many as this machine's cores)."""
     from apache_beam.runners.dask.dask_runner import DaskOptions
-    from distributed import Client
 
     dask = options.view_as(DaskOptions)
     if not (dask.address or dask.scheduler_file):
         return os.cpu_count() or 1  # Beam starts a LocalCluster of this machine's cores
+    seen = _DASK_THREADS.pop((dask.address, dask.scheduler_file), None)  # (a later build asks again)
+    if seen:
+        return seen
+    from distributed import Client
+
     timeout = {"timeout": dask.timeout} if dask.timeout is not None else {}
     with Client(address=dask.address, scheduler_file=dask.scheduler_file, set_as_default=False, **timeout) as client:
         threads = sum(client.nthreads().values())
@@ -278,6 +295,27 @@ def _local_runner_class():
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner
+
+
+@contextlib.contextmanager
+def submission_temp_dir(options: PipelineOptions):
+    """For a remote runner, the system temp directory is a private folder removed when the run ends.
+
+    Beam stages a remote job's dependencies (this package's sdist, the pickled session) in a
+    folder of the temp directory that it never removes (apache_beam.transforms.environments'
+    ``python_sdk_dependencies``): a launcher would leave one behind per job. Local runs stage nothing.
+    """
+    if is_local_runner(options):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="xarray-tfrecords-submit-")
+    previous = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManager:

@@ -25,10 +25,14 @@ def package_version() -> str:
         return "unknown"
 
 
-def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, splits: Sequence[SplitPlan]):
+def sample_description(
+    config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, splits: Sequence[SplitPlan], origin: int = 0
+):
     """schema.json's ``sample``: the dims and their roles, the grid of positions, each split's range.
 
     Lengths, positions and index ranges count on the selected grid; ``selection`` says where it is in the source.
+    ``origin``: the grid position along the concat dim whose index/<dim> is 0 (a backfill's steps come before
+    it); written as the concat axis's ``index_origin`` and taken off the splits' index ranges.
     """
     concat_dim, split_dim = config.input.concat_dim, config.split_dim
     calendar = time_calendar(dataset.concat_values[:1])  # the calendar of the concat dim's dates (times only)
@@ -39,7 +43,10 @@ def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedD
         **({"calendar": calendar} if calendar else {}),
         **({"new_dim": {"name": members.dim, **members.to_json()}} if members is not None else {}),
         **({"split_dim": split_dim} if split_dim != concat_dim else {}),
-        "axes": [a.to_json() for a in grid.axes],
+        "axes": [
+            {**a.to_json(), "index_origin": origin} if origin and a.dim == concat_dim else a.to_json()
+            for a in grid.axes
+        ],
         "grid_dims": [a.dim for a in grid.grid_axes],
         "grid_shape": list(grid.shape),
         "num_samples": sum(s.num_samples for s in splits),
@@ -47,7 +54,7 @@ def sample_description(config: BuildConfig, grid: SampleGrid, dataset: SelectedD
             s.name: {
                 "first": json_values(values[s.start : s.start + 1])[0],
                 "last": json_values(values[s.stop - 1 : s.stop])[0],
-                "index_range": [s.start, s.stop],
+                "index_range": [s.start - origin, s.stop - origin] if split_dim == concat_dim else [s.start, s.stop],
             }
             for s in splits
         },
@@ -99,8 +106,9 @@ def describe_build(
     splits: Sequence[SplitPlan],
     drops: dict[str, int],
     scalar_coords: Sequence[dict] = (),
+    origin: int = 0,
 ) -> Schema:
-    """The schema without its shards (Finalize adds those once they are written)."""
+    """The schema without its shards (Finalize adds those once they are written); ``origin``: sample_description's."""
     kept, on_grid = {}, {}
     for axis in grid.axes:
         found = dataset.coordinate(axis.dim)
@@ -113,7 +121,7 @@ def describe_build(
         features=tuple(features),
         compression=config.output.compression,
         examples_per_record=config.output.examples_per_record,
-        sample=sample_description(config, grid, dataset, splits),
+        sample=sample_description(config, grid, dataset, splits, origin),
         coords=kept,
         scalar_coords=tuple(scalar_coords),
         grid=on_grid,

@@ -271,7 +271,8 @@ def record_features(
     stack_of = {name: stack for stack in stacks for name in stack.variables}
     features: list[Feature] = []
     if config is not None and config.sample.roles:
-        features.extend(role_features(config.sample.roles, grid, variables, config.input.concat_dim))
+        roles = role_features(config.sample.roles, grid, variables, config.input.concat_dim)
+        features.extend(stack_roles(roles, stacks))
         variables = []  # each variable only in its roles' features
     for var in variables:
         stack = stack_of.get(var.name)
@@ -336,9 +337,59 @@ def role_features(
     return features
 
 
+#: A role's stacked feature's source: its channels' variables (layout.stack within a role), and their axis.
+CHANNELS_KEY, CHANNEL_AXIS_KEY = "channels", "channel_axis"
+
+
+def stack_roles(features: list[Feature], stacks: Sequence[StackPlan]) -> list[Feature]:
+    """layout.stack within each role: a role holding every variable of a stack writes them as one feature,
+    ``<role>/<stack name>``, in place of its first; a role holding some of them keeps those apart."""
+    out = list(features)
+    for stack in stacks:
+        for role in dict.fromkeys(f.source[ROLE_KEY] for f in features):
+            members = [next((f for f in out if f.name == f"{role}/{name}"), None) for name in stack.variables]
+            if None in members:
+                continue
+            first = members[0]
+            if stack.axis == 0:
+                shape, dims = (len(members), *first.shape), ("channel", *first.dims)
+            else:
+                shape, dims = (*first.shape, len(members)), (*first.dims, "channel")
+            source = {key: value for key, value in first.source.items() if key in (ROLE_KEY, STEPS_KEY, CROP_KEY)}
+            source.update({CHANNELS_KEY: list(stack.variables), CHANNEL_AXIS_KEY: stack.axis})
+            source["variables"] = {f.name: f.source for f in members}
+            stacked = Feature(f"{role}/{stack.feature.name}", first.dtype, shape, dims, "variable", source)
+            at = out.index(first)
+            out = [f for f in out if f not in members]
+            out.insert(at, stacked)
+    return out
+
+
+def is_role_stack(feature: Feature) -> bool:
+    """Whether ``feature`` is a role's stacked feature (stack_roles)."""
+    return ROLE_KEY in feature.source and CHANNELS_KEY in feature.source
+
+
+def channel_dims(feature: Feature) -> tuple[str, ...]:
+    """A stacked feature's dims without its channel axis: each channel's."""
+    return tuple(d for d in feature.dims if d != "channel")
+
+
+def channel_feature(feature: Feature) -> Feature:
+    """One channel of a role's stacked feature: its dims and shape without the channel axis."""
+    shape = tuple(n for n, d in zip(feature.shape, feature.dims) if d != "channel")
+    return dataclasses.replace(feature, dims=channel_dims(feature), shape=shape)
+
+
 def role_values(feature: Feature, values: np.ndarray) -> np.ndarray:
-    """A role's feature from its variable's values over the whole sample (samples first, then feature.dims)."""
+    """A role's feature from its variable's values over the whole sample (samples first, then feature.dims);
+    a stacked one's from each channel's (``values``: a mapping of variable to values)."""
     source = feature.source
+    if is_role_stack(feature):
+        cut = {key: value for key, value in source.items() if key in (STEPS_KEY, CROP_KEY)}
+        channel = dataclasses.replace(channel_feature(feature), source=cut)
+        axis = 1 if source[CHANNEL_AXIS_KEY] == 0 else -1
+        return np.stack([role_values(channel, values[name]) for name in source[CHANNELS_KEY]], axis=axis)
     index: list = [slice(None)]
     for dim in feature.dims:
         if dim in source.get(STEPS_KEY, {}):

@@ -27,24 +27,23 @@ from planning.features import (
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_paths import store_input
-from planning.inputs.coords import json_values, record_values
+from planning.inputs.coords import format_value, irregular_steps, json_values, record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
 from planning.positions import Positions, plan_time_features
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
-from planning.run.generations import Held, HeldFile, generation_entry, new_steps
+from planning.run.generations import Held, HeldFile, HeldRange, generation_entry, held_range
 from planning.run.manifest import Manifest, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
-from planning.sampling import SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
+from planning.sampling import Axis, SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
-from planning.splits import SplitPlan, assign_splits
+from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
 from schemas.errors import UserError
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
-from schemas.urls import is_remote
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
@@ -96,6 +95,8 @@ class BuildPlan:
     generation: int = 0
     #: generations.json's record of it (planning.run.generations): what the output holds once it is committed
     generation_record: dict = dataclasses.field(default_factory=dict)
+    #: config stats.tendency: the pairs of steps whose differences are summarised, and the units reading them
+    tendency: TendencyPlan | None = None
 
     @property
     def grid(self) -> SampleGrid:
@@ -129,6 +130,90 @@ class BuildPlan:
     def shard_names(self) -> list[str]:
         """The files this run's shards take (with their indexes): a failed append removes these alone."""
         return sorted(self.manifest().files - build_manifest(self.run_id, []).files)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TendencyPlan:
+    """stats.tendency: which consecutive steps of the selected grid pair up, and the units that read them.
+
+    Its grid has the concat dim as windows of 2 steps (a position is a pair, by its first step),
+    ``stats.per`` dims kept whole and every other dim iterated, so a unit's box is every cell of
+    its pairs, the step after its last included (a halo of one), and each (cell, pair) lies in one
+    unit alone: the source's pairs, not the samples', whatever their windows and strides.
+    """
+
+    grid: SampleGrid
+    units: Units
+    #: per pair start t (along the concat dim): whether (t, t + 1) is summarised: both in the reference split,
+    #: a regular step apart (no gap), and (an append) not both held by earlier generations
+    pairs: np.ndarray
+    #: per position along the split dim when it is not the concat dim (input.new_dim): whether it is in the
+    #: reference split (None: every position)
+    members: np.ndarray | None = None
+    split_dim: str | None = None
+
+    def unit_pairs(self, unit) -> tuple[int, int]:
+        """[start, stop) of the pair starts ``unit`` owns."""
+        dims = [a.dim for a in self.grid.grid_axes]
+        return unit.ranges[dims.index(self.concat_dim)]
+
+    @property
+    def concat_dim(self) -> str:
+        return next(a.dim for a in self.grid.axes if a.role == "window")
+
+
+def plan_tendency(
+    config: BuildConfig,
+    grid: SampleGrid,
+    dataset: SelectedDataset,
+    splits: list[SplitPlan],
+    reference: str,
+    plan_units_of,
+    kept: HeldRange | None = None,
+) -> TendencyPlan | None:
+    """The tendency's pairs and units (None without stats.tendency); UserError where it has nothing to summarise.
+
+    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own);
+    ``kept``: an append's held steps (their pairs are in the earlier generations' statistics).
+    """
+    if not config.stats.tendency:
+        return None
+    concat_dim = config.input.concat_dim
+    steps = grid.axis(concat_dim).length
+    if steps < 2:
+        raise UserError(
+            f"stats.tendency: {concat_dim!r} holds {steps} step(s) after `select`, so there is no x(t+1) - x(t); "
+            "remove stats.tendency, or select more steps"
+        )
+    chosen = next((s for s in splits if s.name == reference), None) or SplitPlan(DEFAULT_SPLIT, 0, steps)
+    pairs = ~irregular_steps(dataset.concat_values)
+    starts = np.arange(steps - 1)
+    members = None
+    if config.split_dim == concat_dim:
+        pairs &= (starts >= chosen.start) & (starts + 1 < chosen.stop)
+    elif config.splits:
+        members = np.zeros(grid.axis(config.split_dim).length, dtype=bool)
+        members[chosen.start : chosen.stop] = True
+    if kept is not None:  # (pairs within the held steps are in earlier generations' stats; those across its ends not)
+        pairs &= ~((starts >= kept.start) & (starts + 1 < kept.stop))
+    if not pairs.any() and kept is None:
+        raise UserError(
+            f"stats.tendency: split {reference!r} holds no two consecutive {concat_dim} steps a regular step apart, "
+            "so there is no x(t+1) - x(t) to summarise; widen the split, or remove stats.tendency"
+        )
+    per = set(config.stats.per)
+    axes = []
+    for axis in grid.axes:
+        if axis.dim == concat_dim:
+            axes.append(Axis.window(concat_dim, steps, 2, 1))
+        elif axis.dim in per:
+            axes.append(Axis.keep(axis.dim, axis.length))
+        else:
+            axes.append(Axis.iterate(axis.dim, axis.length))
+    pair_grid = SampleGrid(tuple(axes))
+    # Per pair and cell: its float64 difference and what Moments makes of it.
+    units = plan_units_of(pair_grid, 8, {concat_dim: pairs})
+    return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -223,6 +308,8 @@ def make_plan(
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
+    if config.sample.roles:
+        stacks = []  # (stacked within each role: the roles' features say how, planning.features.stack_roles)
     files = dataset.files_on_grid()
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
@@ -233,9 +320,12 @@ def make_plan(
             f"input.new_dim: --append adds steps along {config.input.concat_dim} to one run, not to members "
             f"({config.input.new_dim}); rebuild with --overwrite"
         )
-    held_steps = 0 if held is None else new_steps(held, config.input.concat_dim, values, None if store else held_files)
+    kept = None if held is None else held_range(held, config.input.concat_dim, values, None if store else held_files)
+    if kept is not None and kept.start:
+        _check_backfill(config, grid, dataset, kept)
     generation = 0 if held is None else held.generation
-    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, held_steps, generation)
+    origin = 0 if kept is None else kept.origin
+    splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, kept, generation)
     _check_stats_config(config, splits)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
@@ -250,14 +340,33 @@ def make_plan(
         held,
         dataset.selection,
     )
+    reference = config.stats.reference_split or default_split([s.name for s in splits])
+
+    def tendency_units(pair_grid: SampleGrid, position_bytes: int, can: dict) -> Units:
+        units, _ = _plan_units(
+            pair_grid, chosen, inventory, files, position_bytes, unit_budget_bytes, can, held, dataset.selection
+        )
+        return units
+
+    tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, kept)
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
-    schema = describe_build(config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory))
+    schema = describe_build(
+        config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory), origin
+    )
     schema = with_static_coordinates(schema, coordinates, dataset)
     coord_values = {d: v for d, (v, _) in coords.items()}
     run_id = run_id or new_run_id()
     positions = Positions(
-        grid, config.input.concat_dim, placed.labels, coord_values, placed.dim, placed.across_gap, False, time_features
+        grid,
+        config.input.concat_dim,
+        placed.labels,
+        coord_values,
+        placed.dim,
+        placed.across_gap,
+        False,
+        time_features,
+        origin,
     )
     return BuildPlan(
         sources=sources,
@@ -279,7 +388,7 @@ def make_plan(
         fill_value=config.fill_value,
         missing_chunks=config.input.missing_chunks,
         stats_per=tuple(config.stats.per),
-        reference_split=config.stats.reference_split or default_split([s.name for s in splits]),
+        reference_split=reference,
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
@@ -288,9 +397,29 @@ def make_plan(
         unstated_calendar=unstated_calendar(inventory, decoding),
         generation=generation,
         generation_record=generation_entry(
-            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None
+            generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
         ),
+        tendency=tendency,
     )
+
+
+def _check_backfill(config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, kept: HeldRange) -> None:
+    """Steps added before the held ones must join them without a gap and keep the samples' stride."""
+    dim = config.input.concat_dim
+    values = dataset.concat_values
+    if irregular_steps(values)[kept.start - 1]:  # (the typical step is the whole input's)
+        raise UserError(
+            f"input: its {dim} steps before the output's first ({format_value(values[kept.start])}) end at "
+            f"{format_value(values[kept.start - 1])}, not one step before it; --append adds earlier steps only "
+            "contiguous with the output's: add the missing files, or rebuild with --overwrite"
+        )
+    stride = grid.axis(dim).stride if dim in [a.dim for a in grid.grid_axes] else 1
+    if kept.start % stride:
+        raise UserError(
+            f"input: {kept.start:,} {dim} steps come before the output's first, not a multiple of "
+            f"sample.stride {stride} along {dim}, so the new samples would not fall on the held ones' grid; add "
+            "or leave out files to make it one, or rebuild with --overwrite"
+        )
 
 
 class _JsonValues:
@@ -343,16 +472,16 @@ def _plan_units(
         return _making_samples(units, grid_dims, making), pieces
     stride = grid.axis(concat_dim).stride
     starts = [-(-f.start // stride) for f in files]  # the first position in each file
+    if chunks and not (selection and concat_dim in selection.runs):
+        chunked.update(_concat_chunk_breaks(grid, variables, chunks, concat_dim, files))
     units = plan_units(grid, cost, budget_bytes, concat_dim, starts, chunked=chunked)
     return _making_samples(units, grid_dims, making), pieces
 
 
 def _netcdf4_chunks(inventory: Inventory, variables) -> dict[str, tuple[int, ...]]:
-    """The chunk shapes of the variables the reference file (a local NetCDF-4 file) stores in chunks; the other
+    """The chunk shapes of the variables the reference file (a NetCDF-4 file) stores in chunks; the other
     files are taken to be chunked alike (where they are not, units only read more than they would)."""
-    path = inventory.reference.path
-    if is_remote(path):  # (its chunks would cost a fetch at planning: remote files keep units as they were)
-        return {}
+    path = inventory.reference.path  # (remote: its metadata fetched, a few blocks)
     names = [v.name for v in variables if getattr(v, "static_path", None) is None]
     return chunk_shapes(path, names)
 
@@ -379,6 +508,31 @@ def _chunk_breaks(
         if common is not None:
             out[axis.dim] = sorted(common)
     return out
+
+
+def _concat_chunk_breaks(
+    grid: SampleGrid, variables, chunks: Mapping, concat_dim: str, files: list[SourceFile]
+) -> dict[str, list[int]]:
+    """Along the concat dim, the positions where a chunk of every chunked variable starts: each file's chunks
+    count from its own first step (a chunk never spans files). Nothing where every chunk is one step long."""
+    sizes = {
+        shape[v.dims.index(concat_dim)]
+        for v in variables
+        if (shape := chunks.get(v.name)) is not None and concat_dim in v.dims and len(shape) == len(v.dims)
+    }
+    sizes = {size for size in sizes if size > 1}
+    if not sizes:
+        return {}
+    axis = grid.axis(concat_dim)
+    first = np.arange(axis.count, dtype=np.int64) * axis.stride  # each position's first index along the dim
+    begins = np.array([f.start for f in files], dtype=np.int64)
+    within = np.searchsorted(begins, first, side="right") - 1
+    common = None
+    for size in sizes:
+        ids = np.column_stack([within, (first - begins[within]) // size])
+        found = set((np.flatnonzero((ids[1:] != ids[:-1]).any(axis=1)) + 1).tolist())
+        common = found if common is None else common & found
+    return {concat_dim: sorted(common)}
 
 
 def _making_samples(units: Units, grid_dims: list[str], making: dict[str, np.ndarray]) -> Units:

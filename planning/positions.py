@@ -10,6 +10,13 @@ of longitudes (a window of them, or all). Seconds count in the concat dim's own 
 year has 365 days of them), from the record-ready times planning already makes
 (planning.inputs.coords.record_values). Each progress is written as ``time_features/<name>_sin`` and
 ``_cos`` (of 2 pi times it), float32, so a model sees a continuous cycle.
+
+``cos_zenith`` is the cosine of the solar zenith angle at each cell of the sample and step,
+``sin(lat) sin(decl) + cos(lat) cos(decl) cos(hour angle)``, with the declination and the
+equation of time (minutes) of NOAA's "General Solar Position Calculations" (Spencer's 1971
+Fourier series) at the fractional-year angle ``2 pi year_progress`` (the tropical year, so any
+calendar), and the hour angle ``2 pi (day_progress at the cell's longitude + equation of time /
+1440) - pi``: negative at night (not clipped), float32.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class Positions:
     is_hollow: bool = False
     #: sample.time_features, computed from the concat dim's coordinate (None: none configured)
     time_features: TimeFeatures | None = None
+    #: the position along the concat dim whose index/<concat_dim> is 0 (above 0 after a backfill: the steps
+    #: added before an output's first get negative indices, so the held samples keep theirs)
+    index_origin: int = 0
 
     def to_bytes(self) -> bytes:
         """The per-position arrays (splits, gaps, coordinates): what grows with the grid, saved for the workers."""
@@ -90,7 +100,9 @@ class Positions:
         self._check_filled()
         columns: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         for axis, where in zip(self.grid.grid_axes, positions):
-            columns[index_feature(axis.dim)] = ((), axis.first_index(where).astype(np.int64))
+            index = axis.first_index(where).astype(np.int64)
+            origin = self.index_origin if axis.dim == self.concat_dim else 0
+            columns[index_feature(axis.dim)] = ((), index - origin if origin else index)
             if axis.dim in self.coords:
                 values = self.coords[axis.dim]
                 if axis.role == "iterate":
@@ -102,6 +114,7 @@ class Positions:
         return columns
 
 
+COS_ZENITH = "cos_zenith"
 SECONDS_PER_DAY = 86400
 DAYS_PER_YEAR = 365.24219  # the tropical year, as GraphCast divides by
 TIME_FEATURE_ROLE = "time_feature"
@@ -121,12 +134,22 @@ class TimeFeatures:
     concat_dim: str
     lon_dim: str | None = None  # a dim of the sample holding a range of longitudes (window or keep)
     lon_values: np.ndarray | None = None  # float64 degrees along lon_dim (on the selected grid), whole
+    lat_dim: str | None = None  # cos_zenith's: a dim of the sample holding a range of latitudes
+    lat_values: np.ndarray | None = None
 
     def features(self, grid: SampleGrid) -> list[Feature]:
         concat = grid.axis(self.concat_dim)
         steps = ((), ()) if concat.role == "iterate" else ((len(concat.steps),), (self.concat_dim,))
         out = []
         for name in self.names:
+            if name == COS_ZENITH:
+                shape, dims = steps
+                cells = [a.dim for a in grid.axes if a.dim in (self.lat_dim, self.lon_dim)]
+                shape = (*shape, *(len(grid.axis(d).steps) for d in cells))
+                source = {"feature": name, "dim": self.concat_dim, "latitude": self.lat_dim, "longitude": self.lon_dim}
+                feature = Feature(f"time_features/{name}", "float32", shape, (*dims, *cells), TIME_FEATURE_ROLE, source)
+                out.append(feature)
+                continue
             (shape, dims), source = steps, {"progress": name, "dim": self.concat_dim}
             if name == "day_progress" and self.lon_dim is not None:
                 shape, dims = (*shape, len(grid.axis(self.lon_dim).steps)), (*dims, self.lon_dim)
@@ -153,6 +176,9 @@ class TimeFeatures:
         out = {}
         for name in self.names:
             out_dims: tuple[str, ...] = step_dims
+            if name == COS_ZENITH:
+                out[f"time_features/{name}"] = self._cos_zenith(grid, positions, dims, steps, step_dims)
+                continue
             if name == "year_progress":
                 progress = np.mod(steps / (DAYS_PER_YEAR * SECONDS_PER_DAY), 1.0)
             else:
@@ -170,11 +196,51 @@ class TimeFeatures:
 
     def _longitudes(self, grid: SampleGrid, positions: Sequence[np.ndarray], dims: list[str]) -> np.ndarray:
         """Each sample's longitudes, (samples, lon)."""
-        axis = grid.axis(self.lon_dim)
-        count = len(positions[0]) if positions else 1
-        if axis.role == "keep":
-            return np.broadcast_to(self.lon_values, (count, len(self.lon_values)))
-        return self.lon_values[axis.element_indices(positions[dims.index(self.lon_dim)])]
+        return _along(grid, positions, dims, self.lon_dim, self.lon_values)
+
+    def _cos_zenith(
+        self, grid: SampleGrid, positions: Sequence[np.ndarray], dims: list[str], steps: np.ndarray, step_dims: tuple
+    ) -> tuple[tuple[str, ...], np.ndarray]:
+        """(dims, values (samples, [steps,] cells)) of cos_zenith; ``steps``: float64 seconds since 1970."""
+        cells = [a.dim for a in grid.axes if a.dim in (self.lat_dim, self.lon_dim)]
+        lat = np.radians(_along(grid, positions, dims, self.lat_dim, self.lat_values))
+        lon = _along(grid, positions, dims, self.lon_dim, self.lon_values)
+        lat_first = cells[0] == self.lat_dim
+        # (samples, [steps,] lat, lon) or (..., lon, lat), by the dims' order in the sample.
+        lead = (len(steps),) + (1,) * (steps.ndim - 1)
+        lat = lat.reshape(*lead, *((lat.shape[1], 1) if lat_first else (1, lat.shape[1])))
+        lon = lon.reshape(*lead, *((1, lon.shape[1]) if lat_first else (lon.shape[1], 1)))
+        seconds = steps[..., None, None]
+        gamma = 2 * np.pi * np.mod(seconds / (DAYS_PER_YEAR * SECONDS_PER_DAY), 1.0)
+        declination = (
+            0.006918
+            - 0.399912 * np.cos(gamma)
+            + 0.070257 * np.sin(gamma)
+            - 0.006758 * np.cos(2 * gamma)
+            + 0.000907 * np.sin(2 * gamma)
+            - 0.002697 * np.cos(3 * gamma)
+            + 0.00148 * np.sin(3 * gamma)
+        )
+        minutes = 229.18 * (
+            0.000075
+            + 0.001868 * np.cos(gamma)
+            - 0.032077 * np.sin(gamma)
+            - 0.014615 * np.cos(2 * gamma)
+            - 0.040849 * np.sin(2 * gamma)
+        )  # the equation of time
+        solar = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY + lon / 360.0 + minutes / 1440.0
+        hour_angle = 2 * np.pi * solar - np.pi
+        cos = np.sin(lat) * np.sin(declination) + np.cos(lat) * np.cos(declination) * np.cos(hour_angle)
+        return (*step_dims, *cells), cos.astype(np.float32)
+
+
+def _along(grid: SampleGrid, positions: Sequence[np.ndarray], dims: list[str], dim: str, values) -> np.ndarray:
+    """Each sample's coordinate values along ``dim`` (a window or kept dim), (samples, elements)."""
+    axis = grid.axis(dim)
+    count = len(positions[0]) if positions else 1
+    if axis.role == "keep":
+        return np.broadcast_to(values, (count, len(values)))
+    return values[axis.element_indices(positions[dims.index(dim)])]
 
 
 def plan_time_features(
@@ -207,11 +273,32 @@ def plan_time_features(
     lon_values = None
     if lon_dim is not None:
         lon_values = np.asarray(coordinate(lon_dim)[0], dtype=np.float64)
-    return TimeFeatures(tuple(names), concat_dim, lon_dim, lon_values)
+    lat_dim = lat_values = None
+    if COS_ZENITH in names:
+        lat_dim = _axis_dim(grid, coordinate, _LATITUDE_NAMES, "latitude", _LATITUDE_UNITS)
+        if lat_dim is None or lon_dim is None:
+            raise UserError(
+                "sample.time_features: cos_zenith is per cell, so the sample must hold a range of latitudes and one "
+                "of longitudes (a window or kept dim each, with a 1-D coordinate in degrees); window or keep them, "
+                "or remove cos_zenith"
+            )
+        lat_values = np.asarray(coordinate(lat_dim)[0], dtype=np.float64)
+    return TimeFeatures(tuple(names), concat_dim, lon_dim, lon_values, lat_dim, lat_values)
+
+
+_LATITUDE_NAMES = ("lat", "latitude", "y_lat", "nav_lat")
+_LONGITUDE_UNITS = ("degrees_east", "degree_east", "degrees_e", "degree_e")
+_LATITUDE_UNITS = ("degrees_north", "degree_north", "degrees_n", "degree_n")
 
 
 def _longitude_dim(grid: SampleGrid, coordinate) -> str | None:
     """The sample's longitude dim, if it holds a range of them (window or keep) and has a numeric coordinate."""
+    return _axis_dim(grid, coordinate, _LONGITUDE_NAMES, "longitude", _LONGITUDE_UNITS)
+
+
+def _axis_dim(grid: SampleGrid, coordinate, names, standard_name: str, units) -> str | None:
+    """The sample's dim of ``standard_name`` (by its name, standard_name or units), if it holds a range of them
+    (window or keep) and has a numeric coordinate."""
     for axis in grid.axes:
         if axis.role not in ("window", "keep"):
             continue
@@ -220,9 +307,9 @@ def _longitude_dim(grid: SampleGrid, coordinate) -> str | None:
             continue
         attrs = found[1]
         if (
-            axis.dim.lower() in _LONGITUDE_NAMES
-            or attrs.get("standard_name") == "longitude"
-            or str(attrs.get("units", "")).lower() in ("degrees_east", "degree_east", "degrees_e", "degree_e")
+            axis.dim.lower() in names
+            or attrs.get("standard_name") == standard_name
+            or str(attrs.get("units", "")).lower() in units
         ):
             return axis.dim
     return None

@@ -14,7 +14,7 @@ import numpy as np
 from planning.config.model import MAX_SHARD_BYTES
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
-from planning.plan import BuildPlan
+from planning.plan import BuildPlan, TendencyPlan
 from planning.positions import Positions
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
@@ -115,6 +115,17 @@ class StatsSpec:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class TendencySpec:
+    """ComputeTendency: how the source is read (the cut spec's sources, selection, store, preprocess), which
+    pairs of steps are summarised, for which split, per which kept dims."""
+
+    cut: CutSpec
+    plan: TendencyPlan
+    split: str  # the reference split
+    per: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class FinalizeSpec:
     """Finalize: what to check the written counts against, and what to write beside the shards."""
 
@@ -132,6 +143,8 @@ class FinalizeSpec:
     fill_value: float | None = None  # nan_policy: fill's value: normalisation must know the filled points
     generation: int = 0  # the generation this run commits (above 0: an append, merged into the output's earlier ones)
     generation_record: dict = dataclasses.field(default_factory=dict)  # its record in generations.json, so far
+    tendency: bool = False  # config stats.tendency: stats.json gains `tendency`
+    concat_dim: str = ""
 
 
 #: The run's files for the workers (``run_files``), by name.
@@ -196,6 +209,14 @@ def stats_spec(plan: BuildPlan) -> StatsSpec:
     return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per)
 
 
+def tendency_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> TendencySpec | None:
+    """ComputeTendency's spec (None without stats.tendency, or an append that adds no pair)."""
+    if plan.tendency is None or not len(plan.tendency.units):
+        return None
+    cut = dataclasses.replace(cut_spec(plan, files), positions_file=None)  # (positions: the samples', not read)
+    return TendencySpec(cut, plan.tendency, plan.reference_split, plan.stats_per)
+
+
 def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
     return FinalizeSpec(
         output=plan.output,
@@ -212,6 +233,8 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         fill_value=plan.fill_value,
         generation=plan.generation,
         generation_record=plan.generation_record,
+        tendency=plan.tendency is not None,
+        concat_dim=plan.concat_dim,
     )
 
 
@@ -222,6 +245,7 @@ class StageSpecs:
     stats: StatsSpec
     finalize: FinalizeSpec
     units_file: RunFile | None = None  # where workers load the units from (None: the graph holds them)
+    tendency: TendencySpec | None = None  # config stats.tendency (None: off)
 
 
 def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile] | None = None) -> StageSpecs:
@@ -233,4 +257,5 @@ def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile
         stats_spec(plan),
         finalize_spec(plan, write.work_dir),
         (files or {}).get(UNITS),
+        tendency_spec(plan, files),
     )

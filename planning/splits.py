@@ -17,6 +17,7 @@ from planning.config.model import BuildConfig
 from planning.formats.calendars import calendar_of, date_index
 from planning.formats.sources import SourceFile
 from planning.inputs.coords import format_value, irregular_steps
+from planning.run.generations import HeldRange
 from planning.sampling import Axis, SampleGrid
 from planning.selected import SelectedDataset
 from planning.sizing import num_shards
@@ -158,10 +159,11 @@ class SplitPositions:
         return out
 
 
-def held_positions(axis: Axis, held_steps: int) -> np.ndarray:
-    """Per position along the concat dim: whether all its steps lie in the first ``held_steps`` (an earlier
+def held_positions(axis: Axis, held: HeldRange) -> np.ndarray:
+    """Per position along the concat dim: whether all its steps lie in the ``held`` steps (an earlier
     generation cut its samples; an append cuts only the others, those reaching into the new steps)."""
-    return np.arange(axis.count) * axis.stride + axis.span <= held_steps
+    starts = np.arange(axis.count) * axis.stride
+    return (starts >= held.start) & (starts + axis.span <= held.stop)
 
 
 def assign_splits(
@@ -170,35 +172,36 @@ def assign_splits(
     dataset: SelectedDataset,
     files: list[SourceFile],
     record_bound: int,
-    held_steps: int = 0,
+    held: HeldRange | None = None,
     generation: int = 0,
 ) -> tuple[list[SplitPlan], SplitPositions, dict[str, int]]:
     """Splits with their sample and shard counts, which positions make samples of each, and the drop counts.
 
-    ``files``: their ranges on the selected concat dim, where gaps are found. ``held_steps``: steps of
+    ``files``: their ranges on the selected concat dim, where gaps are found. ``held``: the steps of
     the concat dim an output's earlier generations hold: the positions within them make no samples,
     nor count among the drops (an append, ``generation`` 1, 2, ..., plans the others only).
     """
+    appending = held is not None
     concat_dim, split_dim = config.input.concat_dim, config.split_dim
     splits = split_ranges(config, *dataset.coordinate(split_dim))
     grid_dims = [a.dim for a in grid.grid_axes]
     if split_dim not in grid_dims and config.splits:
         raise UserError(f"splits: {split_dim!r} is kept whole in every sample, so it cannot be split")
-    across_gap, held, held_samples = None, None, 0
+    across_gap, cut_before, held_samples = None, None, 0
     if concat_dim in grid_dims:
         across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
-        if held_steps:
-            held = held_positions(grid.axis(concat_dim), held_steps)
-            held_samples = int(held.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
-            across_gap = across_gap & ~held  # (gaps among held steps were counted by their generation)
-    elif held_steps:
+        if appending:
+            cut_before = held_positions(grid.axis(concat_dim), held)
+            held_samples = int(cut_before.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
+            across_gap = across_gap & ~cut_before  # (gaps among held steps were counted by their generation)
+    elif appending:
         raise UserError(
             f"input: {concat_dim!r} is kept whole in every sample, so new steps change every sample; "
             "--append needs samples along it: rebuild with --overwrite"
         )
     gap_drops = 0 if across_gap is None else int(across_gap.sum()) * (grid.num_samples // grid.axis(concat_dim).count)
-    if held is not None:
-        across_gap = across_gap | held  # positions that make no sample (here: not again)
+    if cut_before is not None:
+        across_gap = across_gap | cut_before  # positions that make no sample (here: not again)
     if split_dim not in grid_dims:
         labels, counts = None, [grid.num_samples - gap_drops]
     else:
@@ -216,12 +219,12 @@ def assign_splits(
         "samples_dropped_at_gaps": gap_drops,
         "samples_outside_splits": grid.num_samples - held_samples - gap_drops - sum(counts),
     }
-    if sum(counts) == 0 and not held_steps:  # (an append whose samples all lie outside the splits adds none)
+    if sum(counts) == 0 and not appending:  # (an append whose samples all lie outside the splits adds none)
         reason = "crosses a gap in the data" if gap_drops else "lies outside every split"
         raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
     planned, first = [], 0
     for split, count in zip(splits, counts):
-        if count == 0 and not held_steps:
+        if count == 0 and not appending:
             raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
         shards = num_shards(config, count, record_bound) if count else 0  # (an append adds none to a split)
         planned.append(

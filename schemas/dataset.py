@@ -49,11 +49,31 @@ def load_stats(path: str) -> dict[str, Any]:
     return stats
 
 
+def normalization_constants(path: str, normalize: bool | str) -> dict:
+    """stats.json's normalisation constants by feature; ``normalize="tendency"``: with the ``targets`` role's
+    features as residuals (stats.tendency's constants); UserError where stats.json has none."""
+    stats = load_stats(path)
+    normalization = stats.get("normalization")
+    if not normalization:
+        raise UserError(f"{path}: stats.json has no normalisation constants; read without normalize")
+    if normalize == "tendency":
+        residual = stats.get("tendency", {}).get("normalization")
+        if not residual:
+            raise UserError(
+                f"{path}: stats.json has no residual constants for normalize='tendency'; build with stats.tendency: "
+                "true and sample.roles with a `targets` role whose steps' previous steps the sample holds"
+            )
+        return {**normalization, **residual}
+    if normalize is not True:
+        raise UserError(f"normalize: {normalize!r} is not True, False or 'tendency'")
+    return normalization
+
+
 def load_dataset(
     path: str,
     split: str = "data",
     batch_size: int = 32,
-    normalize: bool = False,
+    normalize: bool | str = False,
     epoch: int | None = None,
     **options,
 ):
@@ -61,6 +81,8 @@ def load_dataset(
 
     Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed, and
     normalized_fill: with ``normalize``, what the points nan_policy: fill filled become (default 0).
+    ``normalize="tendency"``: the ``targets`` role's features as residuals, (x - x_before - mean) / std
+    with the statistics of x(t+1) - x(t) (stats.tendency); the other features as with ``normalize=True``.
     ``epoch``: the samples in that epoch's global order instead (``schemas.epoch_order`` with
     ``seed``, default 0), read by offset through each shard's index: a fresh order every epoch,
     the same on every machine; one thread reads, so it is slower than the sequential read.
@@ -68,7 +90,7 @@ def load_dataset(
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 
     schema = load_schema(path)
-    normalization = load_stats(path).get("normalization") if normalize else None
+    normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
     return parser_template.build_dataset(

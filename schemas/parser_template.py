@@ -12,11 +12,13 @@ import os
 
 import tensorflow as tf
 
-# The generator replaces the next three lines with this output's schema, location and
-# normalisation constants. They are data, not code: each is one quoted string literal.
+# The generator replaces the next four lines with this output's schema, location and
+# normalisation constants (stats.tendency's residual ones last). They are data, not code: each is
+# one quoted string literal.
 SCHEMA = None
 OUTPUT_URL = None
 NORMALIZATION = None
+RESIDUALS = None
 
 _DTYPES = {"float32": tf.float32, "int64": tf.int64}
 _COMPRESSION = {None: "", "gzip": "GZIP"}
@@ -77,15 +79,21 @@ def _normalizer(normalization, normalized_fill):
             filled.get("mask"),
             filled.get("equal_to"),
             where,
+            values.get("residual_of"),
         )
 
     def normalize(batch):
         out = dict(batch)
-        for name, (mean, std, mask, equal_to, where) in constants.items():
+        for name, (mean, std, mask, equal_to, where, residual_of) in constants.items():
             if name not in batch:
                 continue
-            value = batch[name]
-            normalized = (value - mean) / std
+            value = x = batch[name]
+            if residual_of is not None:  # normalize="tendency": x - x_before, x_before from another feature
+                before = batch[residual_of["feature"]]
+                for axis, indices in residual_of["take"]:
+                    before = tf.gather(before, indices, axis=axis + 1)
+                x = value - before
+            normalized = (x - mean) / std
             if mask is not None:
                 normalized = tf.where(tf.not_equal(batch[mask], 0), fill, normalized)
             elif where is not None:
@@ -156,7 +164,7 @@ def parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normal
         dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
     if normalize:
         if not normalization:
-            raise ValueError("normalize=True needs the normalisation constants of stats.json")
+            raise ValueError("normalize needs the normalisation constants of stats.json")
         dataset = dataset.map(_normalizer(normalization, normalized_fill), num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -171,6 +179,7 @@ def _default_data_dir():
 if SCHEMA is not None:
     SCHEMA = json.loads(SCHEMA)
     NORMALIZATION = json.loads(NORMALIZATION)
+    RESIDUALS = json.loads(RESIDUALS)
     FEATURES = feature_spec(SCHEMA)
 
     def make_dataset(
@@ -188,10 +197,20 @@ if SCHEMA is not None:
         """Batches of one split of this dataset: dicts of tensors shaped (batch, *feature shape).
 
         ``normalize`` applies (x - mean) / std from this output's statistics, then sets the
-        points nan_policy: fill filled to ``normalized_fill``. ``data_dir``
+        points nan_policy: fill filled to ``normalized_fill``; ``normalize="tendency"`` the same,
+        but the ``targets`` role's features become residuals, (x - x_before - mean) / std with
+        the statistics of x(t+1) - x(t) (stats.tendency). ``data_dir``
         defaults to this file's directory if the shards are beside it, else to the output URL
         the dataset was written to (e.g. gs://...).
         """
+        normalization = NORMALIZATION
+        if normalize == "tendency":
+            if not RESIDUALS:
+                raise ValueError(
+                    "normalize='tendency' needs residual constants: build with stats.tendency and sample.roles "
+                    "holding a `targets` role whose steps' previous steps the sample holds"
+                )
+            normalization = {**NORMALIZATION, **RESIDUALS}
         return build_dataset(
             SCHEMA,
             data_dir or _default_data_dir(),
@@ -203,6 +222,6 @@ if SCHEMA is not None:
             repeat=repeat,
             seed=seed,
             normalize=normalize,
-            normalization=NORMALIZATION,
+            normalization=normalization,
             normalized_fill=normalized_fill,
         )

@@ -22,7 +22,7 @@ from typing import TypeVar
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema, load_stats
+from schemas.dataset import load_schema, normalization_constants
 from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
@@ -107,12 +107,13 @@ class Reader:
         *,
         schema: Schema | None = None,
         verify: bool = True,
-        normalize: bool = False,
+        normalize: bool | str = False,
         normalized_fill: float = 0.0,
     ):
         """``normalize``: float features as (x - mean) / std with the output's stats.json constants, in
         float32 as the TensorFlow parser computes them, then the points nan_policy: fill filled set
-        to ``normalized_fill``, found as that parser finds them."""
+        to ``normalized_fill``, found as that parser finds them; ``"tendency"``: the same, with the
+        ``targets`` role's features as residuals, (x - x_before - mean) / std of x(t+1) - x(t)."""
         self.path = str(path).rstrip("/") or "/"
         self.schema = schema if schema is not None else load_schema(self.path)
         if split not in self.schema.splits:
@@ -123,7 +124,7 @@ class Reader:
         self.features = self.schema.features
         self.verify = verify
         self._decoder = ExampleDecoder(self.schema.record_features())
-        self._normalization = _normalization(self.path) if normalize else {}
+        self._normalization = _normalization(self.path, normalize) if normalize else {}
         names = {f.name for f in self.features}
         for name, normalizer in self._normalization.items():
             if normalizer.mask is not None and normalizer.mask not in names:
@@ -148,18 +149,23 @@ class Reader:
     def iter_chunks(self, shards: Sequence[Shard] | None = None, chunk: int = DEFAULT_CHUNK) -> Iterator[Batch]:
         """Decoded samples in blocks of up to ``chunk`` records: {name: (samples, *shape)}."""
         for shard in self.shards if shards is None else shards:
-            first = 0
-            for records in _chunks(self.iter_records(shard), chunk):
-                try:
-                    block = self._decoder.decode_batch(records, first_index=first)
-                    if self.schema.examples_per_record > 1:
-                        block = unpack(block, self.schema.examples_per_record)
-                    for name, normalizer in self._normalization.items():
-                        block[name] = normalizer.apply(block, name, self._normalized_fill)
-                except ValueError as error:
-                    raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
-                first += len(records)
-                yield block
+            yield from self.decode_records(shard, self.iter_records(shard), chunk)
+
+    def decode_records(self, shard: Shard, records: Iterable[bytes], chunk: int = DEFAULT_CHUNK) -> Iterator[Batch]:
+        """``iter_chunks`` of one shard whose serialized records come from ``records`` (e.g. noted on the way)."""
+        first = 0
+        for batch in _chunks(records, chunk):
+            try:
+                block = self._decoder.decode_batch(batch, first_index=first)
+                if self.schema.examples_per_record > 1:
+                    block = unpack(block, self.schema.examples_per_record)
+                stored = dict(block)  # (a residual's x_before is another feature as stored)
+                for name, normalizer in self._normalization.items():
+                    block[name] = normalizer.apply(stored, name, self._normalized_fill)
+            except ValueError as error:
+                raise CorruptRecordError(f"{self.url(shard)}: {error}") from None
+            first += len(batch)
+            yield block
 
     def iter_examples(self, shards: Sequence[Shard] | None = None) -> Iterator[Batch]:
         """One {name: array} per sample; the arrays are views of a decoded block (copy to keep many)."""
@@ -196,10 +202,17 @@ class _Normalizer:
     mask: str | None = None  # the feature's nan_mask
     equal_to: np.float32 | None = None  # else: values equal to the fill value ...
     where: np.ndarray | None = None  # ... where no real value equals it
+    #: normalize="tendency": the feature holding x_before and the indices taking it, per axis (after the sample's)
+    residual_of: dict | None = None
 
     def apply(self, block: Batch, name: str, fill: np.float32) -> np.ndarray:
-        values = block[name]
-        normalized = (values - self.mean) / self.std
+        values = x = block[name]
+        if self.residual_of is not None:
+            before = block[self.residual_of["feature"]]
+            for axis, indices in self.residual_of["take"]:
+                before = np.take(before, indices, axis=axis + 1)
+            x = values - before
+        normalized = (x - self.mean) / self.std
         if self.mask is not None:
             return np.where(block[self.mask] != 0, fill, normalized)
         if self.where is not None:
@@ -207,11 +220,9 @@ class _Normalizer:
         return normalized
 
 
-def _normalization(path: str) -> dict[str, _Normalizer]:
+def _normalization(path: str, normalize: bool | str = True) -> dict[str, _Normalizer]:
     """Each float feature's normaliser, its constants float32 arrays that broadcast against a batch."""
-    normalization = load_stats(path).get("normalization")
-    if not normalization:
-        raise UserError(f"{path}: stats.json has no normalisation constants; read without normalize")
+    normalization = normalization_constants(path, normalize)
     out = {}
     for name, values in normalization.items():
         filled = values.get("filled") or {}
@@ -221,6 +232,7 @@ def _normalization(path: str) -> dict[str, _Normalizer]:
             filled.get("mask"),
             None if "equal_to" not in filled else np.float32(filled["equal_to"]),
             None if "where" not in filled else np.asarray(filled["where"], dtype=bool),
+            values.get("residual_of"),
         )
     return out
 

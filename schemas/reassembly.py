@@ -79,6 +79,8 @@ class GridAxis:
     offsets: tuple[int, ...] = ()
     #: the dim whose index/<dim> places samples along this one (the forecast layout's init_time: the concat dim)
     key: str = ""
+    #: the cell index/<dim> 0 is (above 0 after an append added steps before the output's first)
+    origin: int = 0
 
     @property
     def index_name(self) -> str:
@@ -98,6 +100,7 @@ class GridAxis:
             stride=entry.get("stride", 1),
             positions=entry.get("positions", entry["length"]),
             offsets=tuple(entry.get("offsets", ())),
+            origin=entry.get("index_origin", 0),
         )
 
     def reach(self) -> tuple[int, int]:
@@ -124,14 +127,15 @@ class GridAxis:
             held = held and start % self.stride == 0 and start // self.stride < self.positions
         if not held:
             raise UserError(
-                f"{where}: {self.index_name} = {start} is not a sample of the output (along "
+                f"{where}: {self.index_name} = {start - self.origin} is not a sample of the output (along "
                 f"{(self.key or self.dim)!r} it holds {self._described()}); reassemble samples of this output only"
             )
 
     def _described(self) -> str:
         if self.role == "window":
-            return f"windows of {self.size} every {self.stride} from 0, {self.positions} of them"
-        return f"starts {self.first - self.reach()[0]} to {self.first + self.length - self.reach()[1]}"
+            return f"windows of {self.size} every {self.stride} from {-self.origin}, {self.positions} of them"
+        low, high = self.reach()
+        return f"starts {self.first - low - self.origin} to {self.first + self.length - high - self.origin}"
 
     def local_cells(self) -> np.ndarray:
         """Cells a sample covers along this dim, from its start."""
@@ -232,7 +236,7 @@ class Reassembly:
         if info is None or dim not in axes:
             return axes
         axis = axes[dim]
-        start, stop = info["index_range"]
+        start, stop = (i + axis.origin for i in info["index_range"])
         low, high = axis.reach()
         first, last = max(0, start + low), min(axis.length, stop - 1 + high)
         axes[dim] = dataclasses.replace(axis, first=first, length=max(0, last - first))
@@ -285,7 +289,7 @@ class Reassembly:
                     f"{self.where}: a sample lacks {name} (it has: {', '.join(batch) or 'nothing'}); "
                     "keep the records' index features beside each prediction"
                 )
-            starts = np.asarray(batch[name]).reshape(-1).astype(np.int64)
+            starts = np.asarray(batch[name]).reshape(-1).astype(np.int64) + axis.origin
             if not axis.holds(starts).all():
                 bad = int(np.flatnonzero(~axis.holds(starts))[0])
                 axis.check(int(starts[bad]), f"{self.where}: sample {self._key_text(batch, bad)}")

@@ -53,7 +53,7 @@ class SplitDataset(IterableDataset):
         features: Sequence[str] | None = None,
         rank: int = 0,
         world_size: int = 1,
-        normalize: bool = False,
+        normalize: bool | str = False,
         normalized_fill: float = 0.0,
     ):
         if torch is None:

@@ -15,7 +15,7 @@ from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
-from schemas.shard_index import ShardIndex, scan_index
+from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
 
 
@@ -172,9 +172,9 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
         reader = Reader(path, name, schema=schema)
         samples[name] = 0
         for shard in reader.shards:
-            found = _read_shard(reader, shard)
+            found, sizes = _read_shard(reader, shard)
             if shard.index is not None:
-                _check_index(reader, shard)
+                _check_index(reader, shard, sizes)
             if found != shard.examples:
                 raise VerifyError(
                     f"{reader.url(shard)}: {found} samples, {SCHEMA_FILE} says {shard.examples}; build the output again"
@@ -192,34 +192,41 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
     return VerifyReport(path, samples, shards, records, size, time.monotonic() - started)
 
 
-def _check_index(reader: Reader, shard) -> None:
-    """The shard's index: well-formed, and every record where it says (its length headers walked in order)."""
-    url = reader.url(shard)
+def _check_index(reader: Reader, shard, sizes: np.ndarray) -> None:
+    """The shard's index: well-formed, and every record where it says (``sizes``: the records' framed sizes, read)."""
     name = posixpath.join(reader.path, shard.index)
     try:
         with fsspec.open(name, "rb") as stream:
             index = ShardIndex.parse(stream.read(), name, shard.records, shard.bytes)
-        with fsspec.open(url, "rb") as stream:
-
-            def read_at(offset: int, size: int) -> bytes:
-                stream.seek(offset)  # forward, within the stream's read-ahead: the shard is read once, in order
-                return stream.read(size)
-
-            found = scan_index(read_at, shard.bytes, shard.records, url)
     except CorruptRecordError as error:
         raise VerifyError(f"{error}; build the output again") from None
-    differ = np.flatnonzero(found.sizes != index.sizes)
+    if len(sizes) != len(index.sizes):
+        raise VerifyError(
+            f"{reader.url(shard)}: {len(sizes)} records, {SCHEMA_FILE} says {shard.records}; build the output again"
+        )
+    differ = np.flatnonzero(sizes != index.sizes)
     if len(differ):
         line = int(differ[0])
         raise VerifyError(
             f"{name}: line {line + 1} says record {line} is {index.sizes[line]} bytes, the shard's is "
-            f"{found.sizes[line]}; build the output again"
+            f"{sizes[line]}; build the output again"
         )
 
 
-def _read_shard(reader: Reader, shard) -> int:
-    """Samples in one shard, every record decoded; damage becomes a VerifyError."""
+def _read_shard(reader: Reader, shard) -> tuple[int, np.ndarray]:
+    """Samples in one shard, every record decoded, and the records' framed sizes (the shard read once).
+
+    Damage becomes a VerifyError.
+    """
+    lengths: list[int] = []
+
+    def noted(records):
+        for record in records:
+            lengths.append(len(record))
+            yield record
+
     try:
-        return sum(batch_length(block) for block in reader.iter_chunks([shard]))
+        found = sum(batch_length(block) for block in reader.decode_records(shard, noted(reader.iter_records(shard))))
     except CorruptRecordError as error:
         raise VerifyError(f"{error}; the shard is damaged: build the output again") from None
+    return found, np.array(lengths, dtype=np.int64) + FRAMING_BYTES

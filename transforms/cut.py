@@ -19,6 +19,7 @@ import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
+from planning.formats.hdf5_chunks import unit_chunks
 from planning.preprocess import read_derived
 from planning.reads.slabs import Reader, SelectionReader, Slabs, files_reader
 from planning.reads.source_index import SourceIndex
@@ -26,6 +27,7 @@ from planning.run.cancellation import check_stopped
 from planning.run.contracts import (
     BYTES_READ,
     CHUNK_BYTES,
+    CHUNKS_FETCHED,
     METRICS_NAMESPACE,
     SAMPLE_DIM,
     SAMPLE_ID,
@@ -124,6 +126,21 @@ def _own(spec: CutSpec, unit: Unit) -> tuple[dict[str, np.ndarray], bool]:
     return own, first
 
 
+def _territory(spec: CutSpec, unit: Unit) -> tuple[dict[str, tuple[float, float]], bool]:
+    """Per grid dim, the source indices from the unit's first sample's first element to the next unit's (either end
+    open at the grid's ends); and whether the unit is the first along the concat dim (planning.formats.hdf5_chunks:
+    the chunks a unit owns)."""
+    grid, territory, first = spec.positions.grid, {}, True
+    for axis, (start, stop) in zip(grid.grid_axes, unit.ranges):
+        taken = spec.selection.indices(axis.dim, 0) if axis.dim in spec.selection.runs else None
+        ends = (start, min(stop, axis.count - 1))  # (the last is not read where the unit reaches the grid's end)
+        low, high = (p * axis.stride if taken is None else int(taken[p * axis.stride]) for p in ends)
+        territory[axis.dim] = (-math.inf if start == 0 else low, math.inf if stop >= axis.count else high)
+        if axis.dim == spec.positions.concat_dim:
+            first = start == 0
+    return territory, first
+
+
 def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
     """How the unit's box is read (planning.reads.slabs.Reader): a Zarr store's chunks, each once; or the box of
     the selected grid mapped to pieces of the files (of each member, with input.new_dim)."""
@@ -143,8 +160,19 @@ def read_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Slabs:
     """
     box = spec.positions.grid.source_box(unit)
     reader = unit_reader(spec, sources, unit)
+    where = f"unit {unit.index}"
+    if spec.zarr_store is not None:
+        return read_box(spec, sources, box, reader, where)
+    # NetCDF-4 chunks: each read once by the unit, and weighed against those it owns.
+    with unit_chunks(*_territory(spec, unit), spec.positions.concat_dim) as ledger:
+        slabs = read_box(spec, sources, box, reader, where)
+    slabs.chunks_fetched, slabs.chunk_bytes = ledger.fetched, ledger.needed
+    return slabs
+
+
+def read_box(spec: CutSpec, sources: SourceIndex, box: dict, reader: Reader, where: str) -> Slabs:
+    """Every variable's values over ``box`` of the selected grid, through ``reader`` (or input.preprocess)."""
     if spec.preprocess is not None:  # (never with a store: planning refuses it)
-        where = f"unit {unit.index}"
         concat_dim = spec.positions.concat_dim
         slabs = read_derived(spec.preprocess, sources, concat_dim, box, spec.selection, where)
         if spec.coords:  # the coordinates of config `coords` are read as they are, not derived
@@ -307,6 +335,7 @@ class _CutUnitFn(beam.DoFn):
         self._dropped = Metrics.counter(METRICS_NAMESPACE, SAMPLES_DROPPED)
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, BYTES_READ)
         self._chunk_bytes = Metrics.counter(METRICS_NAMESPACE, CHUNK_BYTES)
+        self._chunks_fetched = Metrics.counter(METRICS_NAMESPACE, CHUNKS_FETCHED)
 
     def setup(self):
         self._spec = with_run_files(self._spec)
@@ -321,6 +350,7 @@ class _CutUnitFn(beam.DoFn):
             slabs = read_unit(spec, self._sources, unit)
             self._bytes_read.inc(slabs.bytes_read)
             self._chunk_bytes.inc(slabs.chunk_bytes)
+            self._chunks_fetched.inc(slabs.chunks_fetched)
             cut = 0
             for block in cut_pieces(spec, unit, slabs):
                 cut += block.num_samples

@@ -15,7 +15,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from planning.features import ROLE_KEY, role_values, variable_of
+from planning.features import CHANNELS_KEY, ROLE_KEY, is_role_stack, role_values, variable_of
 from planning.run.contracts import BYTES_ENCODED, METRICS_NAMESPACE, SAMPLE_ID, SPLIT, Block
 from planning.run.names import bucket_path
 from planning.run.progress import mark
@@ -36,18 +36,28 @@ def record_columns(spec: WriteSpec, block: Block) -> dict[str, np.ndarray]:
     """Every record feature's values for the block's samples (stacked variables joined on their channel axis)."""
     samples = block.samples
     columns = {name: samples[name].values for name in samples.data_vars}
+    values = dict(columns)  # (a role's stacked feature takes each channel's)
     stacks = {stack.feature.name: stack for stack in spec.stacks}
+    roles = {f.name: f for f in spec.features if ROLE_KEY in f.source}
     for stack in spec.stacks:
         axis = 1 if stack.axis == 0 else -1  # after the leading sample axis
         columns[stack.feature.name] = np.stack([columns.pop(name) for name in stack.variables], axis=axis)
     for feature in spec.features:
-        if ROLE_KEY in feature.source:
+        if is_role_stack(feature):
+            columns[feature.name] = role_values(feature, values)
+        elif ROLE_KEY in feature.source:
             columns[feature.name] = role_values(feature, samples[variable_of(feature)].values)
         elif feature.role in ("index", "coord", "aux_coord", "time_feature"):
             columns[feature.name] = samples[feature.name].values
         elif feature.role == "mask":
             of = feature.source["of"]
-            if of in stacks:
+            marked = roles.get(of)
+            if marked is not None and is_role_stack(marked):  # a role's stack: each channel's, at the role's steps
+                channels = marked.source[CHANNELS_KEY]
+                columns[feature.name] = role_values(marked, {name: _filled(block, name) for name in channels})
+            elif marked is not None:  # a role's feature: its variable's, at the role's steps and crop
+                columns[feature.name] = role_values(marked, _filled(block, variable_of(marked)))
+            elif of in stacks:
                 axis = 1 if stacks[of].axis == 0 else -1
                 columns[feature.name] = np.stack([_filled(block, name) for name in stacks[of].variables], axis=axis)
             else:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -50,18 +51,44 @@ def _batched(chunks, size: int = _WRITE_BYTES):
         yield b"".join(pending)
 
 
-def write_atomically(path: str, chunks, compression: str | None = None, join_small: bool = True) -> int:
+def write_atomically(
+    path: str, chunks, compression: str | None = None, join_small: bool = True, durable: bool = False
+) -> int:
     """Write bytes chunks to a temporary name beside ``path``, then rename; returns the file's size.
 
     ``compression="gzip"`` writes one gzip stream (what TensorFlow's GZIP TFRecord reader expects);
     its bytes do not depend on how the data is cut into chunks. ``join_small``: join small chunks
-    into writes of about 8 MB (pass False when the chunks are batches already).
+    into writes of about 8 MB (pass False when the chunks are batches already). ``durable``: on a
+    local disk, the bytes reach it before the rename and the rename before this returns (a commit).
     """
     with writing():  # an interrupted build waits for this write to end, then removes the run's files
-        return _write_atomically(path, chunks, compression, join_small)
+        return _write_atomically(path, chunks, compression, join_small, durable)
 
 
-def _write_atomically(path: str, chunks, compression: str | None, join_small: bool) -> int:
+def make_durable(paths) -> None:
+    """Local files' bytes, and their directories' entries, on the disk (fsync); object stores are already.
+
+    A commit names files in schema.json: on a power loss after it, the files must hold what it
+    says. The files are synced together (a few at a time) so the disk can order their writes.
+    """
+    local = sorted({os.path.abspath(p) for p in paths if not is_remote(p)})
+    if not local:
+        return
+    with ThreadPoolExecutor(max_workers=min(4, len(local))) as pool:
+        list(pool.map(_fsync, local))
+    for directory in sorted({os.path.dirname(p) for p in local}):
+        _fsync(directory)
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_atomically(path: str, chunks, compression: str | None, join_small: bool, durable: bool = False) -> int:
     temporary = temporary_path(path, new_temporary_token())
     written = 0
     kind = CompressionTypes.GZIP if compression == "gzip" else CompressionTypes.UNCOMPRESSED
@@ -83,9 +110,13 @@ def _write_atomically(path: str, chunks, compression: str | None, join_small: bo
                 stream.close()
             raise
         stream.close()  # a full disk may show only here, when the last bytes are flushed
+        if durable:
+            make_durable([temporary])
         if FileSystems.exists(path):
             FileSystems.delete([path])
         FileSystems.rename([temporary], [path])
+        if durable and not is_remote(path):
+            _fsync(os.path.dirname(os.path.abspath(path)))
     except BaseException:
         # Whatever failed (a write, the flush at close, the rename), no temporary is left behind:
         # a rerun would otherwise meet it.

@@ -18,7 +18,16 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from planning.features import ROLE_KEY, variable_of
+from planning.features import (
+    CHANNEL_AXIS_KEY,
+    CHANNELS_KEY,
+    CROP_KEY,
+    ROLE_KEY,
+    STEPS_KEY,
+    channel_feature,
+    is_role_stack,
+    variable_of,
+)
 from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
@@ -30,6 +39,7 @@ from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
 from transforms.files import (
+    make_durable,
     read_bytes,
     remove_if_empty,
     remove_tree,
@@ -149,6 +159,19 @@ def normalization(
         how = filled(stack.feature, list(stack.variables), axis)
         if how:
             out[stack.feature.name]["filled"] = how
+    for feature in spec.schema.features:  # layout.stack within a role: each channel its variable's
+        names = feature.source.get(CHANNELS_KEY, []) if is_role_stack(feature) else []
+        if feature.dtype != "float32" or not names or not all(n in moments for n in names):
+            continue
+        pairs = [arrays(n, channel_feature(feature)) for n in names]
+        axis = 0 if feature.source[CHANNEL_AXIS_KEY] == 0 else -1
+        out[feature.name] = {
+            "mean": np.stack([m for m, _ in pairs], axis=axis).tolist(),
+            "std": np.stack([s for _, s in pairs], axis=axis).tolist(),
+        }
+        how = filled(feature, list(names), axis)
+        if how:
+            out[feature.name]["filled"] = how
     return out
 
 
@@ -179,6 +202,108 @@ def _nonfinite_json(spec: FinalizeSpec, totals: dict[str, NonFinite]) -> dict:
     }
 
 
+def _tendency_variables(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    per = spec.stats.per
+    return {
+        v.name: tendency[v.name].to_json([d for d in per if d in v.dims]) for v in spec.variables if v.name in tendency
+    }
+
+
+#: The role whose features normalize="tendency" reads as residuals (sample.roles).
+TARGET_ROLE = "targets"
+
+
+def tendency_normalization(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    """Per feature of the ``targets`` role whose every step's previous step the sample holds (in any role's
+    feature of its variable, over its crop): ``(x - x_before - mean) / std`` with the tendency's moments.
+
+    ``residual_of``: the feature holding x_before, and per axis of the feature (after the sample axis)
+    the indices that take x_before from it, aligned with x.
+    """
+    per = spec.stats.per
+    features = [f for f in spec.schema.features if ROLE_KEY in f.source]
+    offsets = _concat_offsets(spec)
+    out = {}
+    for feature in features:
+        name = variable_of(feature)
+        m = tendency.get(name)
+        variable = next((v for v in spec.variables if v.name == name), None)
+        if feature.source[ROLE_KEY] != TARGET_ROLE or m is None or feature.dtype != "float32" or offsets is None:
+            continue
+        base = _residual_base(feature, features, offsets, spec.concat_dim)
+        if base is None:
+            continue
+        dims = [d for d in per if d in variable.dims]
+        mean = np.where(m.count > 0, m.mean, 0.0)
+        std = np.sqrt(m.variance)
+        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        out[feature.name] = {
+            "mean": _broadcast_dims(feature, mean, dims).tolist(),
+            "std": _broadcast_dims(feature, std, dims).tolist(),
+            "residual_of": base,
+        }
+    return out
+
+
+def _concat_offsets(spec: FinalizeSpec) -> list[int] | None:
+    """The offsets along the concat dim a sample takes (role features' steps index them); None: no offsets."""
+    for axis in spec.schema.sample.get("axes", []):
+        if axis["dim"] == spec.concat_dim and axis["role"] == "offsets":
+            return list(axis["offsets"])
+    return None
+
+
+def _residual_base(feature: Feature, features: list[Feature], offsets: list[int], concat_dim: str) -> dict | None:
+    """Where x_before of each of ``feature``'s steps is: {"feature": name, "take": [[axis, indices], ...]}; None
+    when no feature of its variable holds every one of them over the feature's crop."""
+    steps = feature.source.get(STEPS_KEY, {}).get(concat_dim)
+    if steps is None or concat_dim not in feature.dims:
+        return None
+    before = [offsets.index(offsets[s] - 1) if offsets[s] - 1 in offsets else None for s in steps]
+    if None in before:
+        return None
+    crop = feature.source.get(CROP_KEY, {})
+    for other in features:
+        held = other.source.get(STEPS_KEY, {}).get(concat_dim, [])
+        if variable_of(other) != variable_of(feature) or not set(before) <= set(held):
+            continue
+        take, theirs = [], other.source.get(CROP_KEY, {})
+        for axis, dim in enumerate(feature.dims):
+            if dim == concat_dim:
+                take.append([axis, [held.index(b) for b in before]])
+            elif dim in crop or dim in theirs:
+                full = [0, other.shape[axis]] if dim not in theirs else None
+                mine, their = crop.get(dim, full), theirs.get(dim, full)
+                if mine is None or not their[0] <= mine[0] <= mine[1] <= their[1]:
+                    break  # (their crop does not cover this feature's)
+                take.append([axis, list(range(mine[0] - their[0], mine[1] - their[0]))])
+        else:
+            return {"feature": other.name, "take": take}
+    return None
+
+
+def _broadcast_dims(feature: Feature, values: np.ndarray, dims: list[str]) -> np.ndarray:
+    """Values over ``dims`` (in that order) arranged to broadcast against one sample of the feature."""
+    in_feature_order = [d for d in feature.dims if d in dims]
+    values = np.transpose(values, [dims.index(d) for d in in_feature_order]) if dims else values
+    return values.reshape([feature.shape[i] if d in dims else 1 for i, d in enumerate(feature.dims)])
+
+
+def _tendency_json(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
+    return {
+        "description": (
+            "population statistics (ddof=0) of x(t+1) - x(t) along the concat dim over the reference split's pairs of "
+            "consecutive steps a regular step apart (none across a gap or a split boundary), each pair once at every "
+            "cell of the selected region, whatever the samples; differences of the stored values, in float64. "
+            "`normalization`: load_dataset(..., normalize='tendency') applies it to residual features"
+        ),
+        "dim": spec.concat_dim,
+        "reference_split": spec.reference_split,
+        "variables": _tendency_variables(spec, tendency),
+        "normalization": tendency_normalization(spec, tendency),
+    }
+
+
 def stats_document(
     spec: FinalizeSpec, summaries: dict[str, SplitSummary], nonfinite: dict[str, NonFinite] | None = None
 ) -> dict:
@@ -200,6 +325,12 @@ def stats_document(
         },
         "normalization": normalization(spec, moments, merge_by_name(s.moments for s in summaries.values())),
     }
+    tendency = summaries[reference].tendency if reference in summaries else {}
+    if spec.tendency:
+        document["tendency"] = _tendency_json(spec, tendency)
+        for name, constants in document["tendency"]["normalization"].items():
+            if "filled" in document["normalization"].get(name, {}):  # (found in x as stored, as without residuals)
+                constants["filled"] = document["normalization"][name]["filled"]
     if nonfinite:
         document["preprocess"] = _nonfinite_json(spec, nonfinite)
     return document
@@ -316,6 +447,9 @@ def _own_statistics(spec: FinalizeSpec, entries: list[dict]) -> list[dict]:
                 "normalization": normalization(spec, reference.moments if reference else {}, everywhere),
             }
         )
+        if spec.tendency:
+            mine = own.get(spec.reference_split)
+            out[-1]["tendency"] = _tendency_variables(spec, mine.tendency if mine else {})
     return out
 
 
@@ -329,7 +463,8 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
     committed, entries = _earlier(spec)
     shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
-    _check_shards_exist(spec.output, [shard for split in shards.values() for shard in split])
+    written = [shard for split in shards.values() for shard in split]  # this generation's
+    _check_shards_exist(spec.output, written)
     counts = _check_counts(spec, shards, summaries)
     record = {**spec.generation_record, "counts": counts}
     record["splits"] = {name: summary_to_json(s) for name, s in summaries.items()}
@@ -346,13 +481,16 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources, sample=sample)
     stats = stats_document(spec, totals, nonfinite)
     stats["generations"] = _own_statistics(spec, entries)
+    # What schema.json will name reaches the disk before it does (earlier generations' at their commit).
+    make_durable([join(spec.output, name) for shard in written for name in (shard.file, shard.index) if name])
     # generations.json first: one written for an append that then fails is ignored (schema.json counts those
     # committed), and the next append writes it again.
-    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()])
-    write_atomically(join(spec.output, STATS_FILE), [json.dumps(stats, indent=2, allow_nan=False).encode()])
-    parser = render_parser(schema, spec.output, stats["normalization"])
-    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()])
-    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()])
+    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()], durable=True)
+    stats_text = json.dumps(stats, indent=2, allow_nan=False).encode()
+    write_atomically(join(spec.output, STATS_FILE), [stats_text], durable=True)
+    parser = render_parser(schema, spec.output, stats["normalization"], stats.get("tendency", {}).get("normalization"))
+    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()], durable=True)
+    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()], durable=True)
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
         remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
     remove_if_empty(join(spec.output, TMP_DIR))

@@ -89,7 +89,8 @@ class _WriteInPlaceFn(beam.DoFn):
             os.close(descriptor)
 
 
-def _add_counts(parts) -> dict[int, list[int]]:
+def add_counts(parts) -> dict[int, list[int]]:
+    """Per shard, the [records, bytes] of every part ({shard: [records, bytes]}) added up."""
     total: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
     for part in parts:
         for shard, (records, nbytes) in part.items():
@@ -125,20 +126,6 @@ def _record_sizes(spec: WriteSpec, shard: int) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class CommitInPlace(beam.PTransform):
-    """What each block wrote ({shard: [records, bytes]}) -> one ShardResult per shard: WriteInPlace after its writes."""
-
-    spec: WriteSpec
-
-    def expand(self, written):
-        return (
-            written
-            | "AddCounts" >> beam.CombineGlobally(_add_counts).without_defaults()
-            | "CommitShards" >> beam.FlatMap(commit_shards, self.spec)
-        )
-
-
-@dataclasses.dataclass
 class WriteInPlace(beam.PTransform):
     """Blocks -> records written in place -> one ShardResult per shard once all are written."""
 
@@ -150,6 +137,6 @@ class WriteInPlace(beam.PTransform):
             | "WriteRecords" >> beam.ParDo(_WriteInPlaceFn(self.spec))
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "AddCounts" >> beam.CombineGlobally(_add_counts).without_defaults()
+            | "AddCounts" >> beam.CombineGlobally(add_counts).without_defaults()
             | "CommitShards" >> beam.FlatMap(commit_shards, self.spec)
         )

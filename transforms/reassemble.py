@@ -84,7 +84,7 @@ def reach_of(plan: ReassemblePlan, assembly: Reassembly, batch: Mapping[str, np.
     """Per sample of ``batch``, the first and last chunk it reaches (keys checked on the whole grid)."""
     axis = assembly.checked_axis(plan.chunk_dim)
     low, high = axis.reach()
-    starts = np.asarray(batch[axis.index_name]).reshape(-1) - axis.first
+    starts = np.asarray(batch[axis.index_name]).reshape(-1) + axis.origin - axis.first
     first = np.maximum((starts + low) // plan.chunk_length, 0)
     last = np.minimum((starts + high - 1) // plan.chunk_length, plan.num_chunks - 1)
     return first, last

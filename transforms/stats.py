@@ -171,6 +171,8 @@ class SplitSummary:
     with_nan: int = 0
     #: per derived variable (input.preprocess), its NaN and inf values before nan_policy
     nonfinite: dict[str, NonFinite] = dataclasses.field(default_factory=dict)
+    #: stats.tendency, per variable: the moments of x(t+1) - x(t) over the split's pairs of steps (transforms.tendency)
+    tendency: dict[str, Moments] = dataclasses.field(default_factory=dict)
 
     def merge(self, other: SplitSummary) -> SplitSummary:
         moments = merge_by_name([self.moments, other.moments])
@@ -181,6 +183,7 @@ class SplitSummary:
             self.dropped_nan + other.dropped_nan,
             self.with_nan + other.with_nan,
             nonfinite,
+            merge_by_name([self.tendency, other.tendency]),
         )
 
 
@@ -227,6 +230,12 @@ def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]
     return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
 
 
+def merge_groups_in_order(groups: Mapping[int, Iterable[tuple[tuple[int, int], dict[str, SplitSummary]]]]):
+    """keyed_summary's parts of every group ({group: [(unit and piece, summary)]}) merged as ComputeStats merges
+    them: each group's in unit order, then the groups in order (the same float additions, the same bits)."""
+    return merge_by_name(_merge_group(group, groups[group])[1] for group in sorted(groups))
+
+
 class _MergeGroupsInOrderFn(beam.CombineFn):
     """Merges the groups' summaries in group order; its accumulator holds one summary per group."""
 
@@ -249,19 +258,6 @@ class _MergeGroupsInOrderFn(beam.CombineFn):
 
 
 @dataclasses.dataclass
-class MergeSummaries(beam.PTransform):
-    """keyed_summary's parts -> ComputeStats' one merged dict: its steps after the per-block one."""
-
-    def expand(self, parts):
-        return (
-            parts
-            | "GroupUnits" >> beam.GroupByKey()
-            | "MergeGroup" >> beam.MapTuple(_merge_group)
-            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
-        )
-
-
-@dataclasses.dataclass
 class ComputeStats(beam.PTransform):
     """Blocks -> one {split: SplitSummary} dict over every sample (none without blocks), merged in unit order."""
 
@@ -271,6 +267,18 @@ class ComputeStats(beam.PTransform):
         return (
             blocks
             | "SummarizeBlock" >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per)
+            | "MergeSummaries" >> MergeSummaries()
+        )
+
+
+@dataclasses.dataclass
+class MergeSummaries(beam.PTransform):
+    """keyed_summary's parts -> one merged {split: SplitSummary} dict, in unit order (ComputeStats' and the
+    tendency's steps after their per-unit one)."""
+
+    def expand(self, parts):
+        return (
+            parts
             | "GroupUnits" >> beam.GroupByKey()
             | "MergeGroup" >> beam.MapTuple(_merge_group)
             # Without defaults: a global combine's default value is a side input, which Beam's
@@ -283,18 +291,24 @@ class ComputeStats(beam.PTransform):
 _MOMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Moments))
 
 
+def _moments_to_json(moments: Mapping[str, Moments]) -> dict:
+    return {
+        name: {field: np.asarray(getattr(m, field)).tolist() for field in _MOMENT_FIELDS} for name, m in moments.items()
+    }
+
+
 def summary_to_json(summary: SplitSummary) -> dict:
     """A split's accumulators as JSON-ready values: float64 written exactly (Python's repr), for generations.json."""
-    return {
+    out = {
         "cut": summary.cut,
         "dropped_nan": summary.dropped_nan,
         "with_nan": summary.with_nan,
-        "moments": {
-            name: {field: np.asarray(getattr(m, field)).tolist() for field in _MOMENT_FIELDS}
-            for name, m in summary.moments.items()
-        },
+        "moments": _moments_to_json(summary.moments),
         "nonfinite": {name: dataclasses.asdict(n) for name, n in summary.nonfinite.items()},
     }
+    if summary.tendency:
+        out["tendency"] = _moments_to_json(summary.tendency)
+    return out
 
 
 def summary_from_json(data: dict) -> SplitSummary:
@@ -314,4 +328,5 @@ def summary_from_json(data: dict) -> SplitSummary:
         int(data["dropped_nan"]),
         int(data["with_nan"]),
         {name: NonFinite(**fields) for name, fields in data.get("nonfinite", {}).items()},
+        {name: moments(fields) for name, fields in data.get("tendency", {}).items()},
     )

@@ -1,4 +1,5 @@
-"""StreamBlocks: cut each unit and hand its block at once to the writer and the statistics (Beam's DaskRunner).
+"""StreamBlocks: cut each unit and hand its block at once to the writer and the statistics, then commit the build in
+one combine (Beam's DaskRunner).
 
 Beam's DaskRunner runs each stage over a whole partition and keeps its output as a list until
 every next stage has read it, so CutSamples followed by WriteShards would hold every block of a
@@ -6,6 +7,13 @@ partition at once. Here one step cuts a unit, writes its records (in place or to
 and summarises it before the next unit is cut: what a partition keeps is a small result per
 unit (counts, or a bucket file's path: on Dask, bucket bytes never ride the runner's
 GroupByKey, which lists a key's values in memory; planning.write_strategy).
+
+Every GroupByKey is a shuffle of every partition on Dask (a few dozen scheduler tasks, each a
+round trip). Counting what was written in place, merging the statistics and collecting for
+Finalize would be three in a row (four global combines in all); here they are one: every
+unit's small result goes to one combine, and one step commits the shards, merges the
+statistics in the local runner's order (the same bits) and writes the metadata. Bucket files
+still meet their shard through one GroupByKey before it.
 """
 
 from __future__ import annotations
@@ -15,12 +23,18 @@ import dataclasses
 import apache_beam as beam
 
 from planning.sampling import Unit
-from planning.specs import CutSpec, StatsSpec, WriteSpec
+from planning.specs import CutSpec, FinalizeSpec, StatsSpec, WriteSpec
+from planning.write_strategy import WriteStrategy
+from schemas.schema import Schema
 from transforms.cut import _CutUnitFn
-from transforms.stats import MergeSummaries, keyed_summary
-from transforms.write import after_block_writer, block_writer
+from transforms.files import use_anonymous_credentials_for_emulator
+from transforms.finalize import finalize_output
+from transforms.in_place import add_counts, commit_shards
+from transforms.shards import WriteBucketedShards
+from transforms.stats import keyed_summary, merge_by_name, merge_groups_in_order
+from transforms.write import block_writer
 
-_WRITTEN, _SUMMARY = 0, 1
+_WRITTEN, _SUMMARY, _SHARD, _MERGED = 0, 1, 2, 3
 
 
 class _CutWriteSummarizeFn(beam.DoFn):
@@ -50,17 +64,89 @@ def _part(element: tuple, which: int):
         yield value
 
 
+def _tagged(value, kind: int) -> tuple:
+    return kind, value
+
+
+def _is_summary(element: tuple) -> bool:
+    return element[0] == _SUMMARY
+
+
+class _CollectFn(beam.CombineFn):
+    """Every unit's result -> (shard -> [records, bytes] written in place, shard results, {stats group: [(unit and
+    piece, summary)]}, statistics merged elsewhere), as one element."""
+
+    def create_accumulator(self):
+        return {}, [], {}, {}
+
+    def add_input(self, accumulator, element):
+        written, results, groups, merged = accumulator
+        kind, value = element
+        if kind == _WRITTEN:
+            written = add_counts([written, value])
+        elif kind == _SHARD:
+            results.append(value)
+        elif kind == _MERGED:
+            merged = merge_by_name([merged, value])
+        else:
+            group, part = value
+            groups.setdefault(group, []).append(part)
+        return written, results, groups, merged
+
+    def merge_accumulators(self, accumulators):
+        written, results, groups, merged = self.create_accumulator()
+        for other_written, other_results, other_groups, other_merged in accumulators:
+            written = add_counts([written, other_written])
+            results.extend(other_results)
+            for group, parts in other_groups.items():
+                groups.setdefault(group, []).extend(parts)
+            merged = merge_by_name([merged, other_merged])
+        return written, results, groups, merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def _commit(collected: tuple, write: WriteSpec, finalize: FinalizeSpec) -> Schema:
+    """Shards written in place committed, the statistics merged as ComputeStats merges them (each group's parts in
+    unit order, then the groups in order: the same float additions), the metadata written."""
+    use_anonymous_credentials_for_emulator()
+    written, results, groups, merged = collected
+    if write.strategy is WriteStrategy.IN_PLACE:
+        results = list(commit_shards(written, write))
+    summaries = merge_by_name([merge_groups_in_order(groups), merged])
+    return finalize_output(finalize, results, summaries)
+
+
 @dataclasses.dataclass
 class StreamBlocks(beam.PTransform):
-    """Units -> (one ShardResult per shard written, one merged statistics dict): CutSamples, WriteShards and
-    ComputeStats with no block kept beyond its unit."""
+    """Units -> the committed schema (one element): CutSamples, WriteShards, ComputeStats and Finalize with no block
+    kept beyond its unit, and one global combine."""
 
     cut: CutSpec
     write: WriteSpec
     stats: StatsSpec
+    finalize: FinalizeSpec
 
-    def expand(self, units):
+    def expand(self, inputs):
+        # Units, or (units, statistics merged elsewhere: {split: SplitSummary} elements, stats.tendency's).
+        units, *merged = inputs if isinstance(inputs, tuple) else (inputs,)
         parts = units | "CutWriteSummarize" >> beam.ParDo(_CutWriteSummarizeFn(self.cut, self.write, self.stats))
-        shards = parts | "Written" >> beam.FlatMap(_part, _WRITTEN) | "WriteShards" >> after_block_writer(self.write)
-        summaries = parts | "Summaries" >> beam.FlatMap(_part, _SUMMARY) | "ComputeStats" >> MergeSummaries()
-        return shards, summaries
+        if self.write.strategy is not WriteStrategy.IN_PLACE:
+            shards = (
+                parts
+                | "Buckets" >> beam.FlatMap(_part, _WRITTEN)
+                | "WriteShards" >> WriteBucketedShards(self.write)  # (its GroupByKey: a shard's bucket files)
+                | "TagShards" >> beam.Map(_tagged, _SHARD)
+            )
+            summaries = parts | "Summaries" >> beam.Filter(_is_summary)
+            parts = (shards, summaries) | "Join" >> beam.Flatten()
+        if merged:
+            parts = (parts, merged[0] | "TagMerged" >> beam.Map(_tagged, _MERGED)) | "JoinMerged" >> beam.Flatten()
+        return (
+            parts
+            # Without defaults: a global combine's default value is a side input, which Beam's
+            # DaskRunner evaluates by running every stage upstream of it again.
+            | "Collect" >> beam.CombineGlobally(_CollectFn()).without_defaults()
+            | "Commit" >> beam.Map(_commit, self.write, self.finalize)
+        )

@@ -13,7 +13,7 @@ import apache_beam as beam
 from planning.specs import WriteSpec
 from planning.write_strategy import WriteStrategy
 from transforms.encode import EncodeAndBucket, _EncodeAndBucketFn
-from transforms.in_place import CommitInPlace, WriteInPlace, _WriteInPlaceFn
+from transforms.in_place import WriteInPlace, _WriteInPlaceFn
 from transforms.shards import WriteBucketedShards
 
 
@@ -37,8 +37,3 @@ class WriteShards(beam.PTransform):
 def block_writer(spec: WriteSpec) -> beam.DoFn:
     """WriteShards' step that takes each block (transforms.streamed runs it beside the cutting)."""
     return _WriteInPlaceFn(spec) if spec.strategy is WriteStrategy.IN_PLACE else _EncodeAndBucketFn(spec)
-
-
-def after_block_writer(spec: WriteSpec) -> beam.PTransform:
-    """WriteShards' steps after ``block_writer``: from what it yields to one ShardResult per shard."""
-    return CommitInPlace(spec) if spec.strategy is WriteStrategy.IN_PLACE else WriteBucketedShards(spec)

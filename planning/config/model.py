@@ -95,12 +95,13 @@ class SampleConfig(_Strict):
         ),
         json_schema_extra={"reference_type": "mapping: role → {variables, offsets, crop}"},
     )
-    time_features: list[Literal["year_progress", "day_progress"]] = Field(
+    time_features: list[Literal["year_progress", "day_progress", "cos_zenith"]] = Field(
         default_factory=list,
         description=(
             "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
             "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
-            "[year_progress, day_progress]"
+            "[year_progress, day_progress]; cos_zenith: the cosine of the solar zenith angle per cell and step "
+            "(time_features/cos_zenith; the sample must hold ranges of latitudes and longitudes)"
         ),
     )
 
@@ -227,6 +228,14 @@ class StatsConfig(_Strict):
     )
     reference_split: str | None = Field(
         None, description="split whose statistics normalise (default: train if there is one, else the first split)"
+    )
+    tendency: bool = Field(
+        False,
+        description=(
+            "also the statistics of the one-step differences x(t+1) - x(t) along input.concat_dim over the "
+            "reference split's consecutive regular steps (every cell of the selected region), in stats.json's "
+            '`tendency`, for residual models (load_dataset(..., normalize="tendency"))'
+        ),
     )
 
 
@@ -424,9 +433,6 @@ class BuildConfig(_Strict):
             raise ValueError(
                 f"variables: with sample.roles the roles name the variables ({', '.join(named)}); remove `variables:`"
             )
-        for key, used in (("layout.stack", self.layout.stack), ("nan_mask", self.nan_mask)):
-            if used:
-                raise ValueError(f"{key} does not work with sample.roles yet; remove one of them")
         object.__setattr__(self, "variables", named)  # frozen: set while the model is made
         return self
 
@@ -509,3 +515,25 @@ def format_validation_error(error: pydantic.ValidationError, source: str) -> str
             message += f" (got {item['input']!r})"
         problems.append(f"{_location(item)}: {message}")
     return f"{source}: " + "; ".join(problems)
+
+
+def json_default(key: str) -> object:
+    """The value a config key (dotted, as the JSON dump spells it) takes when it is not given, as JSON.
+
+    None for a key the model does not have or that has no default. (An output built by an earlier
+    version lacks the keys added since: those mean their defaults.)
+    """
+    model: type[pydantic.BaseModel] | None = BuildConfig
+    value: object = None
+    for part in key.split("."):
+        if model is None:
+            return None
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
+        if field is None:
+            return None
+        nested = field.annotation if isinstance(field.annotation, type) else None
+        model = nested if nested is not None and issubclass(nested, pydantic.BaseModel) else None
+        value = None if field.is_required() else field.get_default(call_default_factory=True)
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    return value

@@ -15,7 +15,6 @@ files). Anything unusual (groups, non-numeric types, filters h5py lacks) is left
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator, Sequence
 
 import h5py
@@ -24,29 +23,32 @@ import xarray as xr
 
 from planning.formats.byte_ranges import Box, box_runs, merge_ranges
 from planning.formats.cf_decoding import decode_values
+from planning.formats.hdf5_chunks import UNIT_CHUNKS, cached, chunk_corners, chunk_shape, read_chunked
 from planning.formats.remote_files import BlockReader, RemoteFile
 from planning.formats.sources import NETCDF_LOCK, open_locked
 from planning.run.variables import VariablePlan
 from schemas.errors import UserError
+from schemas.urls import is_remote
 
 
-def _chunk_ranges(dataset: h5py.Dataset, box: Box) -> list[tuple[int, int]]:
-    chunks = dataset.chunks
-    corners = itertools.product(*[range(a - a % c, b, c) for (a, b), c in zip(box, chunks)])
+def _chunk_ranges(dataset: h5py.Dataset, box: Box, path: str = "", name: str = "") -> list[tuple[int, int]]:
     ranges = []
-    for corner in corners:
+    for corner in chunk_corners(box, dataset.chunks):
+        if cached(path, name, corner):
+            continue  # decoded already by another piece of the unit's box
         info = dataset.id.get_chunk_info_by_coord(corner)
         if info.byte_offset is not None:  # else never written: read as fill values
             ranges.append((info.byte_offset, info.byte_offset + info.size))
     return ranges
 
 
-def dataset_ranges(dataset: h5py.Dataset, box: Box) -> list[tuple[int, int]]:
-    """Byte ranges of the file that hold ``dataset`` over ``box``."""
+def dataset_ranges(dataset: h5py.Dataset, box: Box, path: str = "", name: str = "") -> list[tuple[int, int]]:
+    """Byte ranges of the file that hold ``dataset`` over ``box`` (of the file at ``path``, its variable ``name``:
+    chunks the unit decoded already left out)."""
     if any(stop <= start for start, stop in box):
         return []
     if dataset.chunks is not None:
-        return _chunk_ranges(dataset, box)
+        return _chunk_ranges(dataset, box, path, name)
     offset = dataset.id.get_offset()
     if offset is None:  # compact (stored in the metadata), or never written
         return []
@@ -54,13 +56,13 @@ def dataset_ranges(dataset: h5py.Dataset, box: Box) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), (starts + length).tolist()))
 
 
-def _slab_ranges(reader: BlockReader, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]):
+def _slab_ranges(reader: BlockReader, path: str, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]):
     with NETCDF_LOCK, h5py.File(reader, "r") as file:
         ranges = []
         for variable in variables:
             dataset = file.get(variable.name)
             if isinstance(dataset, h5py.Dataset) and dataset.ndim == len(variable.dims):
-                ranges.extend(dataset_ranges(dataset, [box[d] for d in variable.dims]))
+                ranges.extend(dataset_ranges(dataset, [box[d] for d in variable.dims], path, variable.name))
     ranges.sort()
     merged = merge_ranges(np.array([a for a, _ in ranges]), np.array([b for _, b in ranges]))
     return [(start, stop) for start, stop, _, _ in merged]
@@ -112,9 +114,12 @@ def _read_stored(
 
 
 def read_box(
-    target, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
+    target, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]], path: str | None = None
 ) -> dict[str, np.ndarray] | None:
-    """The decoded values of ``variables`` over ``box`` in an HDF5 file (a path or a file object).
+    """The decoded values of ``variables`` over ``box`` in an HDF5 file (a path, or a file object over ``path``).
+
+    Within a unit's ledger (planning.formats.hdf5_chunks), chunked variables are read a chunk at a
+    time, each chunk once.
 
     None where xarray must read the file instead: not HDF5 (or damaged: xarray names the
     problem), a variable missing or not a plain numeric array, a filter h5py cannot decode.
@@ -129,7 +134,7 @@ def read_box(
         except OSError:
             return None
         try:
-            stored = _read_stored_values(file, variables, box)
+            stored = _read_stored_values(file, target if isinstance(target, str) else path or "", variables, box)
         finally:
             file.close()
     if stored is None:
@@ -138,9 +143,12 @@ def read_box(
     return {name: decode_values(name, *parts) for name, parts in stored.items()}
 
 
-def _read_stored_values(file: h5py.h5f.FileID, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]):
+def _read_stored_values(
+    file: h5py.h5f.FileID, path: str, variables: Sequence[VariablePlan], box: dict[str, tuple[int, int]]
+):
     """Each variable's (dims, stored values over ``box``, decoding attributes); None: xarray must read the file."""
     stored = {}
+    ledger = UNIT_CHUNKS.get()
     for variable in variables:
         try:
             dataset = h5py.h5d.open(file, variable.name.encode())  # (a group of that name: not a dataset, raises)
@@ -152,8 +160,12 @@ def _read_stored_values(file: h5py.h5f.FileID, variables: Sequence[VariablePlan]
         ranges = [box.get(d, (0, n)) for d, n in zip(variable.dims, shape)]
         if any(stop > n for (_, stop), n in zip(ranges, shape)):
             return None  # smaller than planned: xarray's read shows what the file holds
+        chunks = chunk_shape(dataset) if ledger is not None else None
         try:
-            raw = _read_stored(dataset, dtype, ranges, shape)
+            if chunks is None:
+                raw = _read_stored(dataset, dtype, ranges, shape)
+            else:
+                raw = read_chunked(dataset, path, variable.name, variable.dims, dtype, ranges, chunks, ledger)
         except OSError:  # e.g. a compression filter this h5py lacks
             return None
         stored[variable.name] = (variable.dims, raw, decoding_attributes(dataset))
@@ -169,7 +181,7 @@ def prefetched(remote: RemoteFile, variables: Sequence[VariablePlan], box: dict[
     """A file object over ``remote`` with what ``variables`` hold over ``box`` already fetched."""
     reader = BlockReader(remote)
     try:
-        ranges = _slab_ranges(reader, variables, box)
+        ranges = _slab_ranges(reader, remote.path, variables, box)
     except OSError as error:  # h5py: not an HDF5 file, or a damaged one
         raise _cannot_read(remote.path, error) from None
     reader.prefetch(ranges)  # outside the lock: other units' reads go on meanwhile
@@ -188,23 +200,25 @@ def open_with_xarray(target, path: str) -> Iterator[xr.Dataset]:
 
 
 def chunk_shapes(path: str, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """The chunk shape of each of ``names`` stored chunked in a local NetCDF-4 file (contiguous ones, and
-    what is not a dataset, left out; nothing where the file cannot be read through HDF5)."""
+    """The chunk shape of each of ``names`` stored chunked in a NetCDF-4 file, local or remote (its metadata
+    fetched in blocks); contiguous ones, and what is not a dataset, left out; nothing where the file cannot be
+    read through HDF5."""
     out = {}
-    with NETCDF_LOCK:
+    with NETCDF_LOCK, contextlib.ExitStack() as stack:
         try:
-            file = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY)
-        except OSError:
+            if is_remote(path):
+                file = stack.enter_context(h5py.File(BlockReader(RemoteFile(path)), "r")).id
+            else:
+                file = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY)
+                stack.callback(file.close)
+        except (OSError, FileNotFoundError):
             return {}
-        try:
-            for name in names:
-                try:
-                    dataset = h5py.h5d.open(file, name.encode())
-                except (KeyError, OSError):
-                    continue
-                plist = dataset.get_create_plist()
-                if plist.get_layout() == h5py.h5d.CHUNKED:
-                    out[name] = tuple(int(n) for n in plist.get_chunk())
-        finally:
-            file.close()
+        for name in names:
+            try:
+                dataset = h5py.h5d.open(file, name.encode())
+            except (KeyError, OSError):
+                continue
+            chunks = chunk_shape(dataset)
+            if chunks is not None:
+                out[name] = chunks
     return out

@@ -26,6 +26,7 @@ import numpy as np
 import xarray as xr
 
 from planning.formats.classic_reads import read_box
+from planning.formats.hdf5_chunks import UNIT_CHUNKS, keeping_chunks
 from planning.formats.hdf5_reads import open_with_xarray, prefetched
 from planning.formats.hdf5_reads import read_box as read_hdf5_box
 from planning.formats.remote_files import RemoteFile
@@ -43,13 +44,15 @@ Box = dict[str, tuple[int, int]]
 @dataclasses.dataclass
 class Slabs:
     """Each variable's values over the box, and what was fetched from remote files (or a Zarr store): bytes,
-    requests, round trips; and of a store, the stored bytes of the chunks the read owns (zarr_reads)."""
+    requests, round trips; and of a store's or NetCDF-4 files' chunks, the stored bytes fetched and those of the
+    chunks the read owns (zarr_reads, planning.formats.hdf5_chunks)."""
 
     values: dict[str, np.ndarray]
     bytes_read: int = 0
     requests: int = 0
     round_trips: int = 0
     chunk_bytes: int = 0
+    chunks_fetched: int = 0
 
 
 class Reader(Protocol):
@@ -80,7 +83,7 @@ def _values(path: str, ds: xr.Dataset, name: str, box: Box) -> np.ndarray:
 def _read_hdf5(remote: RemoteFile, variables: Sequence[VariablePlan], box: Box) -> dict[str, np.ndarray]:
     local = not is_remote(remote.path)
     target = remote.path if local else prefetched(remote, variables, box)
-    values = read_hdf5_box(target, variables, box)
+    values = read_hdf5_box(target, variables, box, remote.path)
     if values is not None:
         return values
     opened = open_netcdf(remote.path, decode_times=False) if local else open_with_xarray(target, remote.path)
@@ -224,8 +227,11 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
         {**box, concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start)}
         for source in files
     ]
+    ledger = UNIT_CHUNKS.get()
     read: list[dict[str, np.ndarray] | None] = []
     for source, local in zip(files, boxes):  # by offset first, without the lock: plain reads, any thread at once
+        if ledger is not None:
+            ledger.file_starts_at(source.path, source.start)
         _check_unchanged(source)  # also what makes an offset planned for it still right
         read.append(read_direct(source, along, local, concat_dim))
     # Local files left to HDF5 are read holding the lock for all of the unit's: HDF5 works one call at a time
@@ -253,6 +259,7 @@ def _add_counts(slabs: Slabs, part: Slabs) -> None:
     slabs.requests += part.requests
     slabs.round_trips += part.round_trips
     slabs.chunk_bytes += part.chunk_bytes
+    slabs.chunks_fetched += part.chunks_fetched
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -334,20 +341,26 @@ class SelectionReader:
             groups.setdefault(tuple(d for d in variable.dims if d in selection.runs), []).append(variable)
         for dims, group in groups.items():
             pieces = selection.pieces(box, dims)
-            for piece, place in pieces:
-                part = self.inner.read(group, piece)
-                _add_counts(slabs, part)
-                for variable in group:
-                    values = part.values[variable.name]
-                    if len(pieces) == 1:
-                        slabs.values[variable.name] = values
-                        continue
-                    if variable.name not in slabs.values:
-                        shape = tuple(box[d][1] - box[d][0] for d in variable.dims)
-                        slabs.values[variable.name] = np.empty(shape, values.dtype)
-                    where = tuple(slice(*place[d]) if d in place else slice(None) for d in variable.dims)
-                    slabs.values[variable.name][where] = values
+            # Pieces (selected levels, say) may lie in the same NetCDF-4 chunks: each is decoded once, kept for them.
+            with keeping_chunks(len(pieces) > 1):
+                for piece, place in pieces:
+                    self._place(slabs, group, box, self.inner.read(group, piece), place, len(pieces) == 1)
         return slabs
+
+    @staticmethod
+    def _place(slabs: Slabs, group: Sequence[VariablePlan], box: Box, part: Slabs, place: Box, whole: bool) -> None:
+        """One piece's values put in their place in the box (``whole``: the piece is the box)."""
+        _add_counts(slabs, part)
+        for variable in group:
+            values = part.values[variable.name]
+            if whole:
+                slabs.values[variable.name] = values
+                continue
+            if variable.name not in slabs.values:
+                shape = tuple(box[d][1] - box[d][0] for d in variable.dims)
+                slabs.values[variable.name] = np.empty(shape, values.dtype)
+            where = tuple(slice(*place[d]) if d in place else slice(None) for d in variable.dims)
+            slabs.values[variable.name][where] = values
 
 
 def read_members(sources: SourceIndex, concat_dim: str, variables: Sequence[VariablePlan], box: Box) -> Slabs:

@@ -192,7 +192,7 @@ def read_store_box(
     if missing_chunks == "fill":
         store.forget_missing()
     # Counted per read (the store's own count adds up every thread's reads).
-    slabs.bytes_read = sum(size for _, _, size in fetched)
+    slabs.bytes_read = slabs.chunks_fetched = sum(size for _, _, size in fetched)
     if own is not None:
         slabs.chunk_bytes = _needed_bytes(ds, variables, fetched, own, concat_dim, first)
     return slabs

@@ -25,8 +25,10 @@ SAMPLES_CUT = "samples_cut"
 SAMPLES_DROPPED = "samples_dropped"
 #: Bytes fetched from remote input files (local files are read in place and not counted), and from a Zarr store.
 BYTES_READ = "bytes_read"
-#: a Zarr store's: the stored bytes of the chunks units own (bytes_read over it: how often a chunk is fetched)
+#: A Zarr store's or NetCDF-4 files' chunks: the stored bytes of the chunks units own, and the stored bytes of the
+#: chunks fetched (over it: how often a chunk is fetched)
 CHUNK_BYTES = "chunk_bytes"
+CHUNKS_FETCHED = "chunks_fetched"
 BYTES_ENCODED = "bytes_encoded"
 RECORDS_WRITTEN = "records_written"
 BYTES_WRITTEN = "bytes_written"

@@ -4,6 +4,12 @@ Each generation records how many steps of the (selected) concat dim the output h
 committed, the first and last of them, a fingerprint of the files holding them, its counts and
 each split's statistics accumulators (float64, exact in JSON), so that an append cuts only the
 samples that reach into steps the output does not hold and merges its statistics into theirs.
+
+An append may add steps after the last held step and, contiguous with it, before the first (a
+backfill). ``index/<concat_dim>`` keeps counting from generation 0's first step, so every record
+already written (and every prediction or resume state keyed by one) stays valid: steps added
+before it get negative indices, and ``origin`` records how many there are (a full rebuild numbers
+from its own first step instead: its indices are the union's plus ``origin``).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from schemas.errors import UserError
@@ -28,13 +34,23 @@ class NothingToAppend(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """What an output's committed generations hold along its concat dim: steps [0, steps) of the selected grid."""
+    """What an output's committed generations hold along its concat dim: ``steps`` consecutive steps of its grid."""
 
     generation: int  # the number the next generation gets (the committed generations count)
     steps: int
     first: Any  # the first and last step held, as schema.json writes coordinate values
     last: Any
     fingerprint: str | None  # of the files holding them (None: one Zarr store, which grows in place)
+    origin: int = 0  # held steps before the one index/<concat_dim> 0 is (steps a backfill added)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldRange:
+    """Where the held steps are on an append's input grid, [start, stop), and the index origin after it."""
+
+    start: int
+    stop: int
+    origin: int  # the input's steps before index/<concat_dim> 0: the held origin plus the steps added before
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +69,16 @@ def files_fingerprint(files: Sequence[HeldFile]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def generation_entry(number: int, steps: int, first: Any, last: Any, files: Sequence[HeldFile], store: bool) -> dict:
+def generation_entry(
+    number: int, steps: int, first: Any, last: Any, files: Sequence[HeldFile], store: bool, origin: int = 0
+) -> dict:
     """A generation's record before its counts and statistics are known (Finalize adds them).
 
     Nothing in it changes from run to run (no run id, no time): a build hashes the same every time.
+    ``origin`` is written only when a backfill made it other than 0 (outputs without one keep their bytes).
     """
     held = [f for f in files if f.stop <= steps]
-    return {
+    entry = {
         "generation": number,
         "steps": steps,
         "first": first,
@@ -68,6 +87,9 @@ def generation_entry(number: int, steps: int, first: Any, last: Any, files: Sequ
         "files": len(held),
         "bytes": sum(f.nbytes for f in held),
     }
+    if origin:
+        entry["origin"] = origin
+    return entry
 
 
 def dumps(entries: Sequence[dict]) -> str:
@@ -98,21 +120,35 @@ def loads(text: str, source: str, committed: int) -> list[dict]:
 def held_of(entries: Sequence[dict], source: str) -> Held:
     """What the committed generations hold (the last one's record), checked for the types it must have."""
     last = entries[-1]
-    steps, fingerprint = last.get("steps"), last.get("fingerprint")
-    if not isinstance(steps, int) or steps < 1 or not (fingerprint is None or isinstance(fingerprint, str)):
+    steps, fingerprint, origin = last.get("steps"), last.get("fingerprint"), last.get("origin", 0)
+    if (
+        not isinstance(steps, int)
+        or steps < 1
+        or not (fingerprint is None or isinstance(fingerprint, str))
+        or not isinstance(origin, int)
+        or not 0 <= origin < steps
+    ):
         raise UserError(f"output: {source} records no steps held; it was edited: rebuild the output with --overwrite")
-    return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint)
+    return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint, origin)
 
 
-def config_difference(built: dict, now: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
-    """The first config key (dotted) whose value differs, with both values; keys an append may change are skipped."""
+def config_difference(
+    built: dict, now: dict, prefix: str = "", default_of: Callable[[str], Any] | None = None
+) -> tuple[str, Any, Any] | None:
+    """The first config key (dotted) whose value differs, with both values; keys an append may change are skipped.
+
+    ``default_of(key)``: the value a key has when not given; a key missing from ``built`` (an output
+    of an earlier version, before the key existed) is taken to have it.
+    """
     for key in sorted(set(built) | set(now)):
         name = f"{prefix}{key}"
         if name in APPENDABLE_KEYS:
             continue
         before, after = built.get(key), now.get(key)
+        if key not in built and default_of is not None:
+            before = default_of(name)
         if isinstance(before, dict) and isinstance(after, dict):
-            found = config_difference(before, after, f"{name}.")
+            found = config_difference(before, after, f"{name}.", default_of)
             if found:
                 return found
         elif before != after:
@@ -120,9 +156,9 @@ def config_difference(built: dict, now: dict, prefix: str = "") -> tuple[str, An
     return None
 
 
-def check_config(built: dict, now: dict) -> None:
+def check_config(built: dict, now: dict, default_of: Callable[[str], Any] | None = None) -> None:
     """UserError naming the first key where ``now`` differs from the config the output was built with."""
-    found = config_difference(built, now)
+    found = config_difference(built, now, default_of=default_of)
     if found:
         key, before, after = found
         raise UserError(
@@ -131,40 +167,40 @@ def check_config(built: dict, now: dict) -> None:
         )
 
 
-def new_steps(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile] | None) -> int:
-    """The held steps, checked against the input; NothingToAppend when it holds no other step.
+def held_range(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile] | None) -> HeldRange:
+    """Where the held steps are in the input, checked; NothingToAppend when it holds no other step.
 
-    ``values``: the input's concat coordinate as schema.json writes values (only those at the
-    held range's ends and just before it are read: pass a lazy sequence for a long one);
-    ``files``: the input files' ranges (None: one Zarr store).
+    ``values``: the input's concat coordinate as schema.json writes values (read where the held
+    range starts and ends: pass a lazy sequence for a long one; the start is searched for only
+    when the input begins earlier); ``files``: the input files' ranges (None: one Zarr store).
+    Steps before the held ones (a backfill) must be contiguous with them: the caller checks that
+    on the decoded values, and that they keep the samples' stride.
     """
     total = len(values)
-    if total < held.steps or values[0] != held.first:
-        where = _index_of(values, held.first)
-        if where is not None and where > 0:
-            raise UserError(
-                f"input: {dim} steps from {values[0]} come before the output's first ({held.first}); adding them "
-                f"would renumber index/{dim} of every sample it holds, so --append adds only steps after its last "
-                f"({held.last}): rebuild with --overwrite to extend it backwards"
-            )
+    start = 0 if total and values[0] == held.first else _index_of(values, held.first)
+    if start is None or total < start + held.steps:
         raise UserError(
-            f"input: its {dim} steps do not start with the {held.steps:,} the output holds ({held.first} to "
+            f"input: its {dim} steps do not hold the {held.steps:,} the output holds ({held.first} to "
             f"{held.last}); --input must name every file the output was built from as well as the new ones"
         )
-    if values[held.steps - 1] != held.last:
+    stop = start + held.steps
+    if values[stop - 1] != held.last:
         raise UserError(
-            f"input: its {dim} step {held.steps - 1:,} is {values[held.steps - 1]}, where the output holds "
+            f"input: its {dim} step {stop - 1:,} is {values[stop - 1]}, where the output holds "
             f"{held.last}: files overlap or change the steps it holds ({held.first} to {held.last}); --append adds "
-            "files after its last step only"
+            "files before its first step or after its last only"
         )
     if files is not None:
-        straddling = next((f for f in files if f.start < held.steps < f.stop), None)
-        if straddling is not None:
-            raise UserError(
-                f"input: {straddling.path} holds {dim} steps on both sides of {held.last}, the output's last; "
-                "--append adds whole files after its last step: rebuild with --overwrite"
-            )
-        if files_fingerprint([f for f in files if f.stop <= held.steps]) != held.fingerprint:
+        for edge, side in ((start, held.first), (stop, held.last)):
+            straddling = next((f for f in files if f.start < edge < f.stop), None)
+            if straddling is not None:
+                raise UserError(
+                    f"input: {straddling.path} holds {dim} steps on both sides of {side}, one end of the output's "
+                    "steps; --append adds whole files before its first step or after its last: rebuild with "
+                    "--overwrite"
+                )
+        inside = [dataclasses.replace(f, start=f.start - start, stop=f.stop - start) for f in files]
+        if files_fingerprint([f for f in inside if f.start >= 0 and f.stop <= held.steps]) != held.fingerprint:
             raise UserError(
                 f"input: the files holding {held.first} to {held.last} are not those the output was built from (one "
                 "was added, removed, moved or resized); --input must name them unchanged, with the new ones"
@@ -173,7 +209,7 @@ def new_steps(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile] 
         raise NothingToAppend(
             f"nothing to append: the input's {total:,} {dim} steps ({held.first} to {held.last}) are all in the output"
         )
-    return held.steps
+    return HeldRange(start, stop, held.origin + start)
 
 
 def _index_of(values: Sequence, value: Any) -> int | None:

@@ -217,19 +217,94 @@ def test_hostile_appends_are_refused_in_one_line_and_change_nothing(generation0,
     assert _build(_config(archive, output), tmp_path, "--overwrite", "--append") == 2
 
 
-def test_earlier_steps_are_refused(archive, tmp_path, capsys):
-    """Steps before the output's first would renumber every sample it holds: refused, contiguous or not."""
+def test_earlier_contiguous_steps_are_a_backfill_keeping_every_index_written(archive, tmp_path):
+    """Steps before the output's first, contiguous with it: a new generation whose indices count back from 0.
+
+    Generation 0 holds the second and third files; the first append adds the first file (before them)
+    and the fourth (after), the second the fifth. The union is the full rebuild with index/time shifted
+    by the steps added before (the records already written keep theirs); reassembling its records
+    gives the source back.
+    """
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output, full = tmp_path / "out", tmp_path / "full"
+    strided = {"window": {"time": {"size": 3, "stride": 2}}, "keep": ["level", "lat", "lon"]}
+
+    def config(path, paths=None):
+        return {**_config(archive, path, **({"input__paths": paths} if paths else {})), "sample": strided}
+
+    assert _build(config(output, files[1:3]), tmp_path) == 0
+    before = _hashes(output, _shard_files(output))
+    assert _build(config(output, files[:4]), tmp_path, "--append") == 0
+    assert _build(config(output), tmp_path, "--append") == 0
+    assert _build(config(full), tmp_path) == 0
+    assert _hashes(output, list(before)) == before
+    schema, rebuilt = load_schema(str(output)), load_schema(str(full))
+    origin = 4  # the steps of the file added before generation 0's first
+    concat = next(a for a in schema.sample["axes"] if a["dim"] == "time")
+    assert concat["index_origin"] == origin and schema.counts == rebuilt.counts
+    for split in SPLITS:
+        union = _by_sample(parse_with_generated_parser(output, split))
+        want = _by_sample(parse_with_generated_parser(full, split))
+        assert union.keys() == want.keys() and len(union["index/time"]) == len(want["index/time"])
+        assert (union["index/time"] < 0).any() == (split == "train")  # the backfilled samples are train's
+        np.testing.assert_array_equal(union.pop("index/time") + origin, want.pop("index/time"))
+        for name in union:
+            np.testing.assert_array_equal(union[name], want[name], err_msg=f"{split} {name}")
+        assert [r - origin for r in rebuilt.sample["splits"][split]["index_range"]] == (
+            schema.sample["splits"][split]["index_range"]
+        )
+    _assert_close(
+        {k: v for k, v in json.loads((output / "stats.json").read_text()).items() if k != "generations"},
+        {k: v for k, v in json.loads((full / "stats.json").read_text()).items() if k != "generations"},
+    )
+    assert inspect_main([str(output), "--verify"]) == 0
+    from schemas import reassemble
+
+    back = reassemble(str(output), Reader(str(output), "train"), split="train")
+    import xarray as xr
+
+    with xr.open_mfdataset(files, combine="by_coords") as source:
+        want = source["t"].sel(time=back["time"]).load()
+    covered = back["coverage"].values > 0
+    assert covered[:origin].all()  # the backfilled steps are placed before the held ones
+    np.testing.assert_array_equal(back["t"].values[covered], want.values.astype(np.float32)[covered])
+    # The reassembly pipeline (samples bucketed by output chunk) places them the same way.
+    from pipelines.reassemble import main as reassemble_main
+
+    assert reassemble_main([str(output), "--split", "train", "--to", str(tmp_path / "back.zarr"), "--quiet"]) == 0
+    with xr.open_zarr(tmp_path / "back.zarr") as written:
+        np.testing.assert_array_equal(written["t"].values, back["t"].values)
+        np.testing.assert_array_equal(written["coverage"].values, back["coverage"].values)
+
+
+def test_earlier_steps_with_a_gap_or_off_the_stride_are_refused(archive, tmp_path, capsys):
     files = sorted(str(p) for p in archive.glob("*.nc"))
     output = tmp_path / "out"
 
-    def config(paths):
-        return {**_config(archive, output, input__paths=paths), "splits": {}}
+    def config(paths, **changes):
+        return {**_config(archive, output, input__paths=paths, **changes), "splits": {}}
 
     assert _build(config(files[2:]), tmp_path) == 0
-    line = _refused(config(files[1:]), tmp_path, capsys)
-    assert "come before the output's first" in line
+    before = _hashes(output)
     line = _refused(config([files[0], *files[2:]]), tmp_path, capsys)
-    assert "come before the output's first" in line
+    assert "not one step before it" in line and "add the missing files" in line
+    assert _hashes(output) == before
+    strided = tmp_path / "strided"
+    window = {"window": {"time": {"size": 3, "stride": 3}}, "keep": ["level", "lat", "lon"]}
+    assert _build({**config(files[2:]), "sample": window, "output": {"path": str(strided)}}, tmp_path) == 0
+    line = _refused({**config(files[1:]), "sample": window, "output": {"path": str(strided)}}, tmp_path, capsys)
+    assert "not a multiple of sample.stride 3" in line
+
+
+def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(generation0, archive, tmp_path):
+    """schema.json records the resolved config; an earlier version's lacks today's keys (stats.tendency, ...)."""
+    output, _ = generation0
+    document = json.loads((output / "schema.json").read_text())
+    for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
+        del document["config"][section][key]
+    (output / "schema.json").write_text(json.dumps(document, indent=1))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
 
 
 def test_an_output_without_generations_is_refused(generation0, archive, tmp_path, capsys):

@@ -207,3 +207,33 @@ def test_signals_at_random_moments_never_hang(many_small_files, tmp_path):
             assert build["code"] == -signal.Signals[build["signal"]], build
             assert build["files"] == [], build
     assert sum(build["code"] == 0 for build in builds) < len(builds) / 2  # most were stopped, not finished
+
+
+def test_the_commit_syncs_what_schema_json_names_before_it(small_archive, tmp_path, monkeypatch):
+    """On a power loss after the commit, the shards, indexes and metadata must hold what schema.json says:
+    each is fsynced before schema.json is renamed into place, and the directory after it."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def rename(source, destination, *args, **kwargs):
+        events.append(("rename", os.fspath(destination)))
+        return real_rename(source, destination, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    config, output = _write_config(small_archive, tmp_path)
+    assert main(["--config", str(config), "--quiet"]) == 0
+    schema = load_schema(str(output))
+    named = [n for shards in schema.splits.values() for s in shards for n in (s.file, s.index)]
+    committed = events.index(("rename", str(output / "schema.json")))
+    synced = {os.path.basename(path) for kind, path in events[:committed] if kind == "fsync"}
+    missing = set(named) - synced
+    assert not missing, f"named by schema.json but not synced before it: {sorted(missing)}"
+    for name in ("generations.json", "stats.json", "parser.py"):  # each synced under its temporary name, renamed
+        assert ("rename", str(output / name)) in events[:committed]
+    assert any(n.startswith("schema.json") for n in synced)  # its own bytes, before the rename
+    assert ("fsync", str(output)) in events[committed:]  # and the rename itself

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -304,6 +305,36 @@ def test_a_local_dry_run_plans_and_checks_the_graph_but_runs_and_writes_nothing(
     assert lines[1].startswith("  plan: data: 48 samples in 3 shard(s); ") and "from 3 file(s)" in lines[1], lines
     assert lines[2].startswith("  graph: EnumerateUnits -> ") and not captured.err
     assert not output.exists()
+
+
+_REFUSED_AND_DRY = """
+import sys
+from pipelines.build import main
+config = sys.argv[1]
+codes = [main(["--config", config, "--quiet", "--input", sys.argv[2]])]  # refused by planning: no such file
+codes.append(main(["--config", config, "--quiet", "--dry_run=True"]))
+print(codes)
+"""
+
+
+def test_refused_and_dry_runs_leave_nothing_in_the_temp_directory(small_archive, tmp_path):
+    """Beam makes a folder in the temp directory per pipeline that only its run removes: runs that end
+    otherwise (refused, dry) must not leave one behind each time (thousands, on a shared machine)."""
+    path, temp = tmp_path / "c.yaml", tmp_path / "temp"
+    path.write_text(yaml.safe_dump(patch_config([small_archive / "*.nc"], tmp_path / "out")))
+    temp.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", _REFUSED_AND_DRY, str(path), str(tmp_path / "missing.nc")],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(temp)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "[2, 0]", (run.stdout, run.stderr[-2000:])
+    assert "missing.nc" in run.stderr
+    left = sorted(p.name for p in temp.iterdir() if not p.name.startswith("xarray-tfrecords-locks-"))
+    assert left == []
 
 
 def test_duplicate_config_keys_are_refused_in_one_line(small_archive, tmp_path, capsys):

@@ -239,6 +239,16 @@ def test_dataflow_gets_this_checkout_when_no_code_is_shipped(uploaded, gcs, stag
     assert not [p for p in gcs.find(f"{BUCKET}/tmp") if "write-check" in p]
 
 
+def test_a_dataflow_launch_leaves_nothing_in_the_temp_directory(uploaded, gcs, staged_once, tmp_path, monkeypatch):
+    """Beam stages the job's dependencies (the sdist, the pickled session) in a temp folder it never removes."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 0
+    assert tempfile.tempdir == str(temp)  # given back
+    assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("xarray-tfrecords-locks")) == []
+
+
 def test_dataflow_refuses_an_install_that_cannot_ship_itself(uploaded, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runners, "PACKAGE_ROOT", tmp_path)  # installed without a checkout: no setup.py beside it
     assert main(["--config", str(_dry_run_config(tmp_path)), *DATAFLOW]) == 2

@@ -125,5 +125,84 @@ def test_roles_name_the_variables(cmip, tmp_path, capsys):
     directory, _ = cmip
     config = _config(directory, tmp_path / "out") | {"variables": ["tas"]}
     assert "with sample.roles the roles name the variables" in refused(config, tmp_path, capsys)
-    config = _config(directory, tmp_path / "out") | {"layout": {"stack": {"name": "w", "variables": ["tas", "uas"]}}}
-    assert "layout.stack does not work with sample.roles yet" in refused(config, tmp_path, capsys)
+    config = _config(directory, tmp_path / "out") | {"nan_policy": "fill", "fill_value": 0.0, "nan_mask": ["tas"]}
+    assert "nan_mask: 'tas' is not a float variable or stack of the records" in refused(config, tmp_path, capsys)
+
+
+def test_nan_masks_of_role_features_take_the_roles_steps_and_crops(tmp_path):
+    """nan_policy: fill with nan_mask: mask/<role>/<variable> marks the filled points at the role's steps and crop
+    (and per channel of a role's stack); normalize sets exactly those."""
+    import xarray as xr
+
+    rng = np.random.default_rng(5)
+    shape = (8, 6, 6)
+    values = {name: rng.normal(size=shape).astype(np.float32) + 10 for name in ("a", "b")}
+    for name in values:
+        values[name][rng.random(shape) < 0.15] = np.nan
+    data = xr.Dataset(
+        {name: (("time", "lat", "lon"), v) for name, v in values.items()},
+        coords={"time": np.arange(8.0), "lat": np.arange(6.0), "lon": np.arange(6.0)},
+    )
+    data.to_netcdf(tmp_path / "in.nc")
+    roles = {
+        "inputs": {"variables": ["a", "b"], "offsets": {"time": [-1, 0]}},
+        "targets": {"variables": ["a"], "offsets": {"time": [1]}, "crop": {"lat": 2, "lon": 2}},
+    }
+    config = {
+        "input": {"paths": str(tmp_path / "in.nc"), "decode_times": False},
+        "sample": {"window": {"lat": 4, "lon": 4}, "roles": roles},
+        "layout": {"stack": {"name": "ab", "variables": ["a", "b"]}},
+        "nan_policy": "fill",
+        "fill_value": -99.0,
+        "nan_mask": True,
+        "output": {"path": str(tmp_path / "out")},
+    }
+    output = build_quietly(config, tmp_path)
+    records = read_all_records(output, load_schema(str(output)))
+    assert records["mask/inputs/ab"].shape[1:] == (2, 4, 4, 2) and records["mask/targets/a"].shape[1:] == (1, 2, 2)
+    for i in range(len(records["index/time"])):
+        t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "lat", "lon"))
+        for c, name in enumerate("ab"):
+            window = values[name][t - 1 : t + 1, y : y + 4, x : x + 4]
+            np.testing.assert_array_equal(records["mask/inputs/ab"][i][..., c], np.isnan(window))
+        np.testing.assert_array_equal(
+            records["mask/targets/a"][i], np.isnan(values["a"][t + 1 : t + 2, y + 1 : y + 3, x + 1 : x + 3])
+        )
+    assert records["mask/targets/a"].any() and records["mask/inputs/ab"].any()
+    from schemas import Reader
+
+    normalized = Reader(str(output), "data", normalize=True, normalized_fill=7.0).read_all()
+    for name in ("inputs/ab", "targets/a"):
+        np.testing.assert_array_equal(normalized[name] == 7.0, records[f"mask/{name}"] != 0)
+
+
+def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_path):
+    directory, reference = cmip
+    stack = {"name": "fields", "variables": ["uas", "tas"], "axis": 0}
+    output = build_quietly(_config(directory, tmp_path / "out") | {"layout": {"stack": stack}}, tmp_path)
+    schema = load_schema(str(output))
+    # inputs holds both: one feature, channels first; targets holds tas alone: it stays apart.
+    assert {f.name: f.shape for f in schema.variable_features} == {
+        "inputs/fields": (2, 2, 16, 16),
+        "targets/tas": (1, 8, 8),
+        "forcings/vas": (1, 16, 16),
+    }
+    assert schema.feature("inputs/fields").dims == ("channel", "time", "lat", "lon")
+    records = read_all_records(output, schema, "test")
+    for i in range(0, len(records["index/time"]), 11):
+        record = {name: values[i] for name, values in records.items()}
+        for channel, name in enumerate(stack["variables"]):
+            expected = _expected(reference, ROLES["inputs"], name, record)
+            np.testing.assert_array_equal(record["inputs/fields"][channel], expected)
+        np.testing.assert_array_equal(record["targets/tas"], _expected(reference, ROLES["targets"], "tas", record))
+    # normalize: each channel with its variable's statistics, in the Reader and TensorFlow's parser alike.
+    from schemas import Reader
+
+    stats = json.loads((output / "stats.json").read_text())["variables"]
+    normalized = Reader(str(output), "test", normalize=True).read_all()["inputs/fields"]
+    for channel, name in enumerate(stack["variables"]):
+        want = (records["inputs/fields"][:, channel] - np.float32(stats[name]["mean"])) / np.float32(stats[name]["std"])
+        np.testing.assert_allclose(normalized[:, channel], want, rtol=1e-5, atol=1e-5)
+    parser = import_generated_parser(output)
+    batch = next(parser.make_dataset("test", batch_size=64, normalize=True).as_numpy_iterator())
+    np.testing.assert_allclose(batch["inputs/fields"], normalized[:64], rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import cftime
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -125,6 +126,7 @@ def test_iterated_steps_and_no_longitude_window(sample_file, tmp_path):
         ({"sample": {"keep": ["time"], "time_features": ["year_progress"]}}, "the samples keep 'time' whole"),
         ({"sample": {"time_features": ["hour_progress"]}}, "sample.time_features"),
         ({"sample": {"time_features": ["day_progress", "day_progress"]}}, "lists a feature twice"),
+        ({"sample": {"time_features": ["cos_zenith"]}}, "cos_zenith is per cell, so the sample must hold a range"),
     ],
 )
 def test_time_features_refused_where_they_mean_nothing(sample_file, tmp_path, capsys, change, expected):
@@ -134,3 +136,75 @@ def test_time_features_refused_where_they_mean_nothing(sample_file, tmp_path, ca
         "output": {"path": str(tmp_path / "out")},
     }
     assert expected in refused(config, tmp_path, capsys)
+
+
+def _spencer_cos_zenith(seconds: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """cos of the solar zenith angle (steps, lat, lon), float64: NOAA's declination and equation of time (Spencer's
+    series) at the tropical-year angle, written here as sums of harmonics."""
+    day_angle = 2 * np.pi * np.mod(seconds / (365.24219 * 86400), 1.0)[:, None, None]
+    n = np.arange(4)
+    cos_terms = np.cos(n[:, None, None, None] * day_angle)
+    sin_terms = np.sin(n[:, None, None, None] * day_angle)
+    declination = np.tensordot([0.006918, -0.399912, -0.006758, -0.002697], cos_terms, 1) + np.tensordot(
+        [0.0, 0.070257, 0.000907, 0.00148], sin_terms, 1
+    )
+    eot = 229.18 * (0.000075 + 0.001868 * cos_terms[1] - 0.032077 * sin_terms[1])
+    eot = eot + 229.18 * (-0.014615 * cos_terms[2] - 0.040849 * sin_terms[2])  # minutes
+    true_solar_minutes = np.mod(seconds, 86400)[:, None, None] / 60 + 4 * lon[None, None, :] + eot
+    hour_angle = np.radians(true_solar_minutes / 4 - 180)
+    phi = np.radians(lat)[None, :, None]
+    return np.sin(phi) * np.sin(declination) + np.cos(phi) * np.cos(declination) * np.cos(hour_angle)
+
+
+def _noaa_cos_zenith(times: np.ndarray, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """The same from NOAA's day-of-year form (fractional year from January 1st): a physical check, not the formula."""
+    stamps = pd.DatetimeIndex(times)
+    hours = stamps.hour + stamps.minute / 60
+    gamma = (2 * np.pi / 365 * (stamps.dayofyear - 1 + (hours - 12) / 24)).values[:, None, None]
+    declination = (
+        0.006918
+        - 0.399912 * np.cos(gamma)
+        + 0.070257 * np.sin(gamma)
+        - 0.006758 * np.cos(2 * gamma)
+        + 0.000907 * np.sin(2 * gamma)
+        - 0.002697 * np.cos(3 * gamma)
+        + 0.00148 * np.sin(3 * gamma)
+    )
+    eot = 229.18 * (
+        0.000075 + 0.001868 * np.cos(gamma) - 0.032077 * np.sin(gamma) - 0.014615 * np.cos(2 * gamma)
+    ) - 229.18 * 0.040849 * np.sin(2 * gamma)
+    minutes = (hours.values * 60)[:, None, None] + eot + 4 * lon[None, None, :]
+    phi = np.radians(lat)[None, :, None]
+    return np.sin(phi) * np.sin(declination) + np.cos(phi) * np.cos(declination) * np.cos(np.radians(minutes / 4 - 180))
+
+
+def test_cos_zenith_per_cell_and_step(tmp_path):
+    from pipelines.demo import ArchiveShape, write_archive
+
+    write_archive(tmp_path / "era5", ArchiveShape(num_files=2, steps_per_file=6, levels=2, lat=8, lon=16))
+    config = {
+        "input": {"paths": str(tmp_path / "era5" / "*.nc")},
+        "variables": ["t"],
+        "sample": {
+            "offsets": {"time": [0, 1]},
+            "window": {"lat": 4, "lon": 8},
+            "keep": ["level"],
+            "time_features": ["cos_zenith"],
+        },
+        "output": {"path": str(tmp_path / "out")},
+    }
+    output = build_quietly(config, tmp_path)
+    schema = load_schema(str(output))
+    assert schema.feature("time_features/cos_zenith").dims == ("time", "lat", "lon")
+    assert schema.feature("time_features/cos_zenith").shape == (2, 4, 8)
+    with xr.open_mfdataset(str(tmp_path / "era5" / "*.nc")) as ds:
+        times, lat, lon = ds["time"].values, ds["lat"].values.astype(np.float64), ds["lon"].values.astype(np.float64)
+    records = parse_with_generated_parser(output)  # TensorFlow's own parser
+    values = records["time_features/cos_zenith"]
+    assert values.dtype == np.float32 and (values < 0).any() and (values > 0.5).any()  # night and day
+    for i in range(0, len(values), 5):
+        t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "lat", "lon"))
+        steps, cells_lat, cells_lon = times[t : t + 2], lat[y : y + 4], lon[x : x + 8]
+        want = _spencer_cos_zenith(_seconds(steps), cells_lat, cells_lon)
+        np.testing.assert_allclose(values[i], want, atol=1e-6)
+        np.testing.assert_allclose(values[i], _noaa_cos_zenith(steps, cells_lat, cells_lon), atol=0.01)

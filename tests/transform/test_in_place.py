@@ -21,7 +21,7 @@ from schemas.record_decoder import ExampleDecoder
 from schemas.shard_index import index_lines, scan_index
 from schemas.tfrecord import read_records
 from transforms.cut import cut_unit
-from transforms.in_place import _add_counts, _WriteInPlaceFn, commit_shards
+from transforms.in_place import _WriteInPlaceFn, add_counts, commit_shards
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_blocks_in_any_order_write_the_same_shards_each_record_once(planned):
     shards = {}
     for order in (blocks, blocks[::-1], [blocks[i] for i in np.random.default_rng(1).permutation(len(blocks))]):
         parts = _write(specs.write, order)
-        results = list(commit_shards(_add_counts(parts[::-1]), specs.write))
+        results = list(commit_shards(add_counts(parts[::-1]), specs.write))
         assert [r.records for r in results] == list(specs.write.layout.records)
         written = {r.file: (Path(specs.write.output) / r.file).read_bytes() for r in results}
         indexes = [r.index for r in results]  # each shard's .tfindex beside it
@@ -82,7 +82,7 @@ def test_a_shard_short_of_its_laid_out_records_is_not_committed(planned):
     _, specs, blocks = planned
     parts = _write(specs.write, blocks[1:])  # a unit's block never arrived
     with pytest.raises(RuntimeError, match=r"records \(\d+ bytes\) written, \d+ \(\d+\) laid out; schema.json not"):
-        list(commit_shards(_add_counts(parts), specs.write))
+        list(commit_shards(add_counts(parts), specs.write))
     assert all(".tmp-" in p.name for p in Path(specs.write.output).iterdir())  # no shard under a final name
 
 

@@ -20,7 +20,7 @@ from planning.plan import make_plan
 from planning.run.contracts import SAMPLE_ID
 from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
-from planning.write_strategy import WritePlan, WriteStrategy
+from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
@@ -171,13 +171,18 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
 
 def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
     """The local-runner path (bucket files), the distributed path (blobs through GroupByKey), and the
-    Dask path (each unit cut, written and summarised in one step: transforms.streamed)."""
+    Dask paths (each unit cut, written and summarised in one step, committed in one combine: transforms.streamed),
+    with bucket files and written in place."""
     outputs = {}
-    for name, local, streamed in [("local", True, False), ("shuffle", False, False), ("streamed", True, True)]:
+    cases = [("local", True, False), ("shuffle", False, False), ("streamed", True, True), ("in_place", None, True)]
+    for name, local, streamed in cases:
         output = str(tmp_path / name)
         this_plan = make_plan(config.model_copy(update={"output": config.output.model_copy(update={"path": output})}))
         prepare_output(output, overwrite=False, manifest=this_plan.manifest())
-        if local:
+        if local is None:
+            write = WritePlan(WriteStrategy.IN_PLACE, "in place", work_dir(output, this_plan.run_id))
+            specs = compile_specs(this_plan, lay_out(this_plan, write))
+        elif local:
             specs = compile_specs(
                 this_plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", work_dir(output, this_plan.run_id))
             )
@@ -188,8 +193,39 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
         files = [*(s.file for s in load_schema(output).splits["data"]), "stats.json"]
         outputs[name] = {file: (tmp_path / name / file).read_bytes() for file in files}
-    assert outputs["local"] == outputs["shuffle"] == outputs["streamed"]
-    assert not (tmp_path / "local" / "_tmp").exists() and not (tmp_path / "streamed" / "_tmp").exists()
+    assert outputs["local"] == outputs["shuffle"] == outputs["streamed"] == outputs["in_place"]
+    assert not any((tmp_path / name / "_tmp").exists() for name in ("local", "streamed", "in_place"))
+
+
+def _group_by_keys(pipeline: beam.Pipeline) -> list[str]:
+    """The GroupByKeys in a pipeline (each a shuffle of every partition on Dask), by full label."""
+    found = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, beam.GroupByKey):
+                found.append(node.full_label)
+
+        def visit_transform(self, node):
+            self.enter_composite_transform(node)
+
+    pipeline.visit(Visitor())
+    return found
+
+
+@pytest.mark.parametrize("strategy", [WriteStrategy.IN_PLACE, WriteStrategy.BUCKET_FILES])
+def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
+    """Streamed (Beam's DaskRunner): written in place, one GroupByKey in all (the commit's combine); with bucket
+    files, one more (a shard's bucket files). The graph of the other runners keeps its four global combines."""
+    write = lay_out(plan, WritePlan(strategy, "chosen", str(tmp_path / "work")))
+    counts = {}
+    for streamed in (True, False):
+        pipeline = beam.Pipeline()
+        build_pipeline(pipeline, plan.units, compile_specs(plan, write), ranges=3, stream_blocks=streamed)
+        # (but the Reshuffle's, which Beam's DaskRunner replaces with nothing)
+        counts[streamed] = [label for label in _group_by_keys(pipeline) if not label.startswith("SpreadUnits/")]
+    assert len(counts[True]) == (1 if strategy is WriteStrategy.IN_PLACE else 2), counts[True]
+    assert len(counts[False]) > len(counts[True])
 
 
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():

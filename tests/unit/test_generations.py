@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,13 +12,14 @@ from planning.run.contracts import NonFinite
 from planning.run.generations import (
     Held,
     HeldFile,
+    HeldRange,
     NothingToAppend,
     check_config,
     dumps,
     files_fingerprint,
     held_of,
+    held_range,
     loads,
-    new_steps,
 )
 from planning.sampling import Axis
 from planning.splits import held_positions
@@ -34,51 +36,66 @@ def _held(steps: int = 4, files=FILES) -> Held:
 
 
 def test_the_steps_after_the_held_ones_are_new():
-    assert new_steps(_held(), "time", VALUES, FILES) == 4
+    assert held_range(_held(), "time", VALUES, FILES) == HeldRange(0, 4, 0)
 
 
 def test_nothing_new_is_not_an_error():
     with pytest.raises(NothingToAppend, match="nothing to append"):
-        new_steps(_held(8), "time", VALUES, FILES)
+        held_range(_held(8), "time", VALUES, FILES)
 
 
-def test_earlier_steps_are_refused():
-    with pytest.raises(UserError, match="come before the output's first"):
-        new_steps(Held(1, 2, VALUES[2], VALUES[3], None), "time", VALUES, FILES)
+def test_earlier_steps_are_new_and_move_the_index_origin_back():
+    # Held: the middle files, as their own build fingerprinted them (ranges from its first step).
+    middle = [HeldFile(f.path, f.start - 2, f.stop - 2, f.nbytes) for f in FILES[1:3]]
+    held = Held(1, 4, VALUES[2], VALUES[5], files_fingerprint(middle))
+    assert held_range(held, "time", VALUES, FILES) == HeldRange(2, 6, 2)
+    # After an earlier backfill the origin adds up: index 0 stays generation 0's first step.
+    assert held_range(dataclasses.replace(held, origin=3), "time", VALUES, FILES).origin == 5
+    assert held_range(held, "time", VALUES[2:], None) == HeldRange(0, 4, 0)  # (a store: no files)
+    with pytest.raises(UserError, match="not those the output was built from"):
+        held_range(held, "time", VALUES, [FILES[0], HeldFile(FILES[1].path, 2, 4, 999), *FILES[2:]])  # resized
+
+
+def test_a_file_straddling_the_first_held_step_is_refused():
+    held = Held(1, 4, VALUES[2], VALUES[5], None)
+    straddling = [HeldFile("/a/x.nc", 0, 3, 5), HeldFile("/a/y.nc", 3, 8, 5)]
+    with pytest.raises(UserError, match=r"/a/x\.nc holds time steps on both sides of 2020-01-03"):
+        held_range(held, "time", VALUES, straddling)
 
 
 def test_held_files_missing_from_the_input_are_refused():
     with pytest.raises(UserError, match="every file the output was built from"):
-        new_steps(_held(), "time", VALUES[4:], FILES[2:])
+        held_range(_held(), "time", VALUES[4:], FILES[2:])
 
 
 def test_steps_changed_inside_the_held_range_are_refused():
     changed = [*VALUES[:3], "2020-01-03T12", *VALUES[4:]]
     with pytest.raises(UserError, match="overlap or change the steps it holds"):
-        new_steps(_held(), "time", changed, FILES)
+        held_range(_held(), "time", changed, FILES)
 
 
 def test_a_file_straddling_the_last_held_step_is_refused():
     straddling = [*FILES[:1], HeldFile("/a/x.nc", 2, 6, 5), *FILES[3:]]
     with pytest.raises(UserError, match=r"/a/x\.nc holds time steps on both sides"):
-        new_steps(_held(), "time", VALUES, straddling)
+        held_range(_held(), "time", VALUES, straddling)
 
 
 def test_a_held_file_replaced_or_resized_is_refused():
     resized = [HeldFile(FILES[0].path, 0, 2, 999), *FILES[1:]]
     with pytest.raises(UserError, match="not those the output was built from"):
-        new_steps(_held(), "time", VALUES, resized)
+        held_range(_held(), "time", VALUES, resized)
 
 
 def test_a_store_is_checked_by_its_steps_alone():
-    assert new_steps(Held(1, 4, VALUES[0], VALUES[3], None), "time", VALUES, None) == 4
+    assert held_range(Held(1, 4, VALUES[0], VALUES[3], None), "time", VALUES, None) == HeldRange(0, 4, 0)
 
 
 def test_positions_within_the_held_steps_are_not_cut_again():
     window = Axis.window("time", 8, 3, 1)  # positions 0..5; those ending by step 4 are held
-    assert held_positions(window, 4).tolist() == [True, True, False, False, False, False]
+    assert held_positions(window, HeldRange(0, 4, 0)).tolist() == [True, True, False, False, False, False]
     strided = Axis.window("time", 8, 2, 2)  # positions 0..3 start at 0, 2, 4, 6
-    assert held_positions(strided, 5).tolist() == [True, True, False, False]
+    assert held_positions(strided, HeldRange(0, 5, 0)).tolist() == [True, True, False, False]
+    assert held_positions(strided, HeldRange(2, 6, 2)).tolist() == [False, True, True, False]  # (after a backfill)
 
 
 def test_a_config_difference_names_its_key_and_the_input_files_may_differ():
@@ -89,11 +106,32 @@ def test_a_config_difference_names_its_key_and_the_input_files_may_differ():
         check_config(built, changed)
 
 
+def test_keys_added_since_an_output_was_built_mean_their_defaults():
+    """An output of an earlier version lacks the config keys added since: they are not a difference."""
+    from planning.config.model import json_default
+
+    now = {"input": {"paths": ["a"]}, "stats": {"per": [], "tendency": False}, "sample": {"time_features": []}}
+    built = {"input": {"paths": ["a"]}, "stats": {"per": []}, "sample": {}}
+    check_config(built, now, json_default)
+    with pytest.raises(UserError, match=r"^stats\.tendency: True differs from the False"):
+        check_config(built, {**now, "stats": {"per": [], "tendency": True}}, json_default)
+    with pytest.raises(UserError, match=r"^sample\.time_features"):
+        check_config(built, {**now, "sample": {"time_features": ["year_progress"]}}, json_default)
+    with pytest.raises(UserError, match=r"^sample\.time_features: \[\] differs from the None"):
+        check_config(built, now)  # (without defaults, a missing key is a difference)
+    assert json_default("stats") == {"per": [], "reference_split": None, "tendency": False}
+    assert json_default("output.path") is None and json_default("no.such.key") is None
+
+
 def test_the_record_is_read_for_the_committed_generations_only():
     entries = [{"generation": 0, "steps": 4, "first": "a", "last": "b", "fingerprint": "f"}]
     text = dumps([*entries, {"generation": 1, "steps": 6}])  # the second: an append that never committed
     assert held_of(loads(text, "g.json", 1), "g.json") == Held(1, 4, "a", "b", "f")
-    for bad in ("{}", "[1]", dumps([{"generation": 3}]), dumps([{"generation": 0, "steps": "x"}])):
+    backfilled = dumps([{**entries[0], "origin": 2}])
+    assert held_of(loads(backfilled, "g.json", 1), "g.json").origin == 2
+    edited = [{**entries[0], "origin": origin} for origin in (-1, 4, "2")]
+    malformed = ("{}", "[1]", dumps([{"generation": 3}]), dumps([{"generation": 0, "steps": "x"}]))
+    for bad in (*malformed, *(dumps([e]) for e in edited)):
         with pytest.raises(UserError, match=r"g\.json"):
             held_of(loads(bad, "g.json", 1), "g.json")
 
