@@ -105,19 +105,23 @@ def make_plan(args, store: str, work: str):
     records = [shard.file for shard in schema.splits[split]]
     files = list_predictions(args.predictions) if args.predictions else records
     records = not args.predictions
-    chunk_bytes = 4 * per_step * length  # as written: float32
     plan = ReassemblePlan(
-        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, chunk_bytes
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records
     )
     return plan, files
 
 
 def write_template(plan, files: list[str]) -> None:
-    """The store's metadata and coordinates, every variable chunked as the tasks will write it (no data yet)."""
-    import dask.array
-    import xarray as xr
+    """The store's metadata and coordinates, every variable chunked as the tasks will write it (no data yet).
 
-    from schemas.reassembly import finished
+    xarray writes the coordinates, and the variables with one step along the chunked dim (all fill, so
+    no chunk) into memory; their arrays are resized there to the grid's length and their metadata copied
+    over: the store xarray would write for the whole template, without making its data (nor Dask's)."""
+    import numpy as np
+    import xarray as xr
+    import zarr
+
+    from schemas.reassembly import COVERAGE, finished
     from transforms.reassemble import chunks_of, iter_file
 
     first = next((batch for name in files for batch in iter_file(plan, name)), None)
@@ -126,22 +130,46 @@ def write_template(plan, files: list[str]) -> None:
     one = {name: values[:1] for name, values in first.items()}
     probe = plan.assembly((0, 0))
     probe.check_key({k: v[0] for k, v in one.items() if k.startswith("index/")})
-    chunk = int(chunks_of(plan, probe, one)[0][0])
-    sample = plan.assembly(plan.bounds(chunk)).add_all([one]).dataset()
+    # The sample's dataset gives each variable's dims, dtype and attributes: on one cell of the chunked dim the
+    # sample covers (not a whole chunk of cells), unless an integer variable comes back whole there, which on
+    # its chunk it might not (then it is float64: README, "dtypes").
+    axis = probe.checked_axis(plan.chunk_dim)
+    cell = int(one[axis.index_name].reshape(-1)[0]) + axis.origin - axis.first + int(axis.local_cells().min())
+    sample = plan.assembly((cell, cell + 1)).add_all([one]).dataset()
+    if any(v.dtype.kind in "iub" for name, v in sample.data_vars.items() if name != COVERAGE):
+        chunk = int(chunks_of(plan, probe, one)[0][0])
+        sample = plan.assembly(plan.bounds(chunk)).add_all([one]).dataset()
     whole = plan.assembly((0, 0))
     coords = whole.coordinates(whole=True)
-    data, encoding = {}, {}
+    data, encoding, shapes = {}, {}, {}
     for name, variable in sample.data_vars.items():
-        shape = [len(coords[d]) if d == plan.chunk_dim else variable.sizes[d] for d in variable.dims]
-        chunks = [plan.chunk_length if d == plan.chunk_dim else -1 for d in variable.dims]
-        values = dask.array.zeros(shape, dtype=variable.dtype, chunks=chunks)
-        data[name] = xr.Variable(variable.dims, values, variable.attrs)
-        sizes = [plan.chunk_length if d == plan.chunk_dim else n for d, n in zip(variable.dims, shape)]
+        shapes[name] = [len(coords[d]) if d == plan.chunk_dim else variable.sizes[d] for d in variable.dims]
+        step = [1 if d == plan.chunk_dim else n for d, n in zip(variable.dims, shapes[name])]
+        nothing = np.broadcast_to(np.array(np.nan if variable.dtype.kind == "f" else 0, variable.dtype), step)
+        data[name] = xr.Variable(variable.dims, nothing, variable.attrs)
+        sizes = [plan.chunk_length if d == plan.chunk_dim else n for d, n in zip(variable.dims, shapes[name])]
         encoding[name] = {"chunks": sizes}
         if variable.dtype.kind in "iu":  # no fill value: integers (coverage) read back as integers
             encoding[name]["_FillValue"] = None
-    template = finished(xr.Dataset(data, coords, sample.attrs))
-    template.to_zarr(plan.store, mode="w", compute=False, encoding=encoding, zarr_format=2)
+    template = finished(xr.Dataset({}, coords, sample.attrs))
+    template.to_zarr(plan.store, mode="w", zarr_format=2, consolidated=False)
+    memory = zarr.storage.MemoryStore()
+    step = template.isel({plan.chunk_dim: slice(0, 1)}).assign(data)
+    step.to_zarr(memory, mode="w", encoding=encoding, zarr_format=2)
+    group = zarr.open_group(memory, mode="r+", zarr_format=2)
+    for name, shape in shapes.items():
+        group[name].resize(shape)  # (metadata only: the one step held no chunk)
+    store = zarr.open_group(plan.store, mode="r+", zarr_format=2).store
+    keys = [".zattrs", *[f"{name}/{meta}" for name in data for meta in (".zarray", ".zattrs")]]
+    zarr.core.sync.sync(_copy_keys(memory, store, keys))
+    zarr.consolidate_metadata(store, zarr_format=2)
+
+
+async def _copy_keys(source, target, keys: list[str]) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+
+    for key in keys:
+        await target.set(key, await source.get(key, prototype=default_buffer_prototype()))
 
 
 class ChunkProgress:
@@ -182,10 +210,13 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.runners import make_runner, with_runner_defaults
+    from planning.formats.dask_on_demand import defer_dask
     from schemas.reassembly import import_xarray
-    from transforms.reassemble import DONE_DIR, Reassemble
+    from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
+    defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
+    map_large_arrays()
     kind = _destination(args.to, args.overwrite)
     to = args.to.rstrip("/")
     store = to if kind == "zarr" else f"{to}.zarr.tmp"

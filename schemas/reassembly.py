@@ -13,7 +13,7 @@ install reads outputs without it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -220,6 +220,9 @@ class Reassembly:
         self._features = {f.name: f for f in schema.features}
         self._placed_dims = {a.dim for a in self.grid_axes}
         self._masks = {f.name: f.source.get("of") for f in schema.features if f.role == "mask"}
+        # No two samples share a cell of a variable over every placed dim: windows no longer than their stride, one
+        # offset. Each such cell is then set once, to its sample's value.
+        self._disjoint = all(a.span() == 1 for a in self.checked)
 
     def _axes(self, schema: Schema, split: str | None) -> dict[str, GridAxis]:
         axes = {e["dim"]: GridAxis.of(e) for e in schema.sample["axes"]}
@@ -326,54 +329,49 @@ class Reassembly:
         masks = {of: batch[name] for name, of in self._masks.items() if name in batch}
         for value in np.unique(rounds):
             rows = np.flatnonzero(rounds == value)
+            whole = len(rows) == len(starts)  # (one round: the batch as it is, no copy)
             at = starts[rows]
-            self._cover(at)
+            boxes: dict[tuple[str, ...], list] = {}
+            for box in self._boxes([a.dim for a in self.grid_axes], at):
+                if box is not None:
+                    self.coverage[box[0]] += 1  # (no two samples of a round share a cell)
             for name, values in batch.items():
                 feature = self._features.get(name)
                 if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
                     continue
                 if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
                     continue  # a static coordinate: schema.json's grid holds it exactly
-                values = values[rows]
+                values = values if whole else values[rows]
                 if name in masks:
-                    values = np.where(masks[name][rows] != 0, np.nan, values.astype(np.float64))
+                    mask = masks[name] if whole else masks[name][rows]
+                    values = np.where(mask != 0, np.nan, values.astype(np.float64))
                 for target, part in self._parts(name, feature, values):
-                    if self._placed_dims <= set(target.dims) or len(rows) == 1:
-                        self._place(target, part, at)
-                    else:  # without some placed dim (a static field) samples of a round may overlap: one by one
-                        for i in range(len(rows)):
-                            self._place(target, part[i : i + 1], at[i : i + 1])
+                    if target.dims not in boxes:
+                        boxes[target.dims] = self._boxes(target.dims, at)
+                    self._place(target, part, boxes[target.dims])
 
-    def _cells(self, dims: Sequence[str], at: np.ndarray, shape: Sequence[int]) -> tuple[list, np.ndarray | None]:
-        """Per dim, each sample's cells there, shaped to broadcast as (samples, *dims); and where they are inside."""
+    def _boxes(self, dims: Sequence[str], at: np.ndarray) -> list[tuple[tuple, tuple] | None]:
+        """Per sample (starts ``at``): the cells it covers inside the grid (or region) as an index into an array
+        over ``dims``, and the same cells' index into the sample's own block (its dims as ``dims``, one cell along an
+        iterated dim); None where it covers none. Slices wherever the cells are evenly spaced (windows always)."""
         placed = [a.dim for a in self.checked]
-        index, inside = [], None
-        for i, dim in enumerate(dims):
+        per_dim = []
+        for dim in dims:
             axis = self.axes.get(dim)
-            form = [1] * (len(dims) + 1)
             if axis is None or axis.whole:
-                form[i + 1] = shape[i]
-                index.append(np.arange(shape[i]).reshape(form))
+                per_dim.append(None)
                 continue
-            cells = at[:, placed.index(dim)][:, None] - axis.first + axis.local_cells()[None, :]
-            form[0], form[i + 1] = len(at), cells.shape[1]
-            cells = cells.reshape(form)
-            index.append(cells)
-            within = (cells >= 0) & (cells < axis.length)
-            if not within.all():
-                inside = within if inside is None else inside & within
-        return index, inside
-
-    def _cover(self, at: np.ndarray) -> None:
-        dims = [a.dim for a in self.grid_axes]
-        index, inside = self._cells(dims, at, self.coverage.shape)
-        full = np.broadcast_shapes(*(i.shape for i in index)) if index else (len(at),)
-        index = [np.broadcast_to(i, full) for i in index]
-        if inside is not None:
-            inside = np.broadcast_to(inside, full)
-            index = [i[inside] for i in index]
-        flat = np.ravel_multi_index(index, self.coverage.shape) if index else np.zeros(0, dtype=np.int64)
-        self.coverage.reshape(-1)[flat] += 1  # (no two samples of a round share a cell)
+            starts = at[:, placed.index(dim)] - axis.first
+            per_dim.append(_cells_inside(starts, axis.local_cells(), axis.length))
+        everything = (slice(None), slice(None))
+        boxes = []
+        for i in range(len(at)):
+            cells = [everything if each is None else each[i] for each in per_dim]
+            if any(c is None for c in cells):
+                boxes.append(None)
+            else:
+                boxes.append((tuple(c[0] for c in cells), tuple(c[1] for c in cells)))
+        return boxes
 
     def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
         return (
@@ -489,8 +487,8 @@ class Reassembly:
             self._weights[target.dims] = found
         return found
 
-    def _place(self, target: Target, values: np.ndarray, at: np.ndarray) -> None:
-        """Blend a round of samples (no two overlap) into ``target``: values (samples, *its sample dims)."""
+    def _place(self, target: Target, values: np.ndarray, boxes: Sequence[tuple[tuple, tuple] | None]) -> None:
+        """Blend samples (values: samples, *its sample dims) into ``target``, one box each (``_boxes``), in order."""
         want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
         if values.shape[1:] != want:
             raise UserError(
@@ -502,23 +500,30 @@ class Reassembly:
         for i, dim in enumerate(target.dims):
             if dim not in target.sample_dims:  # an iterated dim: each sample is one step of it
                 block = np.expand_dims(block, i + 1)
-        index, inside = self._cells(target.dims, at, target.total.shape)
-        weight = np.broadcast_to(self._window_weight(target)[None], block.shape)
-        # The weights' cells: their kept (whole) dims have one cell.
-        windex = [i if target.weight.shape[d] > 1 else np.zeros([1] * i.ndim, np.int64) for d, i in enumerate(index)]
-        flat = np.broadcast_to(_flat(index, target.total.shape), block.shape)
-        wflat = np.broadcast_to(_flat(windex, target.weight.shape), block.shape)
-        if inside is not None:  # the parts inside the region
-            inside = np.broadcast_to(inside, block.shape)
-            flat, wflat, block, weight = flat[inside], wflat[inside], block[inside], weight[inside]
-        # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
-        # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
-        weights = target.weight.reshape(-1)[wflat] + weight
-        target.weight.reshape(-1)[wflat] = weights  # (a kept dim's cells share one weight: written alike)
-        total = target.total.reshape(-1)
-        mean = total[flat]
-        mean += (weight / weights).astype(mean.dtype) * (block - mean)
-        total[flat] = mean
+        window = self._window_weight(target)
+        # The weights' cells: one along the dims every sample holds whole (kept dims share a weight).
+        shared = [axis is None or axis.whole for axis in map(self.axes.get, target.dims)]
+        unweighted = [n == 1 for n in window.shape]
+        total, weights = target.total, target.weight
+        if self._set_once(target):  # each cell its sample's value, as it is (the weights: coverage says where)
+            for sample, box in zip(block, boxes):
+                if box is not None:
+                    total[box[0]] = sample[box[1]]
+            return
+        for sample, box in zip(block, boxes):
+            if box is None:
+                continue
+            at, crop = box
+            wat = tuple(slice(None) if s else c for s, c in zip(shared, at))
+            weight = window[tuple(slice(None) if u else c for u, c in zip(unweighted, crop))]
+            # A running weighted mean, in the values' own dtype: m += w / W * (x - m), W the weights so far with
+            # this one. Samples that agree leave it exactly their value (x - m = 0), whatever their number.
+            so_far = weights[wat] + weight
+            weights[wat] = so_far
+            mean = total[at]  # (a view, unless an offsets dim is indexed by its cells)
+            mean += (weight / so_far).astype(mean.dtype) * (sample[crop] - mean)
+            if not np.may_share_memory(mean, total):
+                total[at] = mean
 
     # ---- the dataset out --------------------------------------------------------------------------------------
 
@@ -554,13 +559,7 @@ class Reassembly:
         coords = self.coordinates()
         data = {}
         for target in self.targets.values():
-            values = target.total  # the blended values already: NaN where no sample was (in place: no copy)
-            np.copyto(values, np.nan, where=np.broadcast_to(target.weight == 0, values.shape))
-            dtype = values.dtype
-            stored = target.source_dtype
-            if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
-                dtype = np.dtype(stored)  # integers come back as the files held them, where every cell was covered
-            variable = xr.Variable(target.dims, values.astype(dtype, copy=False), target.attrs)
+            variable = xr.Variable(target.dims, self._finished(target), target.attrs)
             if target.is_coordinate:
                 coords[target.name] = variable
             else:
@@ -574,6 +573,38 @@ class Reassembly:
         if self.split is not None:
             attrs["split"] = self.split
         return finished(xr.Dataset(data, coords, attrs))
+
+    def variables(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
+        """(name, dims, values) of each data variable and coverage, as ``dataset`` holds them, one at a time; each
+        variable's cells are let go once the next is asked for (so one region write never holds a second copy)."""
+        for target in list(self.targets.values()):
+            if not target.is_coordinate:
+                yield target.name, target.dims, self._finished(target)
+                del self.targets[target.name]
+        yield COVERAGE, tuple(a.dim for a in self.grid_axes), self.coverage
+
+    def _set_once(self, target: Target) -> bool:
+        """Whether no two samples share a cell of ``target``: over every placed dim, with disjoint samples."""
+        return self._disjoint and self._placed_dims <= set(target.dims)
+
+    def _uncovered(self, target: Target) -> np.ndarray:
+        """Where no sample touched ``target``, shaped to broadcast against it."""
+        if not self._set_once(target):
+            return target.weight == 0
+        grid = [a.dim for a in self.grid_axes]  # coverage's dims: all of them among the target's
+        placed = [d for d in target.dims if d in grid]
+        shape = [self.coverage.shape[grid.index(d)] if d in grid else 1 for d in target.dims]
+        return np.transpose(self.coverage, [grid.index(d) for d in placed]).reshape(shape) == 0
+
+    def _finished(self, target: Target) -> np.ndarray:
+        """A target's blended values, NaN where no sample was (in place: no copy); integers as the files held
+        them where every cell was covered (else float64, for the NaN)."""
+        values = target.total
+        np.copyto(values, np.nan, where=np.broadcast_to(self._uncovered(target), values.shape))
+        stored = target.source_dtype
+        if stored and np.dtype(stored).kind in "iub" and not np.isnan(values).any():
+            return values.astype(np.dtype(stored))
+        return values
 
     def _static(self, xr, entry: dict, axes: dict[str, GridAxis]):
         values = coordinate_values(entry).reshape(entry["shape"])
@@ -593,13 +624,24 @@ def finished(dataset):
     return _with_area_weights(dataset)
 
 
-def _flat(index: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
-    """Flat (C order) positions of broadcastable per-dim indices: summed by broadcasting, never expanded first."""
-    strides = np.cumprod([1, *shape[::-1]])[:-1][::-1]
-    flat = np.zeros([1] * (len(shape) + 1), dtype=np.int64)
-    for cells, stride in zip(index, strides):
-        flat = flat + cells * np.int64(stride)
-    return flat
+def _cells_inside(starts: np.ndarray, local: np.ndarray, length: int) -> list[tuple | None]:
+    """Per start: (cells of the array, cells of the sample) along one dim where start + ``local`` lies in
+    [0, length), as slices when ``local`` is evenly spaced, else as index arrays; None where none does."""
+    steps = np.diff(local)
+    if len(local) == 1 or (steps[0] > 0 and (steps == steps[0]).all()):
+        step = int(steps[0]) if len(local) > 1 else 1
+        first = starts + int(local[0])
+        low = np.maximum(0, -(first // step))  # the sample's first and last cells inside
+        high = np.minimum(len(local) - 1, (length - 1 - first) // step)
+        return [
+            (slice(f + lo * step, f + hi * step + 1, step if step > 1 else None), slice(lo, hi + 1))
+            if lo <= hi
+            else None
+            for f, lo, hi in zip(first.tolist(), low.tolist(), high.tolist())
+        ]
+    cells = starts[:, None] + local[None, :]
+    inside = (cells >= 0) & (cells < length)
+    return [(c[k], np.flatnonzero(k)) if k.any() else None for c, k in zip(cells, inside)]
 
 
 def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:

@@ -422,21 +422,28 @@ def test_the_command_line_refuses_bad_predictions_in_one_line(overlapping, tmp_p
     assert code == 2 and "was given twice" in err and err.count("\n") == 1
 
 
-def test_bucket_files_round_trip_and_a_damaged_one_is_refused():
+def test_bucket_files_round_trip_frame_by_frame_and_a_damaged_one_is_refused():
     import io
 
-    from transforms.reassemble import read_bucket, write_bucket
+    from transforms.reassemble import _BUCKET_MAGIC, iter_bucket, write_frame
 
     arrays = {"t": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "index/lat": np.array([0, 5])}
     stream = io.BytesIO()
-    write_bucket(stream, [{k: v[:1] for k, v in arrays.items()}, {k: v[1:] for k, v in arrays.items()}])
+    stream.write(_BUCKET_MAGIC)
+    frames = [{k: v[:1] for k, v in arrays.items()}, {k: v[1:] for k, v in arrays.items()}]
+    for frame in frames:
+        write_frame(stream, frame)
     data = stream.getvalue()
-    back = read_bucket(data, "b")
-    assert back.keys() == arrays.keys() and all(np.array_equal(back[k], arrays[k]) for k in arrays)
+    back = list(iter_bucket(io.BytesIO(data), "b"))
+    assert len(back) == 2 and all(a.keys() == arrays.keys() for a in back)
+    assert all(np.array_equal(b[k], f[k]) for b, f in zip(back, frames) for k in arrays)
+    header = b'[["t", "<f4", [-1, 3, 4]]]'  # a negative size would read the rest of the file
+    negative = _BUCKET_MAGIC + len(header).to_bytes(8, "little") + header + data[len(_BUCKET_MAGIC) :]
     for damaged, message in (
         (data[:-4], "b: cut short in index/lat"),
-        (data + b"xx", "2 bytes after"),
+        (data + b"xx", "cut short in a frame's header"),
         (b"PK" + data, "not a bucket"),
+        (negative, "not an array of numbers"),
     ):
         with pytest.raises(ValueError, match=message):
-            read_bucket(damaged, "b")
+            list(iter_bucket(io.BytesIO(damaged), "b"))
