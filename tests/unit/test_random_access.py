@@ -158,3 +158,27 @@ def test_a_split_on_cloud_storage_reads_by_ranged_requests(tmp_path, gcs):
     gcs.rm(f"{BUCKET}/ra/out/data-00001-of-00002.tfrecord.tfindex")
     with pytest.raises(UserError, match=r"data-00001-of-00002.tfrecord.tfindex is missing: random access needs"):
         open_source(f"gs://{BUCKET}/ra/out")[15]
+
+
+def test_verify_reads_a_shard_in_blocks_and_serves_every_header_as_a_seek_would(tmp_path):
+    """verify walks a shard's headers from blocks (one gs:// round trip a block): any offset, any block size."""
+    import io
+
+    from schemas.verify import _blockwise
+
+    data = bytes(range(256)) * 5
+    stream = io.BytesIO(data)
+    calls = []
+    original = stream.read
+    stream.read = lambda size=-1: calls.append(size) or original(size)
+    for block_bytes in (1, 7, 64, 4096):
+        calls.clear()
+        read_at = _blockwise(stream, block_bytes)
+        for offset, size in [(0, 8), (3, 8), (60, 8), (61, 100), (1270, 8), (1279, 8), (1280, 8), (500, 3)]:
+            assert read_at(offset, size) == data[offset : offset + size], (block_bytes, offset, size)
+    # A block holding the whole shard: one read for every header inside it; past its end and back, one each.
+    assert calls == [4096, 4096, 4096, 4096]
+    calls.clear()
+    read_at = _blockwise(stream, 4096)
+    assert [read_at(offset, 8) for offset in range(0, 1272, 8)] == [data[o : o + 8] for o in range(0, 1272, 8)]
+    assert calls == [4096]
