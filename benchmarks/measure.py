@@ -1,11 +1,21 @@
-"""Running one competitor in its own process: wall time and the peak RSS of its whole process tree."""
+"""Running one competitor in its own process: wall time and the peak RSS of its whole process tree.
+
+Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` competitor is
+forked from one warmed interpreter (multiprocessing's fork server, Beam and xarray imported once)
+instead of a fresh one: a smoke test proves each script runs end to end, and a fresh interpreter
+spends about two thirds of a tiny build's CPU on imports. Its walls and RSS then measure nothing.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import multiprocessing
 import os
+import runpy
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -15,6 +25,9 @@ import psutil
 
 POLL_SECONDS = 0.05
 _OUTPUT_TAIL_CHARS = 4000
+SMOKE_VARIABLE = "XTF_BENCH_SMOKE"
+#: What the fork server imports once for every warm child (what a build imports).
+WARM_MODULES = ["pipelines.graph", "planning.plan", "xarray", "netCDF4", "numpy"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,23 +93,94 @@ def _kill_tree(pid: int) -> None:
             member.kill()
 
 
+def smoke() -> bool:
+    """Whether this is a smoke run (``XTF_BENCH_SMOKE=1``): competitors forked warm, nothing measured."""
+    return os.environ.get(SMOKE_VARIABLE) == "1"
+
+
+def _warm_module(command: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``(module, arguments)`` of a ``python -m MODULE ...`` command a warm child can run, in a smoke run."""
+    if smoke() and len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
+        return command[2], list(command[3:])
+    return None
+
+
+class _Popen:
+    """A fresh interpreter running ``command``: what run_measured waits on."""
+
+    def __init__(self, command: Sequence[str], cwd: str, env: dict[str, str] | None, log) -> None:
+        self._process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.pid = self._process.pid
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class _WarmChild:
+    """``python -m MODULE`` forked from the warmed fork server (smoke runs): the same script, no imports paid."""
+
+    _context = None
+
+    def __init__(self, module: str, arguments: list[str], cwd: str, env: dict[str, str] | None, log) -> None:
+        if _WarmChild._context is None:
+            _WarmChild._context = multiprocessing.get_context("forkserver")
+            _WarmChild._context.set_forkserver_preload(WARM_MODULES)
+            atexit.register(_stop_fork_server)
+        target_args = (module, arguments, cwd, dict(env if env is not None else os.environ), log.name)
+        self._process = _WarmChild._context.Process(target=_run_module, args=target_args)
+        self._process.start()
+        self.pid = self._process.pid
+
+    def wait(self, timeout: float | None) -> int | None:
+        self._process.join(timeout)
+        return self._process.exitcode
+
+
+def _stop_fork_server() -> None:
+    """End the fork server with this process, not after it (its children's CPU then counts as ours)."""
+    from multiprocessing import forkserver
+
+    with contextlib.suppress(AttributeError, OSError):
+        forkserver._forkserver._stop()
+
+
+def _run_module(module: str, arguments: list[str], cwd: str, env: dict[str, str], log: str) -> None:
+    """In the warm child: what ``python -m module *arguments`` would do, its output into ``log``."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    sys.argv = [module, *arguments]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:  # multiprocessing's child ends with os._exit: what a normal exit does, done here
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
 def run_measured(
     command: Sequence[str], cwd: str, env: dict[str, str] | None = None, timeout: float | None = None
 ) -> Measurement:
     """Run ``command`` to completion, sampling its tree's RSS every POLL_SECONDS."""
     # Output goes to a file, not a pipe: worker processes that inherit the handle and outlive
     # the parent by a moment would otherwise hold communicate() open.
-    with tempfile.TemporaryFile() as log:
+    with tempfile.NamedTemporaryFile() as log:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        warm = _warm_module(command)
+        process = _WarmChild(*warm, cwd, env, log) if warm else _Popen(command, cwd, env, log)
         sampler = _PeakSampler(process.pid)
         sampler.start()
-        try:
-            returncode = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        returncode = process.wait(timeout)
+        if returncode is None:
             _kill_tree(process.pid)
-            returncode = process.wait()
+            returncode = process.wait(None)
         wall = time.perf_counter() - started
         peak = sampler.stop()
         log.seek(0)
