@@ -98,10 +98,10 @@ def smoke() -> bool:
     return os.environ.get(SMOKE_VARIABLE) == "1"
 
 
-def _warm_module(command: Sequence[str]) -> tuple[str, list[str]] | None:
-    """``(module, arguments)`` of a ``python -m MODULE ...`` command a warm child can run, in a smoke run."""
-    if smoke() and len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
-        return command[2], list(command[3:])
+def _warm_target(command: Sequence[str], flags: tuple[str, ...] = ("-m",)) -> tuple[str, str, list[str]] | None:
+    """``(flag, module or code, arguments)`` of a ``python -m``/``-c`` command a warm child runs, in a smoke run."""
+    if smoke() and len(command) >= 3 and command[0] == sys.executable and command[1] in flags:
+        return command[1], command[2], list(command[3:])
     return None
 
 
@@ -120,16 +120,16 @@ class _Popen:
 
 
 class _WarmChild:
-    """``python -m MODULE`` forked from the warmed fork server (smoke runs): the same script, no imports paid."""
+    """``python -m MODULE`` (or ``-c CODE``) forked from the warmed fork server (smoke runs): no imports paid."""
 
     _context = None
 
-    def __init__(self, module: str, arguments: list[str], cwd: str, env: dict[str, str] | None, log) -> None:
+    def __init__(self, target: tuple[str, str, list[str]], cwd: str, env: dict[str, str] | None, out, err) -> None:
         if _WarmChild._context is None:
             _WarmChild._context = multiprocessing.get_context("forkserver")
             _WarmChild._context.set_forkserver_preload(WARM_MODULES)
             atexit.register(_stop_fork_server)
-        target_args = (module, arguments, cwd, dict(env if env is not None else os.environ), log.name)
+        target_args = (*target, cwd, dict(env if env is not None else os.environ), out, err)
         self._process = _WarmChild._context.Process(target=_run_module, args=target_args)
         self._process.start()
         self.pid = self._process.pid
@@ -147,17 +147,20 @@ def _stop_fork_server() -> None:
         forkserver._forkserver._stop()
 
 
-def _run_module(module: str, arguments: list[str], cwd: str, env: dict[str, str], log: str) -> None:
-    """In the warm child: what ``python -m module *arguments`` would do, its output into ``log``."""
+def _run_module(flag: str, what: str, arguments: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """In the warm child: what ``python -m what *arguments`` (or ``-c what``) would do, its output into files."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    sys.argv = [module, *arguments]
+    os.dup2(os.open(out, os.O_WRONLY | os.O_APPEND), 1)
+    os.dup2(os.open(err, os.O_WRONLY | os.O_APPEND), 2)
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if flag == "-m":
+            sys.argv = [what, *arguments]
+            runpy.run_module(what, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *arguments]
+            exec(compile(what, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     finally:  # multiprocessing's child ends with os._exit: what a normal exit does, done here
         atexit._run_exitfuncs()
         sys.stdout.flush()
@@ -173,8 +176,8 @@ def run_measured(
     with tempfile.NamedTemporaryFile() as log:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        warm = _warm_module(command)
-        process = _WarmChild(*warm, cwd, env, log) if warm else _Popen(command, cwd, env, log)
+        warm = _warm_target(command)
+        process = _WarmChild(warm, cwd, env, log.name, log.name) if warm else _Popen(command, cwd, env, log)
         sampler = _PeakSampler(process.pid)
         sampler.start()
         returncode = process.wait(timeout)
@@ -186,3 +189,14 @@ def run_measured(
         log.seek(0)
         output = log.read().decode(errors="replace")
     return Measurement(wall, peak, returncode, output[-_OUTPUT_TAIL_CHARS:], load_before, os.getloadavg()[0])
+
+
+def run_captured(command: Sequence[str], cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, cwd=cwd, capture_output=True, text=True)``; forked warm in a smoke run (-m or -c)."""
+    warm = _warm_target(command, ("-m", "-c"))
+    if warm is None:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    with tempfile.NamedTemporaryFile() as out, tempfile.NamedTemporaryFile() as err:
+        returncode = _WarmChild(warm, cwd or os.getcwd(), None, out.name, err.name).wait(None)
+        printed = [stream.read().decode(errors="replace") for stream in (out, err)]
+    return subprocess.CompletedProcess(list(command), returncode, *printed)
