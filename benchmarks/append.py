@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.datasets import ensure_archive, input_files, patches, write_config
+from benchmarks.measure import run_captured
 from benchmarks.run import REPO
 
 METADATA = ("schema.json", "stats.json", "parser.py", "generations.json", "_manifest.json", "_inventory.json")
@@ -43,9 +43,7 @@ def _child(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> dict:
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.append", "--child", *argv], cwd=REPO, capture_output=True, text=True
-    )
+    done = run_captured([sys.executable, "-m", "benchmarks.append", "--child", *argv], cwd=REPO)
     seconds = time.monotonic() - started
     lines = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
     if done.returncode or not lines or json.loads(lines[-1][len(_MARK) :])["code"]:

@@ -178,10 +178,10 @@ MAX_INDEX_BUILD_RATIO = 1.02
 def build_cost(workdir: Path, quick: bool, rounds: int) -> dict:
     """What the index costs the 1x build: the time inside its functions against the build's wall (the verdict),
     and the walls of the same build with and without it, rounds alternating (an A/B: noisy on a shared machine)."""
-    import subprocess
     import sys
 
     from benchmarks import datasets
+    from benchmarks.measure import run_captured
 
     spec = datasets.patches(1, quick=quick)
     archive = datasets.ensure_archive(workdir, spec)
@@ -191,14 +191,13 @@ def build_cost(workdir: Path, quick: bool, rounds: int) -> dict:
     for _ in range(rounds):
         for which in order:
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", _BUILD, which, str(config)], check=True, capture_output=True)
+            run_captured([sys.executable, "-c", _BUILD, which, str(config)]).check_returncode()
             walls[which].append(time.perf_counter() - started)
         order.reverse()
     inside = []
     for _ in range(rounds):
-        done = subprocess.run(
-            [sys.executable, "-c", _TIMED_BUILD, str(config)], check=True, capture_output=True, text=True
-        )
+        done = run_captured([sys.executable, "-c", _TIMED_BUILD, str(config)])
+        done.check_returncode()
         inside.append(json.loads(done.stdout.strip().splitlines()[-1]))
     spent = statistics.median(run["index"] / (run["wall"] - run["index"]) for run in inside)
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import uuid
@@ -157,12 +158,17 @@ def refused(config: dict, tmp_path: Path, capsys) -> str:
 
 
 def run_benchmark(module: str, *arguments: str, timeout: float = 600) -> str:
-    """A benchmark script run end to end in its own process: its stdout, once it exited 0 (else its output's tail)."""
+    """A benchmark script run end to end in its own process: its stdout, once it exited 0 (else its output's tail).
+
+    As a smoke run (benchmarks.measure.smoke): its competitors fork from one warmed interpreter
+    instead of paying their imports each; the test proves the script runs, it measures nothing.
+    """
     import pytest
 
     pytest.importorskip("psutil", reason="the benchmarks measure memory with psutil (test extras)")
     repo = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-m", module, *arguments]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    env = dict(os.environ, XTF_BENCH_SMOKE="1")
+    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout

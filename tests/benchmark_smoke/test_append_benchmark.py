@@ -6,19 +6,15 @@ No timing or ratio is asserted: the machines that run the tests are shared and n
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import REPO
+from helpers import run_benchmark
 
 
 def test_quick_append_benchmark_checks_the_union_and_writes_json(tmp_path):
     result_file = tmp_path / "append.json"
-    command = [sys.executable, "-m", "benchmarks.append", "--quick", "--files", "6", "--added", "2", "--repeat", "1"]
-    command += ["--workdir", str(tmp_path), "--json", str(result_file)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "target <= 2x" in done.stdout and "target <= 1.05x" in done.stdout
+    arguments = ["--quick", "--files", "6", "--added", "2", "--repeat", "1"]
+    printed = run_benchmark("benchmarks.append", *arguments, "--workdir", str(tmp_path), "--json", str(result_file))
+    assert "target <= 2x" in printed and "target <= 1.05x" in printed
     result = json.loads(result_file.read_text())
     assert result["union_equals_rebuild_samples"] and result["union_equals_rebuild_stats"]
     assert result["old_shards_unchanged"] and result["nothing_said"]

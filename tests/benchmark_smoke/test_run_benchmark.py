@@ -60,6 +60,7 @@ def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeyp
     from benchmarks import run, scale
 
     monkeypatch.setattr(scale, "PARTS", ("units",))  # the cheapest part: two planning runs
+    monkeypatch.setenv("XTF_BENCH_SMOKE", "1")  # forked warm, as run_benchmark's (benchmarks.measure.smoke)
     result_file = tmp_path / "results.json"
     assert run.main(["--only", "scale", "--quick", "--workdir", str(tmp_path), "--json", str(result_file)]) == 0
     printed = capsys.readouterr().out
