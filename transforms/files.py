@@ -110,8 +110,8 @@ def _write_atomically(path: str, chunks, compression: str | None, join_small: bo
                 stream.close()
             raise
         stream.close()  # a full disk may show only here, when the last bytes are flushed
-        if durable:
-            make_durable([temporary])
+        if durable and not is_remote(temporary):
+            _fsync(temporary)  # its bytes before the rename; the directory's entry after it
         if FileSystems.exists(path):
             FileSystems.delete([path])
         FileSystems.rename([temporary], [path])
