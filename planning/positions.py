@@ -100,9 +100,8 @@ class Positions:
         self._check_filled()
         columns: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
         for axis, where in zip(self.grid.grid_axes, positions):
-            index = axis.first_index(where).astype(np.int64)
             origin = self.index_origin if axis.dim == self.concat_dim else 0
-            columns[index_feature(axis.dim)] = ((), index - origin if origin else index)
+            columns[index_feature(axis.dim)] = ((), axis.first_index(where).astype(np.int64) - origin)
             if axis.dim in self.coords:
                 values = self.coords[axis.dim]
                 if axis.role == "iterate":
