@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-_ONE_AT_A_TIME = threading.Lock()
+_ONE_AT_A_TIME = threading.RLock()  # (re-entrant: a block that reads one file may open another)
 
 
 @contextlib.contextmanager
