@@ -199,13 +199,11 @@ def graph_line(plan: BuildPlan) -> str:
 
 
 def _print_dry_run(plan: BuildPlan) -> None:
-    from pipelines.graph import OUTLINE
-
     print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
     splits = ", ".join(f"{s.name}: {s.num_samples:,} samples in {s.num_shards} shard(s)" for s in plan.splits)
     inputs = f"{len(plan.sources):,} file(s), {plan.sources.total_bytes / 1e6:,.1f} MB"
     print(f"  plan: {splits}; {len(plan.units):,} work unit(s) from {inputs}; output {plan.output}")
-    print(f"  graph: {OUTLINE}")
+    print(f"  graph: {plan.job_graph_outline}")
     print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
