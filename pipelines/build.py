@@ -18,7 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
+from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure, started_up
 from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config
 
+        started_up()
+
         check_known_flags(beam_args, parser)
         chosen, beam_args = beam_args, with_runner_defaults(beam_args)
         added = [a for a in beam_args if a not in chosen]
@@ -309,6 +311,7 @@ def _flush_stdout() -> None:
 
 
 if __name__ == "__main__":
+    gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
     try:
         code = main()
     except BrokenPipeError:  # the summary met a closed pipe: the output itself is complete

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import logging
 import math
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 
-from pipelines.cli import report_failure
+from pipelines.cli import report_failure, started_up
 from schemas.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -234,6 +235,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
+    started_up()
     defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
     map_large_arrays()
     kind = _destination(args.to, args.overwrite)
@@ -289,4 +291,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
     sys.exit(main())
