@@ -721,7 +721,7 @@ def render(results: dict) -> str:
             lines.append(f"  gs:// {FORMATS[fmt]}: {row['size_mismatches']} object(s) differ in size from the file")
     for files, row in (results.get("remote_memory") or {}).items():
         if row.get("size_mismatches"):
-            lines.append(f"  gs:// {int(files):,} files: {row['size_mismatches']} object(s) differ in size from their file")
+            lines.append(f"  gs:// {int(files):,} files: {row['size_mismatches']} object(s) of another size")
     remote_rows = [row for key in ("remote", "remote_memory") for row in (results.get(key) or {}).values()]
     uploads = [row["upload_seconds"] for row in remote_rows if "upload_seconds" in row]
     if uploads:
