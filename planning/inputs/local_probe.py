@@ -26,11 +26,13 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from planning.formats.cf_decoding import unchanged_by_decoding
+from planning.formats.hdf5_layout import check_window, layout_check, stored_offset
 from planning.formats.hdf5_reads import decoding_attributes, read_attribute
 from planning.formats.netcdf3 import read_header
 from planning.formats.remote_files import RemoteFile
 from planning.formats.sources import NETCDF_LOCK, is_hdf5
 from planning.inputs.probe import FileProbe, _plain, probe_classic
+from planning.inputs.twin_probe import Twins
 from planning.run.cancellation import check_stopped
 
 #: Attributes of the concat coordinate that xarray's decoding of it reads.
@@ -41,34 +43,23 @@ _NO_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 #: Dimension scale names by the tuple of a file's names: files of one archive share one entry.
 Scales = dict[tuple[bytes, ...], tuple[bytes, ...]]
 
-#: Bytes of a plainly stored variable's values, from their middle (less often a fill value than their
-#: start), that its layout's check hashes with its name and offset (layout_check).
-CHECK_BYTES = 32
-
-
-def check_window(offset: int, nbytes: int) -> tuple[int, int]:
-    """Where the bytes a layout's check covers start, and how many, for values of ``nbytes`` at ``offset``."""
-    length = min(CHECK_BYTES, nbytes)
-    return offset + (nbytes - length) // 2, length
-
-
-def layout_check(name: str, offset: int, window: bytes) -> int:
-    """A variable's layout check, an int64: a worker that reads it by offset recomputes it first, so values
-    are never read at an offset that is not this variable's in this file as probed (planning.reads.direct_reads)."""
-    digest = hashlib.blake2b(f"{name}\0{offset}\0".encode() + window, digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
 
 def probe_local(
-    path: str, nbytes: int, concat_dim: str, scales: Scales | None = None, wanted: frozenset[str] | None = None
+    path: str,
+    nbytes: int,
+    concat_dim: str,
+    scales: Scales | None = None,
+    wanted: frozenset[str] | None = None,
+    twins: Twins | None = None,
 ) -> FileProbe:
     """Probe a local file; raises for anything unusual (groups, other formats): the full look reads those.
 
     ``wanted``: the variables whose layouts to record (planning.reads.direct_reads); None: every one.
+    ``twins``: files probed before it in this process, which it may be the twin of (planning.inputs.twin_probe).
     """
     if is_hdf5(path):
         with NETCDF_LOCK:
-            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales, wanted)
+            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales, wanted, twins)
     with open(path, "rb") as stream:
         header = read_header(stream)
     if header is None:
@@ -107,21 +98,6 @@ def _contiguous_layout(root, name: bytes, read_at) -> list | None:
     return [offset, list(dataset.shape), dtype.str, layout_check(name.decode(), offset, read_at(*window[::-1]))]
 
 
-def stored_offset(dataset) -> int | None:
-    """Where a dataset's values lie in its file, stored as they are; None where they do not lie in one run.
-
-    HDF5 gives an offset for contiguous storage only: not for chunks, compact or external storage.
-    Before the values are written (they read as fill values then) it has none either, but behind a
-    user block it adds the block's size to its "no address" (-1): the storage's status tells.
-    """
-    from h5py import h5d
-
-    offset = dataset.get_offset()
-    if offset is None or dataset.get_space_status() != h5d.SPACE_STATUS_ALLOCATED:
-        return None
-    return int(offset)
-
-
 def _scale_values(dataset, read_at) -> np.ndarray:
     """A dimension scale's stored values: read by offset where stored plainly (contiguous storage holds them
     as they are, no filter applies), which costs a fifth of an HDF5 read of a small dataset."""
@@ -138,18 +114,25 @@ def _scale_values(dataset, read_at) -> np.ndarray:
     return values
 
 
-def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None) -> FileProbe:
+def _probe_hdf5(
+    path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None, twins: Twins | None
+) -> FileProbe:
     from h5py import h5f
 
-    file = h5f.open(path.encode(), h5f.ACC_RDONLY)
-    try:
-        # The file's bytes by offset: plainly stored scales and the layouts' checks are read without HDF5.
-        with open(path, "rb", buffering=0) as stream:
-            return _probe_open_hdf5(
-                file, functools.partial(os.pread, stream.fileno()), path, nbytes, concat_dim, scales, wanted
-            )
-    finally:
-        file.close()
+    # The file's bytes by offset: a twin's comparison, plainly stored scales, the layouts' checks.
+    with open(path, "rb", buffering=0) as stream:
+        read_at = functools.partial(os.pread, stream.fileno())
+        probe = None if twins is None else twins.probe(path, nbytes, read_at)
+        if probe is not None:
+            return probe
+        file = h5f.open(path.encode(), h5f.ACC_RDONLY)
+        try:
+            probe = _probe_open_hdf5(file, read_at, path, nbytes, concat_dim, scales, wanted)
+            if twins is not None:
+                twins.add(file, read_at, probe, concat_dim)
+            return probe
+        finally:
+            file.close()
 
 
 def _probe_open_hdf5(
@@ -201,11 +184,12 @@ def _probe_serially(
     concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]]
 ) -> list[FileProbe | None]:
     scales: Scales = {}
+    twins = Twins()
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
         try:
-            probes.append(probe_local(path, nbytes, concat_dim, scales, wanted))
+            probes.append(probe_local(path, nbytes, concat_dim, scales, wanted, twins))
         except Exception:  # the full look reads it through xarray, and names the problem if there is one
             probes.append(None)
     return probes
