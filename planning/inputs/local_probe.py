@@ -176,15 +176,18 @@ def _probe_open_hdf5(
 #: Below this many files a pool of processes costs more than it saves.
 POOL_MIN_FILES = 500
 #: Files a pool process probes per task: few enough tasks to share work evenly, each big enough
-#: that the result's trip back is a small part of it.
+#: that the result's trip back is a small part of it. The first task's worth is probed in this
+#: process: where nearly all of them were twins, the rest are too cheap for a pool to pay off.
 FILES_PER_TASK = 250
+#: The share of the first files probed as twins from which the rest are probed in this process.
+TWINS_FOR_NO_POOL = 0.9
 
 
 def _probe_serially(
-    concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]]
+    concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]], twins: Twins | None = None
 ) -> list[FileProbe | None]:
     scales: Scales = {}
-    twins = Twins()
+    twins = Twins() if twins is None else twins
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
@@ -209,7 +212,8 @@ def _default_signals() -> None:
 def probe_local_files(
     paths_and_sizes: list[tuple[str, int]], concat_dim: str, wanted: frozenset[str] | None = None
 ) -> list[FileProbe | None]:
-    """Probe local files (None where only the full look will do); many files in a pool of processes.
+    """Probe local files (None where only the full look will do); many files in a pool of processes, unless
+    they are twins (planning.inputs.twin_probe).
 
     ``wanted``: the variables whose byte layouts to record (None: every one).
 
@@ -220,7 +224,12 @@ def probe_local_files(
     processes = min(os.cpu_count() or 1, 8)
     if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
         return _probe_serially(concat_dim, wanted, paths_and_sizes)
-    tasks = [paths_and_sizes[i : i + FILES_PER_TASK] for i in range(0, len(paths_and_sizes), FILES_PER_TASK)]
+    twins = Twins()
+    first = _probe_serially(concat_dim, wanted, paths_and_sizes[:FILES_PER_TASK], twins)
+    rest = paths_and_sizes[FILES_PER_TASK:]
+    if twins.matched >= TWINS_FOR_NO_POOL * len(first):  # files written alike: 0.06 ms each, no pool to start
+        return first + _probe_serially(concat_dim, wanted, rest, twins)
+    tasks = [rest[i : i + FILES_PER_TASK] for i in range(0, len(rest), FILES_PER_TASK)]
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
         results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
-        return [probe for chunk in results for probe in chunk]
+        return first + [probe for chunk in results for probe in chunk]

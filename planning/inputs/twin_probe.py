@@ -150,6 +150,7 @@ class Twins:
     def __init__(self) -> None:
         self._by_size: dict[int, Twin] = {}
         self._misses: dict[int, int] = {}
+        self.matched = 0  # files probed as twins
 
     def probe(self, path: str, nbytes: int, read_at) -> FileProbe | None:
         """The file's probe as a twin, or None: probe it through HDF5 (then offer it with ``add``)."""
@@ -158,6 +159,7 @@ class Twins:
             return None
         probe = probe_twin(twin, path, nbytes, read_at)
         self._misses[nbytes] = 0 if probe is not None else self._misses.get(nbytes, 0) + 1
+        self.matched += probe is not None
         return probe
 
     def add(self, file, read_at, probe: FileProbe, concat_dim: str) -> None:

@@ -209,6 +209,7 @@ def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
     serial = probe_local_files(paths, "time")
     monkeypatch.setattr("planning.inputs.local_probe.POOL_MIN_FILES", 4)
     monkeypatch.setattr("planning.inputs.local_probe.FILES_PER_TASK", 5)
+    monkeypatch.setattr("planning.inputs.local_probe.TWINS_FOR_NO_POOL", 2.0)  # a pool even for twins
     pooled = probe_local_files(paths, "time")
     assert len(pooled) == len(serial) == 12
     for one, other in zip(serial, pooled):

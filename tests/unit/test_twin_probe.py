@@ -121,3 +121,19 @@ def test_archives_whose_files_all_differ_stop_being_compared(tmp_path, hdf5_prob
     assert len(hdf5_probes) == 8 and len(made) == twin_probe.MAX_MISSES
     alone = [probe_local(path, nbytes, "time") for path, nbytes in files]
     assert all(_same(a, b) for a, b in zip(probes, alone))
+
+
+def test_twins_are_probed_without_a_pool_of_processes(tmp_path, monkeypatch):
+    files = [_write(tmp_path / f"f{i}.nc", i) for i in range(12)]
+    monkeypatch.setattr(local_probe, "POOL_MIN_FILES", 4)
+    monkeypatch.setattr(local_probe, "FILES_PER_TASK", 10)  # the first 10: 9 twins, so no pool for the rest
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a pool was started for twins")
+
+    monkeypatch.setattr(local_probe, "ProcessPoolExecutor", no_pool)
+    probes = local_probe.probe_local_files(files, "time")
+    assert [p.concat_raw[0] for p in probes] == [2 * i for i in range(12)]
+    files.insert(3, _write(tmp_path / "odd.nc", 99, units="hours since 2000-01-02"))  # 8 twins of 10: a pool
+    with pytest.raises(AssertionError, match="a pool was started"):
+        local_probe.probe_local_files(files, "time")
