@@ -13,8 +13,8 @@
 4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
    byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS; part
    ``nc4chunks``: the same of a NetCDF-4 copy of the store chunked alike.
-5. The job graph's size, the dry run's wall and the launcher's peak RSS at 100k, 1M, 10M and
-   30M work units of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
+5. The job graph's size, the dry run's wall and the launcher's peak RSS for one month, 100k, 1M,
+   10M and 30M work units and 1940-2024 of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
 6. A Dask LocalCluster (2 single-threaded worker processes) against the local runner at ~200
    and ~2,000 units of the 12-file patches archive (benchmarks.dask_vs_local, smaller unit
    budgets; medians of --repeat alternating builds): wall ratio, Dask tasks a unit, shards
