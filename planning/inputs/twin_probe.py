@@ -142,14 +142,21 @@ def probe_twin(twin: Twin, path: str, nbytes: int, read_at) -> FileProbe | None:
 #: Files in a row of one size that matched no twin, after which files of that size are no longer compared
 #: (an archive whose files differ in their metadata, e.g. a per-file ``history``, pays three comparisons).
 MAX_MISSES = 3
+#: Patterns kept at once (the latest sizes): a pattern holds a file's metadata, up to MAX_COMPARED_BYTES.
+MAX_PATTERNS = 8
 
 
 class Twins:
-    """Per file size, the last file probed through HDF5 as the pattern its twins match (in one process)."""
+    """Per file size, the last file probed through HDF5 as the pattern its twins match (in one process).
+
+    A pattern is made of the second file of a size probed through HDF5, not the first: files of
+    sizes of their own (compressed files, each its own size) make none.
+    """
 
     def __init__(self) -> None:
         self._by_size: dict[int, Twin] = {}
         self._misses: dict[int, int] = {}
+        self._seen: set[int] = set()
         self.matched = 0  # files probed as twins
 
     def probe(self, path: str, nbytes: int, read_at) -> FileProbe | None:
@@ -164,12 +171,17 @@ class Twins:
 
     def add(self, file, read_at, probe: FileProbe, concat_dim: str) -> None:
         """A file just probed through HDF5 (``file``: its open h5f id) becomes its size's pattern."""
-        if self._misses.get(probe.nbytes, 0) >= MAX_MISSES:
-            self._by_size.pop(probe.nbytes, None)
+        size = probe.nbytes
+        if size not in self._seen:
+            self._seen.add(size)
+            return
+        self._by_size.pop(size, None)  # (put back last: the latest sizes are kept)
+        if self._misses.get(size, 0) >= MAX_MISSES:
             return
         twin = make_twin(file, read_at, probe, concat_dim)
         if twin is None:
-            self._by_size.pop(probe.nbytes, None)
-            self._misses[probe.nbytes] = MAX_MISSES  # no pattern can be made of such files
-        else:
-            self._by_size[probe.nbytes] = twin
+            self._misses[size] = MAX_MISSES  # no pattern can be made of such files
+            return
+        self._by_size[size] = twin
+        if len(self._by_size) > MAX_PATTERNS:
+            del self._by_size[next(iter(self._by_size))]
