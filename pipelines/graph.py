@@ -193,9 +193,10 @@ def _run_build(
         files = run_files(plan, run_dir(plan.output, plan.run_id))
         urls = {name: file for name, (file, _) in files.items()}
         ranges = unit_ranges(options, len(plan.units))
-        # Local runs and Dask's cut, write and summarise a unit in one step (transforms.streamed): the same bytes
-        # as the stages apart, from half the graph (16 steps, not 32), which Beam builds and starts sooner.
-        streamed = local or is_dask_runner(options)
+        # Dask's cut, write and summarise a unit in one step (transforms.streamed). Not local runs: its one combine
+        # carries every unit's summaries, megabytes that Beam's multi-threaded local runner garbles through the
+        # combine's GroupByKey (DESIGN.md, Runners: "Invalid PaneInfoEncoding" in a 4x build).
+        streamed = is_dask_runner(options)
         outline = STREAMED_OUTLINE if streamed else OUTLINE
         write = choose_write_strategy(plan, work, groups_in_memory=is_dask_runner(options))
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
