@@ -229,11 +229,20 @@ def iter_bucket(
     {name: values per sample} of every array the frames hold."""
     if stream.read(len(_BUCKET_MAGIC)) != _BUCKET_MAGIC:
         raise ValueError(f"{where}: not a bucket file")
-    end = None
-    while size := stream.read(8):
+    end = None if names is None else _size(stream)
+    at = len(_BUCKET_MAGIC)  # where the stream is, or would be after the arrays skipped so far
+    skipped = False
+    while True:
+        if skipped:
+            stream.seek(at)
+            skipped = False
+        size = stream.read(8)
+        if not size:
+            break
         if len(size) < 8:
             raise ValueError(f"{where}: cut short in a frame's header")
         header = stream.read(int.from_bytes(size, "little"))
+        at += 8 + len(header)
         try:
             entries = json.loads(header)
         except ValueError:
@@ -246,15 +255,15 @@ def iter_bucket(
             nbytes = math.prod(shape) * dtype.itemsize
             if seen is not None:
                 seen.setdefault(name, math.prod(shape[1:]))
+            at += nbytes
             if names is not None and name not in names:
-                if end is None:
-                    at = stream.tell()
-                    end = stream.seek(0, 2)
-                    stream.seek(at)
-                if stream.tell() + nbytes > end:
+                if at > end:
                     raise ValueError(f"{where}: cut short in {name}")
-                stream.seek(nbytes, 1)
+                skipped = True
                 continue
+            if skipped:
+                stream.seek(at - nbytes)
+                skipped = False
             data = stream.read(nbytes)
             if len(data) < nbytes:
                 raise ValueError(f"{where}: cut short in {name}")
@@ -473,6 +482,14 @@ class _RegionWriter:
         for future in self.writing:
             if exc == (None, None, None):
                 future.result()
+
+
+def _size(stream) -> int:
+    """A seekable stream's length (it is left where it was)."""
+    at = stream.tell()
+    end = stream.seek(0, 2)
+    stream.seek(at)
+    return end
 
 
 def _holds_a_value(values: np.ndarray, fill) -> bool:
