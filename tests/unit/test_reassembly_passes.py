@@ -41,7 +41,8 @@ def test_a_frame_of_pieces_reads_back_as_their_samples_and_a_pass_reads_only_its
     whole = list(reassemble.iter_bucket(io.BytesIO(data), "b"))
     assert [len(f["index/lat"]) for f in whole] == [6, 2]
     for name in ("index/lat", "t", "u"):
-        np.testing.assert_array_equal(np.concatenate([f[name] for f in whole]), np.concatenate([f[name] for f in frames]))
+        want = np.concatenate([f[name] for f in frames])
+        np.testing.assert_array_equal(np.concatenate([f[name] for f in whole]), want)
     seen: dict[str, int] = {}
     some = list(reassemble.iter_bucket(io.BytesIO(data), "b", names={"index/lat", "u"}, seen=seen))
     assert all(f.keys() == {"index/lat", "u"} for f in some)
