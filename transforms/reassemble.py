@@ -1,14 +1,15 @@
 """Beam stages of reassembly: samples sorted into bucket files by output chunk, then each chunk assembled and written.
 
-    Create(sample files) -> Reshuffle -> ScanFile: each file's samples, a batch at a time, appended as frames
-    to the bucket files of the output chunks they reach (halo included) -> (chunk, bucket path) -> GroupByKey
-    -> AssembleChunk: one task per chunk reads its buckets frame by frame, reassembles the chunk's cells and
-    writes them as one Zarr region (its own Zarr chunks), a variable at a time.
+    Create(sample files) -> Reshuffle -> ScanFile: each file's samples, a batch at a time, held by chunk and
+    appended as frames to the bucket files of the output chunks they reach (halo included) -> (chunk, bucket
+    path) -> GroupByKey -> AssembleChunk: one task per chunk reads its buckets' keys, then each variable's
+    arrays in turn, places them and writes that variable's part of the chunk as one Zarr region (its own
+    Zarr chunks) before it reads the next.
 
 Only paths ride the GroupByKey (the local runner holds every grouped value in memory: DESIGN.md,
-decision 3). A scan holds one batch; a process assembles one chunk at a time (its other threads wait),
-so a worker holds one chunk, its halo, and a batch. Every stage takes what it needs from the plan it
-is given: no state on the driver.
+decision 3). A scan holds one batch and PENDING_BYTES of samples; a process's chunk tasks hold about one
+chunk's values between them (_HELD), so a worker holds one chunk, its halo, and a batch, whatever its
+threads. Every stage takes what it needs from the plan it is given: no state on the driver.
 """
 
 from __future__ import annotations
@@ -417,7 +418,7 @@ def _frames(paths: Sequence[str], names: Collection[str] | None = None, seen: di
 
 
 def _batches(frames: Iterable[dict[str, np.ndarray]], size: int) -> Iterator[dict[str, np.ndarray]]:
-    """Frames joined into batches of about ``size`` samples (frames are small: a scan's batch over every chunk)."""
+    """Frames joined into batches of about ``size`` samples (a frame holds what a scan held for one chunk)."""
     pending: list[dict[str, np.ndarray]] = []
     held = 0
     for frame in frames:
