@@ -13,6 +13,7 @@ install reads outputs without it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -399,14 +400,9 @@ class Reassembly:
             starts = at[:, placed.index(dim)] - axis.first
             per_dim.append(_cells_inside(starts, axis.local_cells(), axis.length))
         everything = (slice(None), slice(None))
-        boxes = []
-        for i in range(len(at)):
-            cells = [everything if each is None else each[i] for each in per_dim]
-            if any(c is None for c in cells):
-                boxes.append(None)
-            else:
-                boxes.append((tuple(c[0] for c in cells), tuple(c[1] for c in cells)))
-        return boxes
+        columns = [itertools.repeat(everything, len(at)) if each is None else each for each in per_dim]
+        # Per sample: its (array cells, sample cells) along each dim, transposed to (array index, sample index).
+        return [None if None in cells else tuple(zip(*cells)) for cells in zip(*columns)]
 
     def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
         return (

@@ -114,10 +114,19 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
             first, last = reach_of(plan, assembly, batch)
             for extra in range(int((last - first).max(initial=0)) + 1):  # the chunk it starts in, then its halo
                 chunks = np.where(first + extra <= last, first + extra, -1)
-                for chunk in np.unique(chunks[chunks >= 0]):
-                    rows = np.flatnonzero(chunks == chunk)
-                    whole = len(rows) == len(chunks)
-                    yield from pending.add(int(chunk), batch if whole else {k: v[rows] for k, v in batch.items()})
+                if chunks[0] >= 0 and (chunks == chunks[0]).all():
+                    yield from pending.add(int(chunks[0]), batch)  # (the batch as it is, no copy)
+                    continue
+                # The samples sorted by chunk (in their order within each), taken once: each chunk's a slice.
+                order = np.argsort(chunks, kind="stable")
+                order = order[chunks[order] >= 0]
+                if not len(order):
+                    continue
+                ordered = chunks[order]
+                taken = {k: v[order] for k, v in batch.items()}
+                ends = [*(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(order)]
+                for begin, end in zip([0, *ends[:-1]], ends):
+                    yield from pending.add(int(ordered[begin]), {k: v[begin:end] for k, v in taken.items()})
         yield from pending.flush()
         yield from buckets.close()
     trim_free_memory()
