@@ -607,12 +607,6 @@ class Reassembly:
             attrs["split"] = self.split
         return finished(xr.Dataset(data, coords, attrs))
 
-    def variables(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
-        """(name, dims, values) of each data variable and coverage, as ``dataset`` holds them, one at a time; each
-        variable's cells are let go once the next is asked for (so one region write never holds a second copy)."""
-        yield from self.take_finished()
-        yield COVERAGE, tuple(a.dim for a in self.grid_axes), self.coverage
-
     def take_finished(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
         """(name, dims, values) of each data variable placed so far, as ``dataset`` holds them, one at a time, each
         taken out (coordinates too, which are not given): samples placed afterwards may not add to them again."""

@@ -490,3 +490,30 @@ def test_the_command_line_to_gs_reads_its_remote_buckets_a_variable_at_a_time(ov
     for name in ("t", "u", "v", "coverage"):
         np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
     assert not gcs.exists("xtf-test/reassembled/back.zarr.parts")
+
+
+def test_keys_counted_once_then_a_variable_per_pass_give_what_one_pass_gives(overlapping):
+    from schemas.reassembly import Reassembly
+
+    schema = load_schema(str(overlapping))
+    batches = list(plus_one(overlapping, "train"))
+    want = schemas.reassemble(str(overlapping), iter(batches), split="train")
+    assembly = Reassembly(schema, "train", where=str(overlapping))
+    keys = [a.index_name for a in assembly.checked]
+    for batch in batches:
+        assembly.count({k: batch[k] for k in keys})
+    groups = assembly.placed_groups(batches[0])
+    assert ("t",) in groups and ("wind",) in groups  # (a stack: one array, two variables)
+    assert not any(n.startswith(("index/", "coord/")) for group in groups for n in group)
+    got = {}
+    for group in groups:
+        for batch in batches:
+            assembly.place({k: batch[k] for k in [*keys, *group]})
+        got.update({name: values for name, _, values in assembly.take_finished()})
+    for name in ("t", "u", "v"):
+        np.testing.assert_array_equal(got[name], want[name].values, err_msg=name)
+    np.testing.assert_array_equal(assembly.coverage, want["coverage"].values)
+    with pytest.raises(RuntimeError, match="placed again after it was finished"):
+        assembly.place({k: batches[0][k] for k in [*keys, "t"]})
+    with pytest.raises(UserError, match="was given twice"):
+        assembly.count({k: batches[0][k] for k in keys})
