@@ -111,6 +111,8 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
         pending = _Pending(buckets)
         for batch in iter_file(plan, name):
             assembly.check_keys(batch)
+            kept = {n for group in assembly.placed_groups(batch) for n in group}
+            batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
             first, last = reach_of(plan, assembly, batch)
             for extra in range(int((last - first).max(initial=0)) + 1):  # the chunk it starts in, then its halo
                 chunks = np.where(first + extra <= last, first + extra, -1)
@@ -220,15 +222,15 @@ _BUCKET_MAGIC = b"XTFBUCKET2"
 
 def write_frame(stream, arrays: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]) -> None:
     """One batch of samples appended to a bucket file: a header, then each array's raw bytes (no pickle).
-    ``arrays`` may come in pieces (of one layout): their samples are one frame, with no copy joining them."""
+    ``arrays`` may come in pieces (of one layout): their samples are one frame."""
     pieces = [arrays] if isinstance(arrays, Mapping) else list(arrays)
     first = pieces[0]
     samples = sum(len(next(iter(p.values()), ())) for p in pieces)
     header = json.dumps([[name, a.dtype.str, [samples, *a.shape[1:]]] for name, a in first.items()]).encode()
     stream.write(len(header).to_bytes(8, "little") + header)
-    for name in first:
-        for piece in pieces:
-            stream.write(np.ascontiguousarray(piece[name]).data)
+    for name in first:  # (one write per array: a scan's pieces are often a sample or two each)
+        values = first[name] if len(pieces) == 1 else np.concatenate([piece[name] for piece in pieces])
+        stream.write(np.ascontiguousarray(values).data)
 
 
 def iter_bucket(
