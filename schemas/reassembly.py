@@ -13,6 +13,7 @@ install reads outputs without it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +215,7 @@ class Reassembly:
         self.grid_axes = [a for a in self.axes.values() if not a.whole]
         self.keys: set[tuple[int, ...]] = set()
         self.targets: dict[str, Target] = {}
+        self.taken: set[str] = set()  # variables finished and given out (take_finished)
         self.extra_sizes: dict[str, int] = {}
         self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
@@ -307,8 +309,13 @@ class Reassembly:
         self.add_batch({name: np.asarray(values)[None] for name, values in sample.items()})
 
     def add_batch(self, batch: Mapping[str, Any]) -> None:
-        """Samples with a leading axis: placed together, in rounds of samples that cannot overlap."""
+        """Samples with a leading axis: their keys counted, then their arrays placed (``count`` and ``place``)."""
         batch = {name: np.asarray(values) for name, values in batch.items()}
+        self.place(batch, self.count(batch))
+
+    def count(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """Samples' keys (index/<dim>, with a leading axis): checked, each taken once, counted in ``coverage``;
+        returns their starts (``check_keys``). Their arrays are placed by ``place``, in as many passes as wanted."""
         starts = self.check_keys(batch)
         for i, key in enumerate(map(tuple, starts.tolist())):
             if key in self.keys:
@@ -319,28 +326,27 @@ class Reassembly:
             self.keys.add(key)
         if len(starts) > 1 and len(set(map(tuple, starts.tolist()))) < len(starts):
             raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
-        # Samples whose positions agree modulo the overlap span along every dim never overlap: one round each.
-        spans = [a.span() for a in self.checked]
-        positions = [
-            starts[:, j] // (a.stride if a.role == "window" else 1) % span
-            for j, (a, span) in enumerate(zip(self.checked, spans))
-        ]
-        rounds = np.ravel_multi_index(positions, spans) if positions else np.zeros(len(starts), dtype=np.int64)
+        grid = [a.dim for a in self.grid_axes]
+        for rows in self._rounds(starts):
+            for box in self._boxes(grid, starts[rows]):
+                if box is not None:
+                    self.coverage[box[0]] += 1  # (no two samples of a round share a cell)
+        return starts
+
+    def place(self, batch: Mapping[str, Any], starts: np.ndarray | None = None) -> None:
+        """Samples whose keys were counted: their arrays (any of them) blended into their variables, in rounds of
+        samples that cannot overlap. ``starts``: as ``count`` returned them (else found again)."""
+        batch = {name: np.asarray(values) for name, values in batch.items()}
+        starts = self.check_keys(batch) if starts is None else starts
         masks = {of: batch[name] for name, of in self._masks.items() if name in batch}
-        for value in np.unique(rounds):
-            rows = np.flatnonzero(rounds == value)
+        for rows in self._rounds(starts):
             whole = len(rows) == len(starts)  # (one round: the batch as it is, no copy)
             at = starts[rows]
             boxes: dict[tuple[str, ...], list] = {}
-            for box in self._boxes([a.dim for a in self.grid_axes], at):
-                if box is not None:
-                    self.coverage[box[0]] += 1  # (no two samples of a round share a cell)
             for name, values in batch.items():
                 feature = self._features.get(name)
-                if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
+                if not self._placed(name, feature):
                     continue
-                if feature is not None and feature.role == "aux_coord" and name in self.schema.grid:
-                    continue  # a static coordinate: schema.json's grid holds it exactly
                 values = values if whole else values[rows]
                 if name in masks:
                     mask = masks[name] if whole else masks[name][rows]
@@ -349,6 +355,36 @@ class Reassembly:
                     if target.dims not in boxes:
                         boxes[target.dims] = self._boxes(target.dims, at)
                     self._place(target, part, boxes[target.dims])
+
+    def _rounds(self, starts: np.ndarray) -> Iterator[np.ndarray]:
+        """Rows of ``starts`` in rounds: samples whose positions agree modulo the overlap span along every dim
+        never overlap, so each round's samples touch disjoint cells."""
+        spans = [a.span() for a in self.checked]
+        positions = [
+            starts[:, j] // (a.stride if a.role == "window" else 1) % span
+            for j, (a, span) in enumerate(zip(self.checked, spans))
+        ]
+        rounds = np.ravel_multi_index(positions, spans) if positions else np.zeros(len(starts), dtype=np.int64)
+        for value in np.unique(rounds):
+            yield np.flatnonzero(rounds == value)
+
+    def _placed(self, name: str, feature: Feature | None) -> bool:
+        """Whether an array of the samples is placed (not a key, coordinate, count or mask of another)."""
+        if feature is not None and feature.role in (*_SKIPPED_ROLES, "mask"):
+            return False
+        # An aux_coord the grid holds is a static coordinate: schema.json's grid holds it exactly.
+        return not (feature is not None and feature.role == "aux_coord" and name in self.schema.grid)
+
+    def placed_groups(self, names: Iterable[str]) -> list[tuple[str, ...]]:
+        """The arrays among ``names`` placed together, one group per variable (with its mask, if it has one):
+        each group can be placed, finished and let go before the next (``place``, then ``take_finished``)."""
+        names = list(names)
+        groups = []
+        for name in names:
+            if self._placed(name, self._features.get(name)):
+                masks = [m for m, of in self._masks.items() if of == name and m in names]
+                groups.append((name, *masks))
+        return groups
 
     def _boxes(self, dims: Sequence[str], at: np.ndarray) -> list[tuple[tuple, tuple] | None]:
         """Per sample (starts ``at``): the cells it covers inside the grid (or region) as an index into an array
@@ -364,14 +400,9 @@ class Reassembly:
             starts = at[:, placed.index(dim)] - axis.first
             per_dim.append(_cells_inside(starts, axis.local_cells(), axis.length))
         everything = (slice(None), slice(None))
-        boxes = []
-        for i in range(len(at)):
-            cells = [everything if each is None else each[i] for each in per_dim]
-            if any(c is None for c in cells):
-                boxes.append(None)
-            else:
-                boxes.append((tuple(c[0] for c in cells), tuple(c[1] for c in cells)))
-        return boxes
+        columns = [itertools.repeat(everything, len(at)) if each is None else each for each in per_dim]
+        # Per sample: its (array cells, sample cells) along each dim, transposed to (array index, sample index).
+        return [None if None in cells else tuple(zip(*cells)) for cells in zip(*columns)]
 
     def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
         return (
@@ -458,6 +489,8 @@ class Reassembly:
         target = self.targets.get(name)
         if target is not None:
             return target
+        if name in self.taken:
+            raise RuntimeError(f"{name}: placed again after it was finished; this is a bug, please report it")
         sample_dims = tuple(self.renamed.get(d, d) for d in sample_dims)
         files = source.get("dims") or [*[a.key or a.dim for a in self.grid_axes if a.role == "iterate"], *sample_dims]
         files = [n for d in files for n in ((INIT_TIME, LEAD_TIME) if d in self.renamed else (d,))]
@@ -574,14 +607,14 @@ class Reassembly:
             attrs["split"] = self.split
         return finished(xr.Dataset(data, coords, attrs))
 
-    def variables(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
-        """(name, dims, values) of each data variable and coverage, as ``dataset`` holds them, one at a time; each
-        variable's cells are let go once the next is asked for (so one region write never holds a second copy)."""
+    def take_finished(self) -> Iterator[tuple[str, tuple[str, ...], np.ndarray]]:
+        """(name, dims, values) of each data variable placed so far, as ``dataset`` holds them, one at a time, each
+        taken out (coordinates too, which are not given): samples placed afterwards may not add to them again."""
         for target in list(self.targets.values()):
+            del self.targets[target.name]
+            self.taken.add(target.name)
             if not target.is_coordinate:
                 yield target.name, target.dims, self._finished(target)
-                del self.targets[target.name]
-        yield COVERAGE, tuple(a.dim for a in self.grid_axes), self.coverage
 
     def _set_once(self, target: Target) -> bool:
         """Whether no two samples share a cell of ``target``: over every placed dim, with disjoint samples."""

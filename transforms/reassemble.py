@@ -1,29 +1,34 @@
 """Beam stages of reassembly: samples sorted into bucket files by output chunk, then each chunk assembled and written.
 
-    Create(sample files) -> Reshuffle -> ScanFile: each file's samples, a batch at a time, appended as frames
-    to the bucket files of the output chunks they reach (halo included) -> (chunk, bucket path) -> GroupByKey
-    -> AssembleChunk: one task per chunk reads its buckets frame by frame, reassembles the chunk's cells and
-    writes them as one Zarr region (its own Zarr chunks), a variable at a time.
+    Create(sample files) -> Reshuffle -> ScanFile: each file's samples, a batch at a time, held by chunk and
+    appended as frames to the bucket files of the output chunks they reach (halo included) -> (chunk, bucket
+    path) -> GroupByKey -> AssembleChunk: one task per chunk reads its buckets' keys, then each variable's
+    arrays in turn, places them and writes that variable's part of the chunk as one Zarr region (its own
+    Zarr chunks) before it reads the next.
 
 Only paths ride the GroupByKey (the local runner holds every grouped value in memory: DESIGN.md,
-decision 3). A scan holds one batch; a process assembles one chunk at a time (its other threads wait),
-so a worker holds one chunk, its halo, and a batch. Every stage takes what it needs from the plan it
-is given: no state on the driver.
+decision 3). A scan holds one batch and PENDING_BYTES of samples; a process's chunk tasks hold about one
+chunk's values between them (_HELD), so a worker holds one chunk, its halo, and a batch, whatever its
+threads. Every stage takes what it needs from the plan it is given: no state on the driver.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
 import functools
 import json
 import math
+import os
 import posixpath
+import shutil
+import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 import fsspec
@@ -31,7 +36,7 @@ import numpy as np
 
 from schemas.prediction_files import read_predictions
 from schemas.reader import Reader
-from schemas.reassembly import BATCH, Reassembly
+from schemas.reassembly import BATCH, COVERAGE, Reassembly
 from schemas.schema import Schema
 
 #: Records a scan decodes at once (a few MB of samples: what a scan holds).
@@ -98,21 +103,68 @@ def chunks_of(plan: ReassemblePlan, assembly: Reassembly, batch: Mapping[str, np
 def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     """One file's samples into bucket files by chunk, a batch at a time: (chunk, bucket path) per bucket written.
 
-    Each batch's samples go straight to their chunks' open bucket files (as frames appended), so a scan
-    holds one decoded batch, never the samples of several chunks."""
+    Each batch's samples are held by chunk (up to PENDING_BYTES in all) and go to their chunks' open bucket
+    files as one frame each, so a scan holds a batch and its pending samples, never the samples of a chunk."""
     map_large_arrays()
     assembly = plan.assembly((0, 0))  # (checks keys only: holds no cells)
     with _OpenBuckets(plan) as buckets:
+        pending = _Pending(buckets)
         for batch in iter_file(plan, name):
             assembly.check_keys(batch)
+            kept = {n for group in assembly.placed_groups(batch) for n in group}
+            batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
             first, last = reach_of(plan, assembly, batch)
             for extra in range(int((last - first).max(initial=0)) + 1):  # the chunk it starts in, then its halo
                 chunks = np.where(first + extra <= last, first + extra, -1)
-                for chunk in np.unique(chunks[chunks >= 0]):
-                    rows = np.flatnonzero(chunks == chunk)
-                    whole = len(rows) == len(chunks)
-                    yield from buckets.write(int(chunk), batch if whole else {k: v[rows] for k, v in batch.items()})
+                if chunks[0] >= 0 and (chunks == chunks[0]).all():
+                    yield from pending.add(int(chunks[0]), batch)  # (the batch as it is, no copy)
+                    continue
+                # The samples sorted by chunk (in their order within each), taken once: each chunk's a slice.
+                order = np.argsort(chunks, kind="stable")
+                order = order[chunks[order] >= 0]
+                if not len(order):
+                    continue
+                ordered = chunks[order]
+                taken = {k: v[order] for k, v in batch.items()}
+                ends = [*(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(order)]
+                for begin, end in zip([0, *ends[:-1]], ends):
+                    yield from pending.add(int(ordered[begin]), {k: v[begin:end] for k, v in taken.items()})
+        yield from pending.flush()
         yield from buckets.close()
+    trim_free_memory()
+
+
+#: Bytes of samples a scan holds for its chunks before it writes them out, each chunk's as one frame: frames of
+#: many samples, even where a batch's samples spread over many chunks (a sample or two each).
+PENDING_BYTES = 24 * 2**20
+
+
+class _Pending:
+    """A scan's samples held by chunk until PENDING_BYTES are held, then written as one frame per chunk."""
+
+    def __init__(self, buckets: _OpenBuckets):
+        self.buckets = buckets
+        self.held: dict[int, list[Mapping[str, np.ndarray]]] = {}
+        self.bytes = 0
+
+    def add(self, chunk: int, arrays: Mapping[str, np.ndarray]) -> Iterator[tuple[int, str]]:
+        pieces = self.held.setdefault(chunk, [])
+        if pieces and _layout(pieces[0]) != _layout(arrays):  # (a frame holds samples of one layout)
+            yield from self.buckets.write(chunk, self.held.pop(chunk))
+            pieces = self.held.setdefault(chunk, [])
+        pieces.append(arrays)
+        self.bytes += sum(a.nbytes for a in arrays.values())
+        if self.bytes >= PENDING_BYTES:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[tuple[int, str]]:
+        for chunk in sorted(self.held):
+            yield from self.buckets.write(chunk, self.held[chunk])
+        self.held, self.bytes = {}, 0
+
+
+def _layout(arrays: Mapping[str, np.ndarray]) -> list:
+    return [(name, a.dtype.str, a.shape[1:]) for name, a in arrays.items()]
 
 
 #: Bucket files a scan keeps open at once (remote files each buffer a block before they upload it).
@@ -129,8 +181,11 @@ class _OpenBuckets:
         self.limit = OPEN_BUCKETS["remote" if is_remote(plan.work) else "local"]
         self.open: dict[int, tuple[str, object]] = {}  # chunk -> (path, stream), least recently written first
 
-    def write(self, chunk: int, arrays: Mapping[str, np.ndarray]) -> Iterator[tuple[int, str]]:
-        """Append ``arrays`` to the chunk's bucket; (chunk, path) of any bucket finished to make room."""
+    def write(
+        self, chunk: int, arrays: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]
+    ) -> Iterator[tuple[int, str]]:
+        """Append ``arrays`` (or pieces of one layout, as one frame) to the chunk's bucket; (chunk, path) of any
+        bucket finished to make room."""
         entry = self.open.pop(chunk, None)
         if entry is None:
             while len(self.open) >= self.limit:
@@ -165,22 +220,41 @@ class _OpenBuckets:
 _BUCKET_MAGIC = b"XTFBUCKET2"
 
 
-def write_frame(stream, arrays: Mapping[str, np.ndarray]) -> None:
-    """One batch of samples appended to a bucket file: a header, then each array's raw bytes (no pickle)."""
-    header = json.dumps([[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]).encode()
+def write_frame(stream, arrays: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]) -> None:
+    """One batch of samples appended to a bucket file: a header, then each array's raw bytes (no pickle).
+    ``arrays`` may come in pieces (of one layout): their samples are one frame."""
+    pieces = [arrays] if isinstance(arrays, Mapping) else list(arrays)
+    first = pieces[0]
+    samples = sum(len(next(iter(p.values()), ())) for p in pieces)
+    header = json.dumps([[name, a.dtype.str, [samples, *a.shape[1:]]] for name, a in first.items()]).encode()
     stream.write(len(header).to_bytes(8, "little") + header)
-    for values in arrays.values():
+    for name in first:  # (one write per array: a scan's pieces are often a sample or two each)
+        values = first[name] if len(pieces) == 1 else np.concatenate([piece[name] for piece in pieces])
         stream.write(np.ascontiguousarray(values).data)
 
 
-def iter_bucket(stream, where: str) -> Iterator[dict[str, np.ndarray]]:
-    """A bucket file's frames, one batch at a time; ValueError unless it is whole (a file of ours, but from disk)."""
+def iter_bucket(
+    stream, where: str, names: Collection[str] | None = None, seen: dict | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """A bucket file's frames, one batch at a time; ValueError unless it is whole (a file of ours, but from disk).
+    ``names``: only these arrays of each frame are read (the stream seeks past the others); ``seen``: gets
+    {name: values per sample} of every array the frames hold."""
     if stream.read(len(_BUCKET_MAGIC)) != _BUCKET_MAGIC:
         raise ValueError(f"{where}: not a bucket file")
-    while size := stream.read(8):
+    end = None if names is None else _size(stream)
+    at = len(_BUCKET_MAGIC)  # where the stream is, or would be after the arrays skipped so far
+    skipped = False
+    while True:
+        if skipped:
+            stream.seek(at)
+            skipped = False
+        size = stream.read(8)
+        if not size:
+            break
         if len(size) < 8:
             raise ValueError(f"{where}: cut short in a frame's header")
         header = stream.read(int.from_bytes(size, "little"))
+        at += 8 + len(header)
         try:
             entries = json.loads(header)
         except ValueError:
@@ -190,15 +264,50 @@ def iter_bucket(stream, where: str) -> Iterator[dict[str, np.ndarray]]:
             dtype = np.dtype(dtype)
             if dtype.kind not in "biuf" or not all(isinstance(n, int) and n >= 0 for n in shape):
                 raise ValueError(f"{where}: {name} holds {dtype} of shape {shape}, not an array of numbers")
-            data = stream.read(math.prod(shape) * dtype.itemsize)
-            if len(data) < math.prod(shape) * dtype.itemsize:
+            nbytes = math.prod(shape) * dtype.itemsize
+            if seen is not None:
+                seen.setdefault(name, math.prod(shape[1:]))
+            at += nbytes
+            if names is not None and name not in names:
+                if at > end:
+                    raise ValueError(f"{where}: cut short in {name}")
+                skipped = True
+                continue
+            if skipped:
+                stream.seek(at - nbytes)
+                skipped = False
+            data = stream.read(nbytes)
+            if len(data) < nbytes:
                 raise ValueError(f"{where}: cut short in {name}")
             frame[name] = np.frombuffer(data, dtype).reshape(shape)
         yield frame
 
 
-#: One chunk's cells in memory per process at a time: the memory a worker needs is one chunk, whatever its threads.
-_ONE_CHUNK = threading.Lock()
+class _Held:
+    """The share of one chunk's cells this process's tasks hold (placing, or being written): a task takes its
+    variable's share before placing it and gives it back once it is written, waiting while it would go over
+    HELD_CHUNKS (or, for more than that, until nothing else is held). So a worker holds about one chunk, however
+    many threads assemble chunks, and they assemble (and write) different chunks' variables side by side."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self.held = 0.0
+        self._changed = threading.Condition()
+
+    def take(self, share: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self.held <= 0 or self.held + share <= self.limit)
+            self.held += share
+
+    def give_back(self, share: float) -> None:
+        with self._changed:
+            self.held = max(0.0, self.held - share)
+            self._changed.notify_all()
+
+
+#: Chunks of cells a process holds at once; a variable being written counts twice (its compressed copy).
+HELD_CHUNKS = 1.0
+_HELD = _Held(HELD_CHUNKS)
 #: Allocations from this size on get their own memory mappings (glibc's M_MMAP_THRESHOLD), given back when freed.
 MAPPED_FROM_BYTES = 2**20
 
@@ -211,24 +320,62 @@ def map_large_arrays() -> None:
     once a chunk's arrays are freed, the next ones (and zarr's compressed buffers, in its threads' arenas)
     come from heaps that fragment and are seldom given back: 140 MB more peak RSS on the 1x benchmark.
     Elsewhere (not glibc) nothing changes."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(ctypes.c_int(-3), ctypes.c_int(MAPPED_FROM_BYTES))  # M_MMAP_THRESHOLD (also fixes it)
+
+
+def trim_free_memory() -> None:
+    """Give the pages of freed small blocks back to the OS (glibc's malloc_trim), where they would stay: a
+    scan's held samples are many small arrays, and what the heaps keep of them would sit under every chunk
+    assembled after it (45 MB on the 1x benchmark). Elsewhere (not glibc) nothing happens."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(ctypes.c_size_t(0))
+
+
+@functools.cache
+def _glibc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(ctypes.c_int(-3), ctypes.c_int(MAPPED_FROM_BYTES))  # M_MMAP_THRESHOLD (also fixes it)
+        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc's: elsewhere an AttributeError)
     except (OSError, AttributeError):
-        pass
+        return None
+    return libc
 
 
 def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> int:
-    """A chunk's cells from its buckets, written as the chunk's region of the store (its own Zarr chunks)."""
+    """A chunk's cells from its buckets, written as the chunk's region of the store (its own Zarr chunks).
+
+    The buckets are read once for the samples' keys (coverage, duplicates), then once per variable for its
+    arrays only: each variable is placed, written and let go before the next is read, so a task holds a
+    variable's share of the chunk (and _HELD bounds what the process's tasks hold together)."""
     chunk, paths = element
     start, stop = plan.bounds(chunk)
     map_large_arrays()
-    with _ONE_CHUNK:
+    with _local_copies(sorted(paths)) as files:
         assembly = plan.assembly((start, stop))
-        for batch in _batches(_frames(sorted(paths)), BATCH):  # a batch in memory at a time, besides the chunk
-            assembly.add_all([batch])
-        write_region(plan, assembly, chunk)
+        keys = [a.index_name for a in assembly.checked]
+        values: dict[str, int] = {}  # values per sample of each array the buckets hold
+        for batch in _batches(_frames(files, keys, values), BATCH):
+            assembly.count(batch)
+        groups = assembly.placed_groups(values)
+        everything = sum(values[n] for group in groups for n in group if n in values) or 1
+        with _RegionWriter(plan, chunk) as writer:
+            for group in groups:
+                share = 2 * sum(values[n] for n in group) / everything  # (its values, then their compressed copy)
+                _HELD.take(share)
+                try:
+                    for batch in _batches(_frames(files, [*keys, *group]), BATCH):
+                        assembly.place(batch)
+                    done = [writer.write(*each) for each in assembly.take_finished()]
+                except BaseException:
+                    _HELD.give_back(share)
+                    raise
+                _give_back_when_done(done, share)
+            writer.write(COVERAGE, tuple(a.dim for a in assembly.grid_axes), assembly.coverage)
         del assembly
+    trim_free_memory()
     fs = fsspec.core.url_to_fs(plan.work)[0]
     for path in paths:
         fs.rm(fsspec.core.url_to_fs(path)[1])
@@ -237,14 +384,52 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     return chunk
 
 
-def _frames(paths: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+def _give_back_when_done(futures: Sequence[concurrent.futures.Future | None], share: float) -> None:
+    """The share given back to _HELD once every one of ``futures`` is done (now, if there are none)."""
+    waiting = [f for f in futures if f is not None]
+    if not waiting:
+        _HELD.give_back(share)
+        return
+    left = [len(waiting)]
+    lock = threading.Lock()
+
+    def one_done(_):
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            _HELD.give_back(share)
+
+    for future in waiting:
+        future.add_done_callback(one_done)
+
+
+@contextlib.contextmanager
+def _local_copies(paths: Sequence[str]) -> Iterator[list[str]]:
+    """The bucket files as local paths: remote ones copied to a temporary folder first (each is read once per
+    variable, seeking past the others' arrays: a local file's seeks cost nothing, a remote one's a request)."""
+    from schemas.urls import is_remote
+
+    if not any(is_remote(p) for p in paths):
+        yield list(paths)
+        return
+    with tempfile.TemporaryDirectory(prefix="xtf-buckets-") as folder:
+        local = []
+        for i, path in enumerate(paths):
+            local.append(os.path.join(folder, f"{i:06d}.bucket"))
+            with fsspec.open(path, "rb") as source, open(local[-1], "wb") as target:
+                shutil.copyfileobj(source, target, 2**22)
+        yield local
+
+
+def _frames(paths: Sequence[str], names: Collection[str] | None = None, seen: dict | None = None):
     for path in paths:
         with fsspec.open(path, "rb") as stream:
-            yield from iter_bucket(stream, path)
+            yield from iter_bucket(stream, path, names, seen)
 
 
 def _batches(frames: Iterable[dict[str, np.ndarray]], size: int) -> Iterator[dict[str, np.ndarray]]:
-    """Frames joined into batches of about ``size`` samples (frames are small: a scan's batch over every chunk)."""
+    """Frames joined into batches of about ``size`` samples (a frame holds what a scan held for one chunk)."""
     pending: list[dict[str, np.ndarray]] = []
     held = 0
     for frame in frames:
@@ -268,33 +453,55 @@ def _joined(frames: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 WRITERS = 2
 
 
-def write_region(plan: ReassemblePlan, assembly: Reassembly, chunk: int) -> None:
-    """The chunk's variables into their arrays of the store (made by the template): the chunk's region of those
-    along the chunked dim, and (by the first chunk's task) the others whole; each variable's cells freed once
-    written. Values as ``Reassembly.dataset`` gives them, written with zarr directly (xarray's encoding of a
-    float or integer variable with its fill value leaves the values as they are)."""
-    import zarr
+class _RegionWriter:
+    """A chunk's variables written into their arrays of the store (made by the template) as they come: the chunk's
+    region of those along the chunked dim, and (by the first chunk's task) the others whole. Values as
+    ``Reassembly.dataset`` gives them, written with zarr directly (xarray's encoding of a float or integer variable
+    with its fill value leaves the values as they are); up to WRITERS compressing and writing at once."""
 
-    start, stop = plan.bounds(chunk)
-    group = zarr.open_group(plan.store, mode="r+", zarr_format=2)
-    # Two variables in flight: one compressing and writing while the next is made ready (NaN where uncovered).
-    with concurrent.futures.ThreadPoolExecutor(WRITERS) as pool:
-        writing: list[concurrent.futures.Future] = []
-        for name, dims, values in assembly.variables():
-            array = group[name]
-            if list(array.attrs["_ARRAY_DIMENSIONS"]) != list(dims):
-                raise ValueError(f"{plan.store}: {name} has dims {array.attrs['_ARRAY_DIMENSIONS']}, not {dims}")
-            if plan.chunk_dim not in dims and chunk != 0:
-                continue  # a variable without the chunked dim (a static field): written whole, by one task
-            region = tuple(slice(start, stop) if d == plan.chunk_dim else slice(None) for d in dims)
-            if _holds_a_value(values, array.fill_value):  # (zarr need not look for an empty chunk: it is not one)
-                array = array.with_config({"write_empty_chunks": True})
-            while len(writing) >= WRITERS:
-                writing.pop(0).result()
-            writing.append(pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False)))
-            del values
-        for future in writing:
-            future.result()
+    def __init__(self, plan: ReassemblePlan, chunk: int):
+        import zarr
+
+        self.plan, self.chunk = plan, chunk
+        self.group = zarr.open_group(plan.store, mode="r+", zarr_format=2)
+        self.pool = concurrent.futures.ThreadPoolExecutor(WRITERS)
+        self.writing: list[concurrent.futures.Future] = []
+
+    def write(self, name: str, dims: tuple[str, ...], values: np.ndarray) -> concurrent.futures.Future | None:
+        """The variable's region submitted for writing (its future; None: not this task's to write)."""
+        plan = self.plan
+        array = self.group[name]
+        if list(array.attrs["_ARRAY_DIMENSIONS"]) != list(dims):
+            raise ValueError(f"{plan.store}: {name} has dims {array.attrs['_ARRAY_DIMENSIONS']}, not {dims}")
+        if plan.chunk_dim not in dims and self.chunk != 0:
+            return None  # a variable without the chunked dim (a static field): written whole, by one task
+        start, stop = plan.bounds(self.chunk)
+        region = tuple(slice(start, stop) if d == plan.chunk_dim else slice(None) for d in dims)
+        if _holds_a_value(values, array.fill_value):  # (zarr need not look for an empty chunk: it is not one)
+            array = array.with_config({"write_empty_chunks": True})
+        self.writing = [f for f in self.writing if not f.done()]
+        while len(self.writing) >= WRITERS:
+            self.writing.pop(0).result()
+        future = self.pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False))
+        self.writing.append(future)
+        return future
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.pool.shutdown(wait=True)
+        for future in self.writing:
+            if exc == (None, None, None):
+                future.result()
+
+
+def _size(stream) -> int:
+    """A seekable stream's length (it is left where it was)."""
+    at = stream.tell()
+    end = stream.seek(0, 2)
+    stream.seek(at)
+    return end
 
 
 def _holds_a_value(values: np.ndarray, fill) -> bool:

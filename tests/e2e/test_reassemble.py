@@ -478,3 +478,73 @@ def test_bucket_files_round_trip_frame_by_frame_and_a_damaged_one_is_refused():
     ):
         with pytest.raises(ValueError, match=message):
             list(iter_bucket(io.BytesIO(damaged), "b"))
+
+
+def test_the_command_line_puts_back_masked_nan_and_a_static_field_as_the_library_does(era5, tmp_path, capsys):
+    """A variable at a time: t with its mask (NaN put back), orography (no time dim: written once), coverage."""
+    holed = tmp_path / "holed"
+    holed.mkdir()
+    for path in sorted(era5.glob("era5_*.nc")):
+        with xr.open_dataset(path) as part:
+            part = part.load()
+        part["t"].values[:, :, 3:5, 2:4] = np.nan
+        part.to_netcdf(holed / path.name)
+    (holed / "invariants.nc").symlink_to(era5 / "invariants.nc")
+    config = {
+        "input": {"paths": str(holed / "*.nc")},
+        "variables": ["t", "orography"],
+        "sample": {"window": {"lat": 4, "lon": {"size": 4, "stride": 3}}, "keep": ["level"]},
+        "nan_policy": "fill",
+        "fill_value": 0.0,
+        "nan_mask": True,
+        "output": {"path": str(tmp_path / "o"), "num_shards": 2},
+    }
+    output = build_quietly(config, tmp_path)
+    to = tmp_path / "back.zarr"
+    code, err = reassemble_cli(str(output), "--to", str(to), "--chunk_mb", "0.1", capsys=capsys)
+    assert code == 0, err
+    written = xr.open_zarr(to).load()
+    assert written["t"].encoding["chunks"][0] < written.sizes["time"]  # several chunks, several tasks
+    want = schemas.reassemble(str(output))
+    assert np.isnan(want["t"].values).any() and not np.isnan(want["orography"].values).all()
+    for name in ("t", "orography", "coverage"):
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
+
+
+def test_the_command_line_to_gs_reads_its_remote_buckets_a_variable_at_a_time(overlapping, gcs, capsys):
+    """Bucket files in the bucket (beside --to): each chunk's task copies its own down, then reads them per variable."""
+    to = "gs://xtf-test/reassembled/back.zarr"
+    code, err = reassemble_cli(str(overlapping), "--split", "valid", "--to", to, "--chunk_mb", "0.05", capsys=capsys)
+    assert code == 0, err
+    written = xr.open_zarr(gcs.get_mapper(to)).load()
+    want = schemas.reassemble(str(overlapping), split="valid")
+    for name in ("t", "u", "v", "coverage"):
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
+    assert not gcs.exists("xtf-test/reassembled/back.zarr.parts")
+
+
+def test_keys_counted_once_then_a_variable_per_pass_give_what_one_pass_gives(overlapping):
+    from schemas.reassembly import Reassembly
+
+    schema = load_schema(str(overlapping))
+    batches = list(plus_one(overlapping, "train"))
+    want = schemas.reassemble(str(overlapping), iter(batches), split="train")
+    assembly = Reassembly(schema, "train", where=str(overlapping))
+    keys = [a.index_name for a in assembly.checked]
+    for batch in batches:
+        assembly.count({k: batch[k] for k in keys})
+    groups = assembly.placed_groups(batches[0])
+    assert ("t",) in groups and ("wind",) in groups  # (a stack: one array, two variables)
+    assert not any(n.startswith(("index/", "coord/")) for group in groups for n in group)
+    got = {}
+    for group in groups:
+        for batch in batches:
+            assembly.place({k: batch[k] for k in [*keys, *group]})
+        got.update({name: values for name, _, values in assembly.take_finished()})
+    for name in ("t", "u", "v"):
+        np.testing.assert_array_equal(got[name], want[name].values, err_msg=name)
+    np.testing.assert_array_equal(assembly.coverage, want["coverage"].values)
+    with pytest.raises(RuntimeError, match="placed again after it was finished"):
+        assembly.place({k: batches[0][k] for k in [*keys, "t"]})
+    with pytest.raises(UserError, match="was given twice"):
+        assembly.count({k: batches[0][k] for k in keys})
