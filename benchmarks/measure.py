@@ -1,6 +1,6 @@
 """Running one competitor in its own process: wall time and the peak RSS of its whole process tree.
 
-Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` competitor is
+Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` (or ``-c``) competitor is
 forked from one warmed interpreter (multiprocessing's fork server, Beam and xarray imported once)
 instead of a fresh one: a smoke test proves each script runs end to end, and a fresh interpreter
 spends about two thirds of a tiny build's CPU on imports. Its walls and RSS then measure nothing.
@@ -180,7 +180,7 @@ def run_measured(
     with tempfile.NamedTemporaryFile() as log:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        warm = _warm_target(command)
+        warm = _warm_target(command, ("-m", "-c"))
         process = _WarmChild(warm, cwd, env, log.name, log.name) if warm else _Popen(command, cwd, env, log)
         sampler = _PeakSampler(process.pid)
         sampler.start()
