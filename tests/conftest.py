@@ -58,12 +58,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker a CPU and one more (at most 4): many tests wait on a child process, a socket
-    or a signal's grace period, and the extra worker runs on meanwhile."""
-    return min(4, (os.cpu_count() or 1) + 1)
-
-
 def real_eraint() -> Path | None:
     """The real ERA-Interim file in SHARED_DATA (../shared/data or $XTF_SHARED_DATA), if it is there."""
     path = SHARED_DATA / ERAINT
