@@ -13,8 +13,8 @@
 4. Zarr reads at ARCO-ERA5's real chunking (benchmarks.zarr_reads): bytes fetched per stored
    byte of the chunks needed, all levels and 3 selected levels, and the builds' peak RSS; part
    ``nc4chunks``: the same of a NetCDF-4 copy of the store chunked alike.
-5. The job graph's size, the dry run's wall and the launcher's peak RSS at 100k, 1M, 10M and
-   30M work units of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
+5. The job graph's size, the dry run's wall and the launcher's peak RSS for one month, 100k, 1M,
+   10M and 30M work units and 1940-2024 of an ARCO-ERA5-shaped store of metadata only (benchmarks.job_graph).
 6. A Dask LocalCluster (2 single-threaded worker processes) against the local runner at ~200
    and ~2,000 units of the 12-file patches archive (benchmarks.dask_vs_local, smaller unit
    budgets; medians of --repeat alternating builds): wall ratio, Dask tasks a unit, shards
@@ -226,8 +226,10 @@ def plan_child(config_path: str, cache: str | None, result_path: str) -> None:
     started = time.perf_counter()
     import planning.plan as plan_module
     from planning.config import load_config
+    from planning.formats.dask_on_demand import defer_dask
     from planning.inputs.probe_cache import load_probes
 
+    defer_dask()  # as a build does before it plans: xarray's checks for dask arrays would import dask (~1 s)
     imported = time.perf_counter()
     phases = {"inventory": 0.0, "plan_units": 0.0}
     calls: list[tuple] = []
@@ -389,56 +391,47 @@ def run_units(bench: Bench, archives: list[Archive]) -> dict:
     return rows
 
 
-def run_remote(bench: Bench, archives: list[Archive], local_plans: dict[str, dict]) -> dict:
+def upload(gcs, archive: Archive, folder: str) -> tuple[float, int]:
+    """The archive's files put into ``folder`` on gs://: (seconds, objects whose size differs from their file)."""
+    paths = archive.paths("many")
+    print(f"[scale] uploading {archive.label} to the storage emulator ...", flush=True)
+    started = time.perf_counter()
+    gcs.put([str(p) for p in paths], [f"{folder}/{p.name}" for p in paths])
+    seconds = time.perf_counter() - started
+    stored = {Path(info["name"]).name: int(info["size"]) for info in gcs.ls(folder, detail=True)}
+    return seconds, sum(stored.get(p.name) != p.stat().st_size for p in paths)
+
+
+def run_remote(bench: Bench, gcs, archives: list[Archive], local_plans: dict[str, dict]) -> dict:
     """Plan over each archive's files on gs:// (the storage emulator), uploaded once per run."""
-    import fsspec
-
-    from benchmarks.unit_memory import storage_emulator
-
     section = {}
-    with storage_emulator(BUCKET):
-        gcs = fsspec.filesystem("gs", skip_instance_cache=True)
-        for archive in archives:
-            folder = f"{BUCKET}/{archive.directory.name}"
-            paths = archive.paths("many")
-            print(f"[scale] uploading {archive.label} to the storage emulator ...", flush=True)
-            started = time.perf_counter()
-            gcs.put([str(p) for p in paths], [f"{folder}/{p.name}" for p in paths])
-            upload = time.perf_counter() - started
-            stored = {Path(info["name"]).name: int(info["size"]) for info in gcs.ls(folder, detail=True)}
-            mismatched = sum(stored.get(p.name) != p.stat().st_size for p in paths)
-            config = write_config(bench.workdir, f"remote-{archive.directory.name}", f"gs://{folder}/*.nc", "unused")
-            print(f"[scale] planning {archive.label} on gs:// ...", flush=True)
-            row = bench.plan(config, [])
-            row.update(
-                upload_seconds=upload,
-                size_mismatches=mismatched,
-                file_bytes=archive.nbytes("many") / archive.files,
-                local=local_plans.get(archive.fmt),
-            )
-            section[archive.fmt] = row
-            gcs.rm(folder, recursive=True)
+    for archive in archives:
+        folder = f"{BUCKET}/{archive.directory.name}"
+        seconds, mismatched = upload(gcs, archive, folder)
+        config = write_config(bench.workdir, f"remote-{archive.directory.name}", f"gs://{folder}/*.nc", "unused")
+        print(f"[scale] planning {archive.label} on gs:// ...", flush=True)
+        row = bench.plan(config, [])
+        row.update(
+            upload_seconds=seconds,
+            size_mismatches=mismatched,
+            file_bytes=archive.nbytes("many") / archive.files,
+            local=local_plans.get(archive.fmt),
+        )
+        section[archive.fmt] = row
+        gcs.rm(folder, recursive=True)
     return section
 
 
-def run_remote_memory(bench: Bench, archives: list[Archive]) -> dict:
+def run_remote_memory(bench: Bench, gcs, archives: list[Archive]) -> dict:
     """The launcher's peak RSS while it plans each archive's files on gs:// (the storage emulator)."""
-    import fsspec
-
-    from benchmarks.unit_memory import storage_emulator
-
     rows = {}
-    with storage_emulator(BUCKET):
-        gcs = fsspec.filesystem("gs", skip_instance_cache=True)
-        for archive in archives:
-            folder = f"{BUCKET}/memory-{archive.directory.name}"
-            paths = archive.paths("many")
-            print(f"[scale] uploading {archive.label} to the storage emulator ...", flush=True)
-            gcs.put([str(p) for p in paths], [f"{folder}/{p.name}" for p in paths])
-            config = write_config(bench.workdir, f"memory-{archive.directory.name}", f"gs://{folder}/*.nc", "unused")
-            print(f"[scale] planning {archive.label} on gs:// (peak memory) ...", flush=True)
-            rows[str(archive.files)] = bench.plan(config, [])
-            gcs.rm(folder, recursive=True)
+    for archive in archives:
+        folder = f"{BUCKET}/memory-{archive.directory.name}"
+        seconds, mismatched = upload(gcs, archive, folder)
+        config = write_config(bench.workdir, f"memory-{archive.directory.name}", f"gs://{folder}/*.nc", "unused")
+        print(f"[scale] planning {archive.label} on gs:// (peak memory) ...", flush=True)
+        rows[str(archive.files)] = {**bench.plan(config, []), "upload_seconds": seconds, "size_mismatches": mismatched}
+        gcs.rm(folder, recursive=True)
     return rows
 
 
@@ -489,8 +482,8 @@ def run(
             results["local"][f"{fmt}-{files}"] = run_local(bench, ensure_archive(workdir, fmt, files))
     if "units" in parts:
         results["units"] = run_units(bench, [ensure_archive(workdir, "nc4", n) for n in unit_sizes])
-    if "remote" in parts and remote:
-        archives = [ensure_archive(workdir, fmt, remote) for fmt in ("nc4", "nc3")]
+    if "remote" in parts and (remote or remote_memory):
+        archives = [ensure_archive(workdir, fmt, remote) for fmt in ("nc4", "nc3")] if remote else []
         local_plans = {}
         for archive in archives:
             known = results["local"].get(f"{archive.fmt}-{remote}")
@@ -498,14 +491,21 @@ def run(
                 config = write_config(workdir, f"local-{archive.directory.name}", str(archive.many / "*.nc"), "unused")
                 known = {"many": {"plan": bench.plan(config, archive.paths("many"))}}
             local_plans[archive.fmt] = known["many"]["plan"]
-        results["remote"] = run_remote(bench, archives, local_plans)
+        memory_archives = [ensure_archive(workdir, "nc4", n) for n in remote_memory]
+        import fsspec
+
+        from benchmarks.unit_memory import storage_emulator
+
+        with storage_emulator(BUCKET):  # one emulator for both: an emulator starts in a few seconds
+            gcs = fsspec.filesystem("gs", skip_instance_cache=True)
+            if archives:
+                results["remote"] = run_remote(bench, gcs, archives, local_plans)
+            if memory_archives:
+                results["remote_memory"] = run_remote_memory(bench, gcs, memory_archives)
     if "zarr" in parts:
         results["zarr"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout)
     if "nc4chunks" in parts:  # the same store copied into a NetCDF-4 file chunked alike
         results["nc4chunks"] = zarr_reads.run_zarr(workdir, REPO, bench.env, quick, timeout, netcdf=True)
-    if "remote" in parts and remote_memory:
-        archives = [ensure_archive(workdir, "nc4", n) for n in remote_memory]
-        results["remote_memory"] = run_remote_memory(bench, archives)
     if "graph" in parts:
         (workdir / "job-graph").mkdir(exist_ok=True)
         results["job_graph"] = []
@@ -721,6 +721,13 @@ def render(results: dict) -> str:
     for fmt, row in (results.get("remote") or {}).items():
         if row.get("size_mismatches"):
             lines.append(f"  gs:// {FORMATS[fmt]}: {row['size_mismatches']} object(s) differ in size from the file")
+    for files, row in (results.get("remote_memory") or {}).items():
+        if row.get("size_mismatches"):
+            lines.append(f"  gs:// {int(files):,} files: {row['size_mismatches']} object(s) of another size")
+    remote_rows = [row for key in ("remote", "remote_memory") for row in (results.get(key) or {}).values()]
+    uploads = [row["upload_seconds"] for row in remote_rows if "upload_seconds" in row]
+    if uploads:
+        lines.append(f"  uploads to the storage emulator: {sum(uploads):.0f} s (not measured)")
     if results.get("failed"):
         lines.append("FAILED: " + ", ".join(results["failed"]))
     return "\n".join(lines)

@@ -33,7 +33,7 @@ MAX_ZARR_FETCHED_PER_STORED = 1.1
 MAX_ZARR_BUILD_RSS = 1.5 * GB
 #: the launcher's peak RSS planning gs:// NetCDF-4 files: KiB more per file (benchmarks.scale, 2,100 to 10,000 files)
 MAX_REMOTE_PLAN_KIB_PER_FILE = 8.0
-#: the job graph (a dry run's pipeline proto) at 100k to 30M units; its largest / its smallest; the largest run's
+#: the job graph (a dry run's pipeline proto) from one month to 1940-2024; its largest / its smallest; the largest run's
 #: dry-run wall and launcher peak RSS (benchmarks.job_graph)
 MAX_JOB_GRAPH_MB = 1.0
 MAX_JOB_GRAPH_GROWTH = 1.1

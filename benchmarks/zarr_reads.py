@@ -130,6 +130,7 @@ def run_zarr(
             **_parse(measured.output_tail),
         }
         if not measured.ok:
+            rows[name]["error"] = measured.output_tail[-2000:]
             print(measured.output_tail[-2000:], file=sys.stderr)
     shutil.rmtree(workdir / "out" / "zarr", ignore_errors=True)
     return rows

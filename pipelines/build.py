@@ -18,7 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure
+from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure, started_up
 from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
@@ -199,13 +199,11 @@ def graph_line(plan: BuildPlan) -> str:
 
 
 def _print_dry_run(plan: BuildPlan) -> None:
-    from pipelines.graph import OUTLINE
-
     print(f"Dry run: the job graph for {plan.num_samples:,} samples was built and validated; nothing was run.")
     splits = ", ".join(f"{s.name}: {s.num_samples:,} samples in {s.num_shards} shard(s)" for s in plan.splits)
     inputs = f"{len(plan.sources):,} file(s), {plan.sources.total_bytes / 1e6:,.1f} MB"
     print(f"  plan: {splits}; {len(plan.units):,} work unit(s) from {inputs}; output {plan.output}")
-    print(f"  graph: {OUTLINE}")
+    print(f"  graph: {plan.job_graph_outline}")
     print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
@@ -233,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.graph import run_build
         from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config
+
+        started_up()
 
         check_known_flags(beam_args, parser)
         chosen, beam_args = beam_args, with_runner_defaults(beam_args)
@@ -311,6 +311,7 @@ def _flush_stdout() -> None:
 
 
 if __name__ == "__main__":
+    gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
     try:
         code = main()
     except BrokenPipeError:  # the summary met a closed pipe: the output itself is complete

@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from schemas.errors import UserError
+
 DEMO_DATA_DIR = "demo/era5"
 DEMO_OUTPUT = "demo/patches"
 
@@ -116,7 +118,7 @@ def write_archive(
     lon = np.linspace(0, 360, shape.lon, endpoint=False, dtype=np.float32)
     paths = []
     step = pd.Timedelta(hours=shape.hours_per_step)
-    for index in range(shape.num_files):
+    for index, name in enumerate(archive_names(shape)):
         start = pd.Timestamp("2020-01-01") + index * shape.steps_per_file * step
         time = pd.date_range(start, periods=shape.steps_per_file, freq=step).values
         fields = _fields(time, level.astype(np.float64), lat.astype(np.float64), lon.astype(np.float64), rng)
@@ -131,20 +133,36 @@ def write_archive(
             attrs={"title": "synthetic ERA5-like reanalysis (xarray-tfrecords demo)", "Conventions": "CF-1.8"},
         )
         encoding = {"time": {"units": "hours since 1900-01-01", "dtype": "int32", "calendar": "gregorian"}}
-        paths.append(_write(dataset, directory / f"era5_{start:%Y%m%dT%H}.nc", encoding=encoding))
+        paths.append(_write(dataset, directory / name, encoding=encoding))
     if invariants:
         paths.append(_write(_invariants(lat, lon), directory / "invariants.nc"))
     return paths
 
 
+def archive_names(shape: ArchiveShape = ArchiveShape(), invariants: bool = False) -> list[str]:
+    """The names ``write_archive`` gives the archive's files."""
+    step = pd.Timedelta(hours=shape.hours_per_step)
+    starts = [pd.Timestamp("2020-01-01") + index * shape.steps_per_file * step for index in range(shape.num_files)]
+    return [f"era5_{start:%Y%m%dT%H}.nc" for start in starts] + (["invariants.nc"] if invariants else [])
+
+
 def ensure_demo_data(directory: str = DEMO_DATA_DIR) -> list[Path]:
-    """The demo archive (with its invariants file), written on first use."""
-    existing = sorted(Path(directory).glob("*.nc"))
-    if len(existing) == ArchiveShape().num_files + 1:
-        return existing
-    for stale in existing:
-        stale.unlink()
-    return write_archive(directory, invariants=True)
+    """The demo archive (with its invariants file), written on first use.
+
+    A folder that holds NetCDF files the demo does not write is refused, not emptied: they are someone's data.
+    """
+    names = archive_names(invariants=True)
+    existing = {path.name for path in Path(directory).glob("*.nc")}
+    if existing == set(names):
+        return [Path(directory) / name for name in sorted(names)]
+    foreign = sorted(existing - set(names))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UserError(
+            f"{directory}: holds {foreign[0]}{more}, which the demo did not write, where it writes its archive; "
+            "move them, or run the demo from another folder"
+        )
+    return write_archive(directory, invariants=True)  # (its files' names: each one replaced whole)
 
 
 # ERA-Interim stand-in -------------------------------------------------------------------------

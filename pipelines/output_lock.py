@@ -7,7 +7,9 @@ Both locks are ``flock``s, so a crashed or killed build holds nothing and never 
 - a file named after the output in a folder only this user can write,
   ``<temp dir>/xarray-tfrecords-locks-<uid>`` (created 0700; refused unless it is a directory, not
   a link, owned by this user and writable by no one else), opened without following links. It
-  says which process holds it, for the refusal, and it is the only lock a gs:// output has.
+  says which process holds it, for the refusal, and it is the only lock a gs:// output has. The
+  build that holds it removes it as it lets go (a lock taken on a file that was removed meanwhile
+  is taken again on the new one), so the folder holds only the locks of builds that run.
 
 Builds into one gs:// output by other users, with other temp directories or on other machines
 meet at no lock: each checks before it commits that the output's manifest still names its run
@@ -23,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -72,10 +75,17 @@ def open_private_folder(folder: str, subject: str = "output lock") -> int:
     return fd
 
 
+_LOCK_NAME = re.compile(r"[0-9a-f]{24}\.lock")
+
+
+def _lock_name(output: str) -> str:
+    return hashlib.sha256(_canonical(output).encode()).hexdigest()[:24] + ".lock"
+
+
 def _open_user_lock(output: str) -> int:
     """The open lock file of ``output`` in this user's lock folder."""
     folder = lock_folder()
-    name = hashlib.sha256(_canonical(output).encode()).hexdigest()[:24] + ".lock"
+    name = _lock_name(output)
     folder_fd = open_private_folder(folder)
     try:
         # O_NONBLOCK: opening a FIFO planted there must not hang the build.
@@ -109,8 +119,8 @@ def _busy(output: str, holder: str = "") -> UserError:
     return UserError(f"output: another build is writing {output}{holder}; wait for it to end, or choose another output")
 
 
-def _take_user_lock(output: str, required: bool) -> int | None:
-    """Lock ``output`` in this user's lock folder; without ``required``, a folder that fails its checks is skipped."""
+def _lock_user_file(output: str, required: bool) -> int | None:
+    """The lock file of ``output``, open and locked; without ``required``, None if the folder fails its checks."""
     try:
         try:
             fd = _open_user_lock(output)
@@ -138,6 +148,64 @@ def _take_user_lock(output: str, required: bool) -> int | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder).encode(), 0)
     return fd
+
+
+def _is_at(fd: int, path: str, dir_fd: int | None = None) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (the build that held it may have removed it meanwhile)."""
+    opened = os.fstat(fd)
+    try:
+        current = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (opened.st_dev, opened.st_ino) == (current.st_dev, current.st_ino)
+
+
+def _take_user_lock(output: str, required: bool) -> tuple[int, str] | None:
+    """Lock ``output`` in this user's lock folder: the lock's descriptor and path; without ``required``, None where
+    the folder fails its checks."""
+    path = os.path.join(lock_folder(), _lock_name(output))
+    for _ in range(10):
+        fd = _lock_user_file(output, required)
+        if fd is None:
+            return None
+        if _is_at(fd, path):
+            _remove_stale_locks(os.path.dirname(path))
+            return fd, path
+        os.close(fd)  # locked a file its holder removed as it let go: lock the one at the name now
+    raise _busy(output)
+
+
+def _remove_stale_locks(folder: str) -> None:
+    """Remove the lock files in this user's private ``folder`` that no build holds (earlier versions left one per
+    output ever built)."""
+    try:
+        folder_fd = open_private_folder(folder)
+    except (UserError, OSError):
+        return
+    try:
+        for entry in os.scandir(folder_fd):
+            if not _LOCK_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):  # BlockingIOError: a build holds it
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=folder_fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if _is_at(fd, entry.name, folder_fd):
+                        os.unlink(entry.name, dir_fd=folder_fd)
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(folder_fd)
+
+
+def _release_user_lock(fd: int, path: str) -> None:
+    """Remove the lock file while it is still locked (whoever locks it next sees it gone), then let go."""
+    try:
+        if _is_at(fd, path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    finally:
+        os.close(fd)
 
 
 def _make_directories(path: str) -> list[str]:
@@ -184,10 +252,9 @@ def output_lock(output: str) -> Iterator[None]:
     remote = is_remote(output)
     held: list[int] = []
     created: list[str] = []
+    user_lock = None
     try:
-        user_fd = _take_user_lock(output, required=remote)
-        if user_fd is not None:
-            held.append(user_fd)
+        user_lock = _take_user_lock(output, required=remote)
         if not remote:
             created = _make_directories(output)
             directory_fd = _take_directory_lock(output)
@@ -201,3 +268,5 @@ def output_lock(output: str) -> Iterator[None]:
                 os.rmdir(directory)
         for fd in held:
             os.close(fd)  # releases the lock
+        if user_lock is not None:
+            _release_user_lock(*user_lock)

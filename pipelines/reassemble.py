@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import logging
 import math
+import os
 import posixpath
 import sys
 import threading
 import time
 
-from pipelines.cli import report_failure
+from pipelines.cli import report_failure, started_up
 from schemas.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,24 @@ def _destination(to: str, overwrite: bool) -> str:
             raise UserError(f"--to: {to} exists and is not a {kind} {'file' if kind == 'nc' else 'store'}; remove it")
         fs.rm(path, recursive=kind == "zarr")
     return kind
+
+
+#: The file that says a folder is a reassembly's working folder: only such a folder is ever removed.
+WORK_MARKER = ".xarray-tfrecords-reassembly"
+
+
+def _claim_work_folder(fs, path: str, url: str) -> None:
+    """Make the run's working folder beside --to; one there already is removed only if a reassembly made it (a
+    killed run's), else refused: the run removes its folder at the end, and must not remove a user's."""
+    if fs.exists(path):
+        if not fs.exists(posixpath.join(path, WORK_MARKER)):
+            raise UserError(
+                f"--to: {url} exists and no reassembly made it (a run works in that folder and removes it at "
+                "the end); move it away, or choose another --to"
+            )
+        fs.rm(path, recursive=True)
+    fs.makedirs(path, exist_ok=True)
+    fs.pipe_file(posixpath.join(path, WORK_MARKER), b"")
 
 
 def make_plan(args, store: str, work: str):
@@ -215,16 +235,17 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
+    started_up()
     defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
     map_large_arrays()
     kind = _destination(args.to, args.overwrite)
     to = args.to.rstrip("/")
-    store = to if kind == "zarr" else f"{to}.zarr.tmp"
     work = f"{to}.parts"
+    store = to if kind == "zarr" else posixpath.join(work, "data.zarr")  # (.nc: the store goes with the folder)
     fs, work_path = fsspec.core.url_to_fs(work)
+    _claim_work_folder(fs, work_path, work)
     try:
         plan, files = make_plan(args, store, work)
-        fs.makedirs(work_path, exist_ok=True)
         write_template(plan, files)
         options = PipelineOptions(with_runner_defaults(beam_args))
         pipeline = beam.Pipeline(runner=make_runner(options), options=options)
@@ -235,15 +256,15 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
         if kind == "nc":
             import dask
 
+            partial = posixpath.join(work_path, "data.nc")  # (local: a .nc is written locally only)
             with dask.config.set(scheduler="synchronous"), xr.open_zarr(store) as dataset:
-                dataset.to_netcdf(to)  # chunk by chunk: memory of one chunk
-            fsspec.core.url_to_fs(store)[0].rm(store, recursive=True)
+                dataset.to_netcdf(partial)  # chunk by chunk: memory of one chunk
+            os.replace(partial, to)  # whole or not at all
     except BaseException:
-        for path in (store if kind == "nc" else None, store if kind == "zarr" else None):
-            if path is not None:
-                store_fs, store_path = fsspec.core.url_to_fs(path)
-                if store_fs.exists(store_path):
-                    store_fs.rm(store_path, recursive=True)
+        if kind == "zarr":  # (refused or removed before the run: what is there now, the run wrote)
+            store_fs, store_path = fsspec.core.url_to_fs(store)
+            if store_fs.exists(store_path):
+                store_fs.rm(store_path, recursive=True)
         raise
     finally:
         if fs.exists(work_path):
@@ -264,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
             to, chunks = run(args, beam_args, progress)
     except Exception as error:
-        return report_failure(error, args.verbose, subject=args.output)
+        return report_failure(error, args.verbose, subject=args.output, output=args.to, flag="--to")
     print(f"Reassembled {args.output} into {to} ({chunks} chunk(s)) in {time.monotonic() - started:,.1f} s.")
     return 0
 
 
 if __name__ == "__main__":
+    gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
     sys.exit(main())

@@ -19,6 +19,7 @@ import numpy as np
 from planning.keys import keys_and_shards
 from planning.plan import BuildPlan
 from schemas.example_codec import ExampleEncoder
+from schemas.npy_files import mapped_npy
 from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES
 
 _CHUNK = 1_000_000
@@ -35,16 +36,16 @@ class ShardLayout:
 
     def shard_of_id(self) -> np.ndarray:
         """Each sample id's shard, or -1 if it is not written (outside the splits, across a gap)."""
-        return np.load(os.path.join(self.directory, "shard_of_id.npy"), mmap_mode="r")
+        return mapped_npy(os.path.join(self.directory, "shard_of_id.npy"))
 
     def offset_of_id(self) -> np.ndarray:
         """Each sample id's record's byte offset in its shard."""
-        return np.load(os.path.join(self.directory, "offset_of_id.npy"), mmap_mode="r")
+        return mapped_npy(os.path.join(self.directory, "offset_of_id.npy"))
 
     def record_ends(self) -> np.ndarray:
         """Where each record ends, counted from the first shard's start as if the shards were one file, in the
         order the records lie in the shards: a shard's index is its slice (``shard_sizes``), without a re-read."""
-        return np.load(os.path.join(self.directory, "record_ends.npy"), mmap_mode="r")
+        return mapped_npy(os.path.join(self.directory, "record_ends.npy"))
 
     def shard_start(self, shard: int) -> int:
         """Where ``shard`` starts in ``record_ends``' count of bytes."""

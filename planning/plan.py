@@ -89,8 +89,9 @@ class BuildPlan:
     #: positions per piece along each grid dim: units over the budget (a Zarr store's whole chunks) are cut in
     #: pieces of this size on their worker (planning.sampling.unit_pieces); empty: every unit is one piece
     pieces: tuple[int, ...] = ()
-    #: bytes of the job graph the run submitted (pipelines.graph), once it is built
+    #: bytes of the job graph the run submitted (pipelines.graph), once it is built, and its stages in a line
     job_graph_bytes: int | None = None
+    job_graph_outline: str = ""
     #: the generation this run writes: 0 (a build) or an append's (its shards, and only the samples it adds)
     generation: int = 0
     #: generations.json's record of it (planning.run.generations): what the output holds once it is committed

@@ -31,6 +31,7 @@ from planning.inputs.coords import TIME_UNITS
 from planning.run.contracts import coord_feature, index_feature
 from planning.sampling import SampleGrid
 from schemas.errors import UserError
+from schemas.npy_files import npz_arrays
 from schemas.schema import Feature
 
 
@@ -74,7 +75,7 @@ class Positions:
 
     def filled(self, data: bytes) -> Positions:
         """These (hollow) positions with the arrays ``to_bytes`` saved."""
-        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        with npz_arrays(data) as arrays:
             coords = {a.dim: arrays[f"coord_{i}"] for i, a in enumerate(self.grid.grid_axes) if f"coord_{i}" in arrays}
             labels = arrays.get("split_of_position")
             gap = arrays.get("across_gap")

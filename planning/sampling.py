@@ -23,6 +23,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from planning.inputs.limits import MAX_UNITS
 from schemas.errors import UserError
+from schemas.npy_files import npz_arrays
 
 Role = Literal["iterate", "window", "offsets", "keep"]
 
@@ -192,7 +193,7 @@ class Units:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Units:
-        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        with npz_arrays(data) as arrays:
             order = [int(w) for w in arrays["order"]]
             return cls.of([arrays[f"spans{i}"] for i in range(len(order))], order)
 

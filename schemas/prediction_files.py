@@ -16,6 +16,7 @@ import numpy as np
 
 from schemas.errors import UserError
 from schemas.example_codec import decode_varints, iter_fields
+from schemas.npy_files import npz_arrays
 from schemas.reader import DEFAULT_CHUNK, Batch
 from schemas.schema import Schema
 from schemas.tfrecord import read_records
@@ -98,7 +99,9 @@ def read_predictions(url: str, schema: Schema) -> Iterator[Batch]:
     """Batches of predictions from one file: {name: (samples, *shape)}."""
     name = posixpath.basename(url)
     if url.endswith(".npz"):
-        with fsspec.open(url, "rb") as stream, np.load(stream, allow_pickle=False) as npz:
+        with fsspec.open(url, "rb") as stream:
+            data = stream.read()
+        with npz_arrays(data) as npz:
             batch = {key: npz[key] for key in npz.files}
         lengths = {len(v) for v in batch.values() if v.ndim}
         if len(lengths) != 1 or any(v.ndim == 0 for v in batch.values()):

@@ -72,13 +72,25 @@ def _slab_ranges(reader: BlockReader, path: str, variables: Sequence[VariablePla
 _DECODING_ATTRS = frozenset((b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"_Unsigned", b"dtype"))
 
 
+#: HDF5 memory types by numpy dtype: h5py builds one for every read it is not given (most of a small
+#: attribute's read, which probing thousands of files does several times a file).
+_MEMORY_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
+
+
+def _memory_type(dtype: np.dtype) -> h5py.h5t.TypeID:
+    mtype = _MEMORY_TYPES.get(dtype)
+    if mtype is None:
+        mtype = _MEMORY_TYPES[dtype] = h5py.h5t.py_create(dtype)
+    return mtype
+
+
 def read_attribute(dataset: h5py.h5d.DatasetID, name: bytes):
     """An attribute as the netCDF library returns it: text as str, a single value as a numpy scalar."""
     attr = h5py.h5a.open(dataset, name)
     dtype = attr.dtype
     if dtype.kind in "fiubS":  # numbers, and text as netCDF writes it (fixed length)
         value = np.empty(attr.shape, dtype)
-        attr.read(value)
+        attr.read(value, _memory_type(dtype))
     else:  # variable-length text: the high-level API knows its encodings
         value = h5py.Dataset(dataset).attrs[name.decode()]
     if isinstance(value, np.ndarray) and value.size == 1:

@@ -15,7 +15,6 @@ values (0.08 ms a variable), so workers can read it without HDF5 (planning.reads
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import math
@@ -27,11 +26,13 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from planning.formats.cf_decoding import unchanged_by_decoding
+from planning.formats.hdf5_layout import check_window, layout_check, stored_offset
 from planning.formats.hdf5_reads import decoding_attributes, read_attribute
 from planning.formats.netcdf3 import read_header
 from planning.formats.remote_files import RemoteFile
 from planning.formats.sources import NETCDF_LOCK, is_hdf5
 from planning.inputs.probe import FileProbe, _plain, probe_classic
+from planning.inputs.twin_probe import Twins
 from planning.run.cancellation import check_stopped
 
 #: Attributes of the concat coordinate that xarray's decoding of it reads.
@@ -42,34 +43,23 @@ _NO_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 #: Dimension scale names by the tuple of a file's names: files of one archive share one entry.
 Scales = dict[tuple[bytes, ...], tuple[bytes, ...]]
 
-#: Bytes of a plainly stored variable's values, from their middle (less often a fill value than their
-#: start), that its layout's check hashes with its name and offset (layout_check).
-CHECK_BYTES = 32
-
-
-def check_window(offset: int, nbytes: int) -> tuple[int, int]:
-    """Where the bytes a layout's check covers start, and how many, for values of ``nbytes`` at ``offset``."""
-    length = min(CHECK_BYTES, nbytes)
-    return offset + (nbytes - length) // 2, length
-
-
-def layout_check(name: str, offset: int, window: bytes) -> int:
-    """A variable's layout check, an int64: a worker that reads it by offset recomputes it first, so values
-    are never read at an offset that is not this variable's in this file as probed (planning.reads.direct_reads)."""
-    digest = hashlib.blake2b(f"{name}\0{offset}\0".encode() + window, digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
 
 def probe_local(
-    path: str, nbytes: int, concat_dim: str, scales: Scales | None = None, wanted: frozenset[str] | None = None
+    path: str,
+    nbytes: int,
+    concat_dim: str,
+    scales: Scales | None = None,
+    wanted: frozenset[str] | None = None,
+    twins: Twins | None = None,
 ) -> FileProbe:
     """Probe a local file; raises for anything unusual (groups, other formats): the full look reads those.
 
     ``wanted``: the variables whose layouts to record (planning.reads.direct_reads); None: every one.
+    ``twins``: files probed before it in this process, which it may be the twin of (planning.inputs.twin_probe).
     """
     if is_hdf5(path):
         with NETCDF_LOCK:
-            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales, wanted)
+            return _probe_hdf5(path, nbytes, concat_dim, {} if scales is None else scales, wanted, twins)
     with open(path, "rb") as stream:
         header = read_header(stream)
     if header is None:
@@ -100,9 +90,7 @@ def _contiguous_layout(root, name: bytes, read_at) -> list | None:
     dtype = dataset.dtype
     if dataset.rank == 0 or dtype.kind not in "fiu" or not dtype.isnative:
         return None
-    # HDF5 gives an offset for contiguous storage only: not for chunks, compact or external storage,
-    # nor before the values are written (they read as fill values then).
-    offset = dataset.get_offset()
+    offset = stored_offset(dataset)
     if offset is None or not unchanged_by_decoding(dtype, decoding_attributes(dataset)):
         return None
     offset = int(offset)
@@ -110,62 +98,101 @@ def _contiguous_layout(root, name: bytes, read_at) -> list | None:
     return [offset, list(dataset.shape), dtype.str, layout_check(name.decode(), offset, read_at(*window[::-1]))]
 
 
-def _probe_hdf5(path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None) -> FileProbe:
-    from h5py import h5a, h5d, h5f, h5g, h5s
+def _scale_values(dataset, read_at) -> np.ndarray:
+    """A dimension scale's stored values: read by offset where stored plainly (contiguous storage holds them
+    as they are, no filter applies), which costs a fifth of an HDF5 read of a small dataset."""
+    from h5py import h5s
 
-    file = h5f.open(path.encode(), h5f.ACC_RDONLY)
-    try:
-        root = h5g.open(file, b"/")
-        names = tuple(root)
-        if names not in scales:
-            scales[names] = _find_scales(root, names)
-        digest = hashlib.sha1(repr(names).encode())
-        sizes: dict[str, int] = {}
-        concat_raw, concat_attrs = None, {}
-        for name in scales[names]:
-            dataset = h5d.open(root, name)
-            if dataset.rank != 1 or dataset.dtype.kind not in "fiub":
-                raise ValueError("an unusual dimension scale: take the full look")
-            values = np.empty(dataset.shape, dataset.dtype)
-            dataset.read(h5s.ALL, h5s.ALL, values)
-            dim = name.decode()
-            sizes[dim] = len(values)
-            if dim != concat_dim:
-                # A grid coordinate: files whose grids differ must not share a fingerprint.
-                digest.update(repr((dim, values.dtype.str)).encode())
-                digest.update(values.tobytes())
-            elif not str(read_attribute(dataset, b"NAME")).startswith(_NO_VARIABLE):
-                concat_raw = values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
-                present = [key for key in _CONCAT_ATTRS if h5a.exists(dataset, key)]
-                concat_attrs = {key.decode(): _plain(read_attribute(dataset, key)) for key in present}
-        layouts = {}
-        candidates = [n for n in names if n not in scales[names] and (wanted is None or n.decode() in wanted)]
-        with open(path, "rb", buffering=0) if candidates else contextlib.nullcontext() as stream:
-            for name in candidates:
-                layout = _contiguous_layout(root, name, functools.partial(os.pread, stream.fileno()))
-                if layout is not None:
-                    layouts[name.decode()] = layout
-        return FileProbe(path, nbytes, False, digest.hexdigest(), sizes, concat_raw, concat_attrs, layouts=layouts)
-    finally:
-        file.close()
+    dtype, (length,) = dataset.dtype, dataset.shape
+    offset = stored_offset(dataset)
+    if offset is not None:
+        stored = read_at(length * dtype.itemsize, offset)
+        if len(stored) == length * dtype.itemsize:
+            return np.frombuffer(stored, dtype).copy()
+    values = np.empty(length, dtype)
+    dataset.read(h5s.ALL, h5s.ALL, values)
+    return values
+
+
+def _probe_hdf5(
+    path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None, twins: Twins | None
+) -> FileProbe:
+    from h5py import h5f
+
+    # The file's bytes by offset: a twin's comparison, plainly stored scales, the layouts' checks.
+    with open(path, "rb", buffering=0) as stream:
+        read_at = functools.partial(os.pread, stream.fileno())
+        probe = None if twins is None else twins.probe(path, nbytes, read_at)
+        if probe is not None:
+            return probe
+        file = h5f.open(path.encode(), h5f.ACC_RDONLY)
+        try:
+            probe = _probe_open_hdf5(file, read_at, path, nbytes, concat_dim, scales, wanted)
+            if twins is not None:
+                twins.add(file, read_at, probe, concat_dim)
+            return probe
+        finally:
+            file.close()
+
+
+def _probe_open_hdf5(
+    file, read_at, path: str, nbytes: int, concat_dim: str, scales: Scales, wanted: frozenset[str] | None
+) -> FileProbe:
+    from h5py import h5a, h5d, h5g
+
+    root = h5g.open(file, b"/")
+    names = tuple(root)
+    if names not in scales:
+        scales[names] = _find_scales(root, names)
+    digest = hashlib.sha1(repr(names).encode())
+    sizes: dict[str, int] = {}
+    concat_raw, concat_attrs = None, {}
+    for name in scales[names]:
+        dataset = h5d.open(root, name)
+        if dataset.rank != 1 or dataset.dtype.kind not in "fiub":
+            raise ValueError("an unusual dimension scale: take the full look")
+        values = _scale_values(dataset, read_at)
+        dim = name.decode()
+        sizes[dim] = len(values)
+        if dim != concat_dim:
+            # A grid coordinate: files whose grids differ must not share a fingerprint.
+            digest.update(repr((dim, values.dtype.str)).encode())
+            digest.update(values.tobytes())
+        elif not str(read_attribute(dataset, b"NAME")).startswith(_NO_VARIABLE):
+            concat_raw = values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
+            listed: list[bytes] = []
+            h5a.iterate(dataset, listed.append)  # one listing: cheaper than asking for each attribute
+            present = [key for key in _CONCAT_ATTRS if key in listed]
+            concat_attrs = {key.decode(): _plain(read_attribute(dataset, key)) for key in present}
+    layouts = {}
+    for name in names:
+        if name not in scales[names] and (wanted is None or name.decode() in wanted):
+            layout = _contiguous_layout(root, name, read_at)
+            if layout is not None:
+                layouts[name.decode()] = layout
+    return FileProbe(path, nbytes, False, digest.hexdigest(), sizes, concat_raw, concat_attrs, layouts=layouts)
 
 
 #: Below this many files a pool of processes costs more than it saves.
 POOL_MIN_FILES = 500
 #: Files a pool process probes per task: few enough tasks to share work evenly, each big enough
-#: that the result's trip back is a small part of it.
+#: that the result's trip back is a small part of it. The first task's worth is probed in this
+#: process: where nearly all of them were twins, the rest are too cheap for a pool to pay off.
 FILES_PER_TASK = 250
+#: The share of the first files probed as twins from which the rest are probed in this process.
+TWINS_FOR_NO_POOL = 0.9
 
 
 def _probe_serially(
-    concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]]
+    concat_dim: str, wanted: frozenset[str] | None, paths_and_sizes: list[tuple[str, int]], twins: Twins | None = None
 ) -> list[FileProbe | None]:
     scales: Scales = {}
+    twins = Twins() if twins is None else twins
     probes: list[FileProbe | None] = []
     for path, nbytes in paths_and_sizes:
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
         try:
-            probes.append(probe_local(path, nbytes, concat_dim, scales, wanted))
+            probes.append(probe_local(path, nbytes, concat_dim, scales, wanted, twins))
         except Exception:  # the full look reads it through xarray, and names the problem if there is one
             probes.append(None)
     return probes
@@ -185,7 +212,8 @@ def _default_signals() -> None:
 def probe_local_files(
     paths_and_sizes: list[tuple[str, int]], concat_dim: str, wanted: frozenset[str] | None = None
 ) -> list[FileProbe | None]:
-    """Probe local files (None where only the full look will do); many files in a pool of processes.
+    """Probe local files (None where only the full look will do); many files in a pool of processes, unless
+    they are twins (planning.inputs.twin_probe).
 
     ``wanted``: the variables whose byte layouts to record (None: every one).
 
@@ -196,7 +224,12 @@ def probe_local_files(
     processes = min(os.cpu_count() or 1, 8)
     if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
         return _probe_serially(concat_dim, wanted, paths_and_sizes)
-    tasks = [paths_and_sizes[i : i + FILES_PER_TASK] for i in range(0, len(paths_and_sizes), FILES_PER_TASK)]
+    twins = Twins()
+    first = _probe_serially(concat_dim, wanted, paths_and_sizes[:FILES_PER_TASK], twins)
+    rest = paths_and_sizes[FILES_PER_TASK:]
+    if twins.matched >= TWINS_FOR_NO_POOL * len(first):  # files written alike: 0.06 ms each, no pool to start
+        return first + _probe_serially(concat_dim, wanted, rest, twins)
+    tasks = [rest[i : i + FILES_PER_TASK] for i in range(0, len(rest), FILES_PER_TASK)]
     with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
         results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
-        return [probe for chunk in results for probe in chunk]
+        return first + [probe for chunk in results for probe in chunk]

@@ -50,7 +50,7 @@ _LEVEL = 1
 _FIELDS = dataclasses.fields(FileProbe)
 
 _Count = Annotated[int, Strict(), Field(ge=0)]
-_Check = Annotated[int, Strict(), Field(ge=-(2**63), lt=2**63)]  # an int64 (planning.inputs.local_probe.layout_check)
+_Check = Annotated[int, Strict(), Field(ge=-(2**63), lt=2**63)]  # an int64 (planning.formats.hdf5_layout.layout_check)
 _Text = Annotated[str, Strict()]
 #: Kinds of numbers a concat coordinate is stored as (bool, int, unsigned, float).
 _RAW_KINDS = "biuf"

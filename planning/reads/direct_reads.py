@@ -8,7 +8,7 @@ attribute that decoding would apply (NaN fill values aside). Planning keeps an o
 the file's shape and dtype for the variable are the plan's; a worker reads by offset whole rows along
 the concat dim (the first dim) for a box holding three quarters of them or more, after checking that the file's
 size and version are those planned, and that a few of the variable's bytes hash with its name
-and offset to the check its probe recorded (planning.inputs.local_probe.layout_check): neither a file
+and offset to the check its probe recorded (planning.formats.hdf5_layout.layout_check): neither a file
 replaced under the same size and times nor an edited probe cache makes it read another
 variable's bytes. Everything else goes through HDF5 as before.
 """
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from planning.formats.hdf5_layout import check_window, layout_check
 from planning.formats.sources import SourceFile
-from planning.inputs.local_probe import check_window, layout_check
 from planning.inputs.probe import FileProbe
 from planning.run.variables import VariablePlan
 from schemas.errors import UserError
@@ -34,7 +34,7 @@ from schemas.urls import is_remote
 class DirectReads:
     """Per variable read by offset: its stored shape with the concat dim first (its length there is 0:
     each file's own), and per file the variable's byte offset (-1: read it through HDF5) and its
-    layout's check (planning.inputs.local_probe.layout_check)."""
+    layout's check (planning.formats.hdf5_layout.layout_check)."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]

@@ -18,6 +18,7 @@ import numpy as np
 from planning.formats.sources import SourceFile
 from planning.inputs.variable_groups import group_of
 from planning.reads.direct_reads import DirectReads
+from schemas.npy_files import npz_arrays
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -145,7 +146,7 @@ class SourceIndex:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SourceIndex:
-        with np.load(io.BytesIO(data), allow_pickle=False) as columns:
+        with npz_arrays(data) as columns:
             paths = tuple(str(p) for p in columns["paths"])
             versions = tuple(str(v) for v in columns["versions"])
             members, member_dim, direct = None, None, None

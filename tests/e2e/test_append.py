@@ -445,3 +445,31 @@ def test_new_steps_outside_every_split_are_a_generation_without_shards(appended,
     _same_samples(str(output), appended["full"])
     assert _build(_config(archive, output), tmp_path, "--append") == 0
     assert "nothing to append" in capsys.readouterr().out
+
+
+def test_a_zarr_store_rewritten_with_earlier_steps_backfills_a_gs_output(appended, archive, gcs, tmp_path):
+    """A store that now starts earlier (rewritten, as stores cannot grow at their start) and a gs:// output: the
+    earlier steps are a backfill, the later ones an append; the union is the full rebuild, shifted."""
+    import xarray as xr
+
+    from conftest import BUCKET
+
+    with xr.open_mfdataset(sorted(archive.glob("*.nc")), combine="by_coords") as ds:
+        whole = ds[["t", "u"]].load()
+    store, output = tmp_path / "store.zarr", f"gs://{BUCKET}/backfill/out"
+    origin = 3  # a multiple of the samples' stride (3)
+    whole.isel(time=slice(origin, 16)).to_zarr(store, mode="w", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path) == 0
+    old = {name: gcs.cat(f"{output}/{name}") for name in gcs_names(output)}
+    whole.to_zarr(store, mode="w", consolidated=True)
+    assert _build(_config(archive, output, input__paths=str(store)), tmp_path, "--append") == 0
+    assert {name: gcs.cat(f"{output}/{name}") for name in old} == old
+    schema = load_schema(output)
+    assert next(a for a in schema.sample["axes"] if a["dim"] == "time")["index_origin"] == origin
+    for split in SPLITS:
+        got, want = (_by_sample(Reader(str(path), split).read_all()) for path in (output, appended["full"]))
+        assert got.keys() == want.keys()
+        np.testing.assert_array_equal(got.pop("index/time") + origin, want.pop("index/time"))
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
+    assert inspect_main([output, "--verify"]) == 0

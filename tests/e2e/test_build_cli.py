@@ -107,6 +107,32 @@ def test_demo_runs_from_a_fresh_directory(tmp_path):
     assert {p.name: p.read_bytes() for p in output.glob("*.tfrecord")} == before
 
 
+def test_the_demo_never_empties_a_folder_of_someone_elses_files(tmp_path, monkeypatch, capsys):
+    """demo/era5 holding files the demo does not write: refused in one line, untouched; its own files, one
+    missing: completed, the others kept."""
+    from pipelines.demo import archive_names, ensure_demo_data
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "demo" / "era5"
+    folder.mkdir(parents=True)
+    (folder / "my_run_2019.nc").write_bytes(b"CDF\x01 a user's data")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: demo/era5: holds my_run_2019.nc, which the demo did not write, where it writes its archive; "
+        "move them, or run the demo from another folder\n"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["my_run_2019.nc"]
+    assert not (tmp_path / "demo" / "patches").exists()
+    (folder / "my_run_2019.nc").unlink()
+    files = ensure_demo_data()
+    assert [p.name for p in files] == sorted(archive_names(invariants=True)) and files[-1].name == "invariants.nc"
+    files[1].unlink()  # (a run stopped while it wrote the archive)
+    assert ensure_demo_data() == files and all(p.exists() for p in files)
+    written = [p.stat().st_mtime_ns for p in files]
+    assert ensure_demo_data() == files and [p.stat().st_mtime_ns for p in files] == written  # complete: kept
+
+
 def test_training_ready_config_on_the_demo_archive(tmp_path, monkeypatch):
     """configs/training_ready.yaml as shipped: splits by date, static fields, stacked winds, gzip."""
     from pipelines.demo import ensure_demo_data

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines import output_lock as output_lock_module
 from pipelines.output_lock import lock_folder, output_lock
 from schemas.errors import UserError
 
@@ -51,11 +53,11 @@ def test_a_link_planted_in_a_shared_lock_folder_is_never_written_through(tmp_pat
     shared.mkdir()
     shared.chmod(0o1777)
     (shared / f"{digest}.lock").symlink_to(victim)
-    _take(str(output))
+    with output_lock(str(output)):
+        folder = Path(lock_folder())
+        assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
     assert victim.read_text() == "export PATH=~/bin:$PATH\n"
-    folder = Path(lock_folder())
     assert folder.parent == tmp and stat.S_IMODE(folder.lstat().st_mode) == 0o700
-    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
 
 
 @pytest.mark.parametrize("planted", ["open to all", "a link", "another user's"])
@@ -84,9 +86,8 @@ def test_a_lock_folder_others_can_write_is_refused(tmp_path, temp_dir, victim, p
 
 def test_a_link_in_the_users_own_lock_folder_is_not_followed(tmp_path, temp_dir, victim):
     temp_dir("tmp")
-    _take("gs://bucket/out")
-    (lock,) = Path(lock_folder()).iterdir()
-    lock.unlink()
+    with output_lock("gs://bucket/out"):
+        (lock,) = Path(lock_folder()).iterdir()
     lock.symlink_to(victim)
     with pytest.raises(UserError, match=f"^output lock: {lock} is a link; remove it$"):
         _take("gs://bucket/out")
@@ -122,3 +123,48 @@ def test_a_temp_dir_where_no_lock_can_be_made_is_one_line(tmp_path, monkeypatch,
         _take("gs://bucket/out")
     _take(str(tmp_path / "out"))  # a local output has its directory's lock
     assert "cannot make a lock" in caplog.text
+
+
+def test_the_lock_file_goes_with_its_build_and_stale_ones_are_removed(tmp_path, temp_dir, victim):
+    """Earlier versions left a lock file per output ever built (10,000 on one machine): none is left now."""
+    temp_dir("tmp")
+    folder = Path(lock_folder())
+    with output_lock(str(tmp_path / "first")):
+        (held,) = folder.iterdir()
+        with pytest.raises(UserError, match="another build is writing"):
+            _take(str(tmp_path / "first"))
+    assert not held.exists()
+    stale = [folder / f"{i:024x}.lock" for i in range(3)]
+    for path in stale:
+        path.write_text("")
+    (folder / "notes.txt").write_text("not a lock")
+    (folder / f"{7:024x}.lock").symlink_to(victim)  # a link is neither followed nor removed
+    other = folder / f"{9:024x}.lock"
+    other.write_text("")
+    with open(other) as running:  # held by a build that runs (another open file: flock is per open file)
+        fcntl.flock(running, fcntl.LOCK_EX)
+        _take(str(tmp_path / "second"))
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["notes.txt", f"{7:024x}.lock", other.name])
+    assert victim.read_text() == "export PATH=~/bin:$PATH\n"
+
+
+def test_a_lock_removed_by_its_holder_after_it_was_opened_is_taken_again(tmp_path, temp_dir, monkeypatch):
+    """The race the removal opens: a build opens the file, the holder removes it and lets go, the build locks it."""
+    temp_dir("tmp")
+    output = str(tmp_path / "out")
+    opened = []
+    lock_user_file = output_lock_module._lock_user_file
+
+    def opened_before_the_holder_let_go(*args):
+        fd = lock_user_file(*args)
+        if not opened:  # the first one: the holder removes it now (this build already locked it: no holder left)
+            os.unlink(os.path.join(lock_folder(), os.listdir(lock_folder())[0]))
+        opened.append(os.fstat(fd).st_ino)
+        return fd
+
+    monkeypatch.setattr(output_lock_module, "_lock_user_file", opened_before_the_holder_let_go)
+    with output_lock(output):
+        (lock,) = Path(lock_folder()).iterdir()
+        assert len(opened) == 2 and lock.stat().st_ino == opened[1]
+        with pytest.raises(UserError, match="another build is writing"):
+            _take(output)

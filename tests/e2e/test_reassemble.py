@@ -399,6 +399,37 @@ def test_the_command_line_writes_chunk_by_chunk_what_the_library_returns(overlap
     assert code == 2 and err.strip().startswith("error: --to:") and "--overwrite" in err
 
 
+def test_a_folder_beside_to_that_no_reassembly_made_is_never_removed(overlapping, tmp_path, capsys, monkeypatch):
+    """The run works in PATH.parts and removes it at the end: a user's folder of that name is refused, untouched; a
+    killed run's (its marker inside) is cleared; a .nc that fails to write leaves no half-written file."""
+    from pipelines import reassemble as cli
+
+    base = [str(overlapping), "--split", "valid"]
+    mine = tmp_path / "out.nc.parts"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    code, err = reassemble_cli(*base, "--to", str(tmp_path / "out.nc"), capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "out.nc.parts exists and no reassembly made it" in err, err
+    assert (mine / "thesis.tex").read_text() == "years of work" and not (tmp_path / "out.nc").exists()
+    killed = tmp_path / "again.zarr.parts"
+    killed.mkdir()
+    (killed / cli.WORK_MARKER).write_text("")
+    (killed / "chunk-000000-0.bucket").write_bytes(b"left by a killed run")
+    assert reassemble_cli(*base, "--to", str(tmp_path / "again.zarr"), capsys=capsys)[0] == 0
+    assert not killed.exists() and (tmp_path / "again.zarr").is_dir()
+
+    def fail_midway(self, path, *args, **kwargs):
+        with open(path, "wb") as stream:
+            stream.write(b"CDF\x01 half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", fail_midway)
+    code, err = reassemble_cli(*base, "--to", str(tmp_path / "full.nc"), capsys=capsys)
+    fix = "free some space, or write the output elsewhere (--to)"
+    assert code == 1 and err == f"error: {tmp_path / 'full.nc'}: no space left on device; {fix}\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("full")) == []
+
+
 def test_the_command_line_refuses_bad_predictions_in_one_line(overlapping, tmp_path, capsys):
     base = [str(overlapping), "--to", str(tmp_path / "x.zarr")]
     code, err = reassemble_cli(*base, "--split", "test", capsys=capsys)

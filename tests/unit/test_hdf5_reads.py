@@ -209,6 +209,7 @@ def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
     serial = probe_local_files(paths, "time")
     monkeypatch.setattr("planning.inputs.local_probe.POOL_MIN_FILES", 4)
     monkeypatch.setattr("planning.inputs.local_probe.FILES_PER_TASK", 5)
+    monkeypatch.setattr("planning.inputs.local_probe.TWINS_FOR_NO_POOL", 2.0)  # a pool even for twins
     pooled = probe_local_files(paths, "time")
     assert len(pooled) == len(serial) == 12
     for one, other in zip(serial, pooled):
@@ -253,3 +254,34 @@ def test_units_hold_whole_netcdf4_chunks_and_cut_the_samples_of_a_contiguous_cop
         found = [b.samples for u in plan.units for b in cut_pieces(spec, u, read_unit(spec, plan.sources, u))]
         blocks[name] = xr.concat(found, "sample").sortby("sample_id")
     xr.testing.assert_identical(blocks["chunked"], blocks["contiguous"])
+
+
+def test_dimension_scales_read_by_offset_equal_hdf5_reads(tmp_path):
+    """Plainly stored scales are read by offset, others through HDF5: the values are HDF5's either way,
+    also big-endian and behind a user block (offsets count from the file's start)."""
+    import functools
+    import os
+
+    import h5py
+
+    from planning.inputs.local_probe import _contiguous_layout, _scale_values, stored_offset
+
+    path = tmp_path / "scales.h5"
+    values = np.linspace(-90, 90, 11)
+    with h5py.File(path, "w", userblock_size=512) as file:
+        file.create_dataset("plain", data=values)
+        file.create_dataset("big_endian", data=values.astype(">f4"))
+        file.create_dataset("ints", data=np.arange(7, dtype="<i8"))
+        file.create_dataset("compressed", data=values, chunks=(4,), compression="gzip")
+        file.create_dataset("unwritten", shape=(3,), dtype="f8", fillvalue=-1.0)
+    with h5py.File(path, "r") as file, open(path, "rb", buffering=0) as stream:
+        read_at = functools.partial(os.pread, stream.fileno())
+        for name in ("plain", "big_endian", "ints", "compressed", "unwritten"):
+            expected = file[name][()]
+            got = _scale_values(file[name].id, read_at)
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), name
+        assert stored_offset(file["plain"].id) >= 512  # the user block is counted: a read by offset lands right
+        # Never written: no offset (HDF5 gives the user block's size less one), so no read by offset.
+        assert stored_offset(file["unwritten"].id) is None
+        assert _contiguous_layout(file.id, b"unwritten", read_at) is None
+        assert _contiguous_layout(file.id, b"plain", read_at)[0] == stored_offset(file["plain"].id)
