@@ -1,6 +1,6 @@
 """Running one competitor in its own process: wall time and the peak RSS of its whole process tree.
 
-Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` competitor is
+Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` (or ``-c``) competitor is
 forked from one warmed interpreter (multiprocessing's fork server, Beam and xarray imported once)
 instead of a fresh one: a smoke test proves each script runs end to end, and a fresh interpreter
 spends about two thirds of a tiny build's CPU on imports. Its walls and RSS then measure nothing.
@@ -98,9 +98,12 @@ def smoke() -> bool:
     return os.environ.get(SMOKE_VARIABLE) == "1"
 
 
-def _warm_target(command: Sequence[str], flags: tuple[str, ...] = ("-m",)) -> tuple[str, str, list[str]] | None:
-    """``(flag, module or code, arguments)`` of a ``python -m``/``-c`` command a warm child runs, in a smoke run."""
-    if smoke() and len(command) >= 3 and command[0] == sys.executable and command[1] in flags:
+def _warm_target(
+    command: Sequence[str], flags: tuple[str, ...] = ("-m",), warm: bool | None = None
+) -> tuple[str, str, list[str]] | None:
+    """``(flag, module or code, arguments)`` of a ``python -m``/``-c`` command to fork warm (default: smoke runs)."""
+    warm = smoke() if warm is None else warm
+    if warm and len(command) >= 3 and command[0] == sys.executable and command[1] in flags:
         return command[1], command[2], list(command[3:])
     return None
 
@@ -150,6 +153,7 @@ def _stop_fork_server() -> None:
 def _run_module(flag: str, what: str, arguments: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
     """In the warm child: what ``python -m what *arguments`` (or ``-c what``) would do, its output into files."""
     os.chdir(cwd)
+    sys.path.insert(0, cwd if flag == "-m" else "")  # what the interpreter puts first for -m (-c: the cwd, as '')
     os.environ.clear()
     os.environ.update(env)
     os.dup2(os.open(out, os.O_WRONLY | os.O_APPEND), 1)
@@ -176,7 +180,7 @@ def run_measured(
     with tempfile.NamedTemporaryFile() as log:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        warm = _warm_target(command)
+        warm = _warm_target(command, ("-m", "-c"))
         process = _WarmChild(warm, cwd, env, log.name, log.name) if warm else _Popen(command, cwd, env, log)
         sampler = _PeakSampler(process.pid)
         sampler.start()
@@ -191,12 +195,26 @@ def run_measured(
     return Measurement(wall, peak, returncode, output[-_OUTPUT_TAIL_CHARS:], load_before, os.getloadavg()[0])
 
 
-def run_captured(command: Sequence[str], cwd: str | None = None) -> subprocess.CompletedProcess:
-    """``subprocess.run(command, cwd=cwd, capture_output=True, text=True)``; forked warm in a smoke run (-m or -c)."""
-    warm = _warm_target(command, ("-m", "-c"))
-    if warm is None:
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+def run_captured(
+    command: Sequence[str],
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    warm: bool | None = None,
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``.
+
+    A ``python -m``/``-c`` command is forked warm instead when ``warm`` (default: in a smoke run).
+    """
+    target = _warm_target(command, ("-m", "-c"), warm)
+    if target is None:
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.NamedTemporaryFile() as out, tempfile.NamedTemporaryFile() as err:
-        returncode = _WarmChild(warm, cwd or os.getcwd(), None, out.name, err.name).wait(None)
+        child = _WarmChild(target, cwd or os.getcwd(), env, out.name, err.name)
+        returncode = child.wait(timeout)
+        if returncode is None:
+            _kill_tree(child.pid)
+            child.wait(None)
+            raise subprocess.TimeoutExpired(list(command), timeout)
         printed = [stream.read().decode(errors="replace") for stream in (out, err)]
     return subprocess.CompletedProcess(list(command), returncode, *printed)

@@ -29,6 +29,35 @@ SHARED_DATA = Path(os.environ.get("XTF_SHARED_DATA", REPO.parent / "shared" / "d
 ERAINT = "eraint_uvz.nc"  # no licence: never committed; from SHARED_DATA when there, else a stand-in
 
 
+#: The modules that take longest (seconds of a worker, measured), started first: xdist hands a whole
+#: module to a worker (--dist loadscope), so one of these started last would run on alone at the end.
+#: Modules not named keep the order they were collected in, after these.
+SLOWEST_MODULES = [
+    "tests/benchmark_smoke/test_run_benchmark.py",
+    "tests/e2e/test_atomicity.py",
+    "tests/e2e/test_preprocess.py",
+    "tests/benchmark_smoke/test_scale_benchmark.py",
+    "tests/e2e/test_cloud.py",
+    "tests/e2e/test_dask.py",
+    "tests/e2e/test_build_cli.py",
+    "tests/benchmark_smoke/test_scale_graph_dask_benchmark.py",
+    "tests/transform/test_shard_writer.py",
+    "tests/e2e/test_readme.py",
+    "tests/e2e/test_append.py",
+    "tests/e2e/test_bad_input.py",
+    "tests/e2e/test_zarr.py",
+    "tests/e2e/test_stopping.py",
+    "tests/e2e/test_reproducible.py",
+    "tests/test_style.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest modules first (SLOWEST_MODULES), each module's tests in their own order."""
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def real_eraint() -> Path | None:
     """The real ERA-Interim file in SHARED_DATA (../shared/data or $XTF_SHARED_DATA), if it is there."""
     path = SHARED_DATA / ERAINT

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 import uuid
 import warnings
@@ -157,18 +156,32 @@ def refused(config: dict, tmp_path: Path, capsys) -> str:
     return lines[0]
 
 
+def run_warm(command: list[str], *, cwd, env: dict[str, str] | None = None, timeout: float = 600):
+    """``subprocess.run`` of a ``python -m``/``-c`` command, forked from this process's warmed fork server.
+
+    For tests of what a command does, not of a fresh process (its imports, signals, packaging): a
+    fresh interpreter pays about 3 s of imports (Beam, xarray) before it starts; the fork server
+    pays them once per test worker (benchmarks.measure.WARM_MODULES). Anything else runs fresh.
+    """
+    repo = str(Path(__file__).resolve().parents[1])
+    if repo not in sys.path:
+        sys.path.append(repo)  # benchmarks/ is not an installed package
+    from benchmarks.measure import run_captured
+
+    return run_captured(command, str(cwd), env, timeout, warm=True)
+
+
 def run_benchmark(module: str, *arguments: str, timeout: float = 600) -> str:
     """A benchmark script run end to end in its own process: its stdout, once it exited 0 (else its output's tail).
 
-    As a smoke run (benchmarks.measure.smoke): its competitors fork from one warmed interpreter
-    instead of paying their imports each; the test proves the script runs, it measures nothing.
+    As a smoke run (benchmarks.measure.smoke): the script and its competitors fork from warmed
+    interpreters instead of paying their imports each; the test proves the script runs, it measures nothing.
     """
     import pytest
 
     pytest.importorskip("psutil", reason="the benchmarks measure memory with psutil (test extras)")
     repo = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", module, *arguments]
     env = dict(os.environ, XTF_BENCH_SMOKE="1")
-    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    result = run_warm([sys.executable, "-m", module, *arguments], cwd=repo, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout

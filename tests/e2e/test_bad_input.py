@@ -120,7 +120,7 @@ def test_a_truncated_file_is_found_while_planning(tmp_path, capsys, name, sample
     assert_fails(config, tmp_path, capsys, name)
 
 
-@pytest.mark.parametrize("runner", [(), ("--direct_num_workers=2", "--direct_running_mode=multi_processing")])
+@pytest.mark.parametrize("runner", [(), ("--direct_num_workers=1", "--direct_running_mode=multi_processing")])
 def test_a_file_corrupted_inside_its_data_fails_on_the_worker(tmp_path, capsys, runner):
     ds = xr.Dataset(
         {"t": (("time", "lat", "lon"), np.random.default_rng(0).normal(size=(4, 30, 30)).astype("f4"))},

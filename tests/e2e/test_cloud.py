@@ -151,7 +151,7 @@ def test_multi_process_local_runner_with_gs(gcs, uploaded, tmp_path):
     multi = f"gs://{BUCKET}/out/multi"
     paths = f"gs://{BUCKET}/in/era5/*.nc"
     assert main(["--config", str(_config(tmp_path, paths, single, sample))]) == 0
-    flags = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    flags = ["--direct_num_workers=1", "--direct_running_mode=multi_processing"]  # a worker process of its own
     assert main(["--config", str(_config(tmp_path, paths, multi, sample)), *flags]) == 0
     for shard in load_schema(multi).splits["data"]:
         assert gcs.cat(f"{multi}/{shard.file}") == gcs.cat(f"{single}/{shard.file}")

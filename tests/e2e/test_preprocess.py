@@ -174,7 +174,7 @@ def test_static_inputs_are_given_and_static_outputs_cut(with_invariants, tmp_pat
 
 def test_worker_processes_import_the_function_by_its_path(small_archive, tmp_path, monkeypatch, capsys):
     config = config_for(small_archive, tmp_path / "out", "wind_speed")
-    flags = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    flags = ["--direct_running_mode=multi_processing", "--direct_num_workers=1"]  # one worker process is enough
     # The test process has tests/ on sys.path (conftest); worker processes only what PYTHONPATH gives them.
     paths = [p for p in sys.path if p and Path(p).resolve() != Path(examples.__file__).parent.resolve()]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))

@@ -15,6 +15,7 @@ from pipelines.config_reference import END, START, config_reference
 from schemas import load_schema
 
 from conftest import REPO
+from helpers import run_warm
 
 README = (REPO / "README.md").read_text()
 
@@ -38,7 +39,9 @@ def test_walkthrough_runs_as_written(tmp_path, sample_file):
         assert command[:2] == ["python", "-m"]
         if command[2] == "pipelines.build":  # instead of the config's data/eraint_uvz.nc (see the next test)
             command += ["--input", str(source)]
-        result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
+        # Forked from a warmed interpreter (helpers.run_warm): the commands' work, not their imports;
+        # the training script below, and test_imports_on_demand, run in fresh interpreters.
+        result = run_warm([sys.executable, *command[1:]], cwd=REPO, timeout=600)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
     schema = load_schema(output)  # "1,378 patches each: 26 x 53 per month"
@@ -238,7 +241,7 @@ def test_reassembly_examples_run_as_written(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     assert main(["--config", str(tmp_path / "c.yaml"), "--quiet"]) == 0
     script = _block("reassemble:python").replace("out/patches", str(tmp_path / "patches"))
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = run_warm([sys.executable, "-c", script], cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     source = xr.open_mfdataset(sorted((tmp_path / "archive").glob("*.nc"))).load()
     with xr.open_dataset(tmp_path / "valid_t.nc") as ds:
@@ -251,7 +254,7 @@ def test_reassembly_examples_run_as_written(tmp_path):
         np.savez(predictions / f"{i}.npz", **batch)
     command = _block("reassemble:shell").strip().replace("out/patches", str(tmp_path / "patches")).split()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = run_warm([sys.executable, *command[1:]], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     with xr.open_zarr(tmp_path / "valid.zarr") as ds:
         np.testing.assert_array_equal(ds["t"].values, stored)
