@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure, started_up
-from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
+from pipelines.stopping import EXIT_CODES, StopOnSignal, exit_now, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
@@ -323,5 +323,5 @@ if __name__ == "__main__":
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         # The run's files are gone; Beam's worker threads would only compute what nobody writes.
         sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     sys.exit(code)

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 import weakref
 from collections.abc import Sequence
 from typing import TextIO
@@ -48,7 +47,7 @@ from pipelines.runners import (
     unit_ranges,
     with_runner_defaults,
 )
-from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
+from pipelines.stopping import RunCleanup, clean_up_on_stop, remove_at_exit, remove_now, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
@@ -332,7 +331,8 @@ def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
     """
     try:
         pipeline = beam.Pipeline(runner=make_runner(options), options=options)
-        weakref.finalize(pipeline, shutil.rmtree, pipeline.local_tempdir, True)
+        remove_at_exit(pipeline.local_tempdir)  # (a stopped build ends with os._exit: no finalizer runs)
+        weakref.finalize(pipeline, remove_now, pipeline.local_tempdir)
         return pipeline
     except ValueError as error:
         problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]

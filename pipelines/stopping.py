@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import threading
 import time
@@ -42,6 +43,29 @@ WRITES_WAIT = 5.0
 BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
+
+
+#: Folders a process removes as it ends, even through ``os._exit`` (a stopped build's way out, which
+#: skips atexit and weakref finalizers): Beam's temp folder of each pipeline made (pipelines.graph).
+_REMOVED_AT_EXIT: set[str] = set()
+
+
+def remove_at_exit(folder: str) -> None:
+    """Have ``folder`` removed when the process ends, however it ends short of being killed."""
+    _REMOVED_AT_EXIT.add(folder)
+
+
+def remove_now(folder: str) -> None:
+    """Remove ``folder`` (registered or not) and forget it."""
+    _REMOVED_AT_EXIT.discard(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def exit_now(code: int) -> None:
+    """``os._exit(code)``, after removing the folders registered with ``remove_at_exit``."""
+    for folder in list(_REMOVED_AT_EXIT):
+        remove_now(folder)
+    os._exit(code)
 
 
 class Job(Protocol):
@@ -249,7 +273,7 @@ class StopOnSignal:
         with contextlib.suppress(Exception):
             self._stream.write(stopped_line(signum) + "\n")
             self._stream.flush()
-        os._exit(code)
+        exit_now(code)
 
     def _last_resort(self, code: int, limit: float) -> None:
         if self._returned.wait(limit):
@@ -259,4 +283,4 @@ class StopOnSignal:
         line = f"error: {what}; cleaning up took too long: the output is not complete (--overwrite replaces it)\n"
         with contextlib.suppress(OSError):
             os.write(2, line.encode())
-        os._exit(code)
+        exit_now(code)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pipelines.graph  # noqa: F401  (imported once, before forking)
 from pipelines.build import main
+from pipelines.stopping import exit_now
 from planning.inputs import local_probe
 
 TIME_LIMIT = 30.0
@@ -51,7 +52,7 @@ def _start(config: str, output: Path, verbose: bool, pool: bool = False, extra: 
         sys.stderr.flush()
     except BaseException as error:  # the harness's own failure: reported through the code and stderr
         os.write(2, f"storm: {error!r}\n".encode())
-    os._exit(code)
+    exit_now(code)  # as the command line ends a stopped build: its temporary folders removed
 
 
 def _wait(pid: int, deadline: float) -> int | None:

@@ -189,8 +189,13 @@ def test_signals_at_random_moments_never_hang(many_small_files, tmp_path):
     settings = {"input": {"paths": str(many_small_files / "*.nc")}, "sample": sample, "output": {"num_shards": 4}}
     config.write_text(yaml.safe_dump(settings))
     storm = Path(__file__).parents[1] / "signal_storm.py"
+    temp = tmp_path / "tmp"  # the builds' temp directory: a stopped build leaves nothing in it
+    temp.mkdir()
     run = subprocess.run(
-        [sys.executable, str(storm), str(config), str(tmp_path), "50", "21"], capture_output=True, text=True
+        [sys.executable, str(storm), str(config), str(tmp_path), "50", "21"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(temp)),
     )
     assert run.returncode == 0, run.stderr
     builds = json.loads(run.stdout)["builds"]
@@ -208,6 +213,7 @@ def test_signals_at_random_moments_never_hang(many_small_files, tmp_path):
             assert build["code"] == -signal.Signals[build["signal"]], build
             assert build["files"] == [], build
     assert sum(build["code"] == 0 for build in builds) < len(builds) / 2  # most were stopped, not finished
+    assert sorted(p.name for p in temp.iterdir() if p.name.startswith("beam-pipeline-temp")) == []
 
 
 def test_the_commit_syncs_what_schema_json_names_before_it(small_archive, tmp_path, monkeypatch):
