@@ -118,8 +118,7 @@ def write_archive(
     lon = np.linspace(0, 360, shape.lon, endpoint=False, dtype=np.float32)
     paths = []
     step = pd.Timedelta(hours=shape.hours_per_step)
-    for index, name in enumerate(archive_names(shape)):
-        start = pd.Timestamp("2020-01-01") + index * shape.steps_per_file * step
+    for start, name in zip(_file_starts(shape), archive_names(shape)):
         time = pd.date_range(start, periods=shape.steps_per_file, freq=step).values
         fields = _fields(time, level.astype(np.float64), lat.astype(np.float64), lon.astype(np.float64), rng)
         dataset = xr.Dataset(
@@ -139,11 +138,16 @@ def write_archive(
     return paths
 
 
+def _file_starts(shape: ArchiveShape) -> list[pd.Timestamp]:
+    """Each file's first time step."""
+    step = pd.Timedelta(hours=shape.hours_per_step)
+    return [pd.Timestamp("2020-01-01") + index * shape.steps_per_file * step for index in range(shape.num_files)]
+
+
 def archive_names(shape: ArchiveShape = ArchiveShape(), invariants: bool = False) -> list[str]:
     """The names ``write_archive`` gives the archive's files."""
-    step = pd.Timedelta(hours=shape.hours_per_step)
-    starts = [pd.Timestamp("2020-01-01") + index * shape.steps_per_file * step for index in range(shape.num_files)]
-    return [f"era5_{start:%Y%m%dT%H}.nc" for start in starts] + (["invariants.nc"] if invariants else [])
+    names = [f"era5_{start:%Y%m%dT%H}.nc" for start in _file_starts(shape)]
+    return names + (["invariants.nc"] if invariants else [])
 
 
 def ensure_demo_data(directory: str = DEMO_DATA_DIR) -> list[Path]:
