@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import gc
 import multiprocessing
 import os
 import runpy
@@ -152,6 +153,7 @@ def _stop_fork_server() -> None:
 
 def _run_module(flag: str, what: str, arguments: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
     """In the warm child: what ``python -m what *arguments`` (or ``-c what``) would do, its output into files."""
+    gc.freeze()  # the server's imports live as long as the child: the collector need not walk them (pipelines.cli)
     os.chdir(cwd)
     sys.path.insert(0, cwd if flag == "-m" else "")  # what the interpreter puts first for -m (-c: the cwd, as '')
     os.environ.clear()

@@ -35,6 +35,7 @@ from pipelines.progress import ProgressLine
 from pipelines.remote_job import RemoteJob
 from pipelines.runners import (
     DATAFLOW_RUNNER,
+    RunOptions,
     close_run,
     is_dask_runner,
     is_dry_run,
@@ -162,7 +163,7 @@ def _run_build(
     watch_job(None)  # nor is an earlier build's job this one's
     check_stopped()  # stopped while Beam was being imported
     load_runner_options(beam_args)
-    options = PipelineOptions(beam_args)
+    options = RunOptions(beam_args)
     use_anonymous_credentials_for_emulator()
     defer_dask()
     look_once_per_dofn()

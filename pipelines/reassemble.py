@@ -227,9 +227,8 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     """Reassemble as the arguments say; returns where it wrote and the chunks written."""
     import apache_beam as beam
     import fsspec
-    from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.runners import make_runner, with_runner_defaults
+    from pipelines.runners import RunOptions, make_runner, with_runner_defaults
     from planning.formats.dask_on_demand import defer_dask
     from schemas.reassembly import import_xarray
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
@@ -247,7 +246,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     try:
         plan, files = make_plan(args, store, work)
         write_template(plan, files)
-        options = PipelineOptions(with_runner_defaults(beam_args))
+        options = RunOptions(with_runner_defaults(beam_args))
         pipeline = beam.Pipeline(runner=make_runner(options), options=options)
         _ = pipeline | "Files" >> beam.Create(files) | "Reassemble" >> Reassemble(plan)
         marker = posixpath.join(work, DONE_DIR)

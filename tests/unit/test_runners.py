@@ -78,3 +78,22 @@ def test_a_requirements_file_with_the_worker_set_passes(tmp_path):
     _check(f"--requirements_file={mine}")
     _check(f"--requirements_file={mine}", "--sdk_container_image=gcr.io/p/image")
     _check(WORKER_SET)
+
+
+def test_run_options_keep_one_view_per_class_and_share_every_value():
+    import pickle
+
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+
+    options = runners.RunOptions(["--runner=DirectRunner", "--project=p"])
+    standard = options.view_as(StandardOptions)
+    assert options.view_as(StandardOptions) is standard  # made once, not at every call
+    standard.runner = "DataflowRunner"  # written through a view: every view and the options see it
+    assert options.view_as(GoogleCloudOptions).view_as(StandardOptions).runner == "DataflowRunner"
+    assert options.get_all_options()["runner"] == "DataflowRunner"
+    assert options.view_as(GoogleCloudOptions).project == "p"
+    # The views stay behind when the options travel; the values go, and views are made again there.
+    copied = pickle.loads(pickle.dumps(options))
+    assert "_views" not in copied.__dict__
+    assert copied.view_as(StandardOptions).runner == "DataflowRunner"
+    assert PipelineOptions.from_dictionary(options.get_all_options()).view_as(GoogleCloudOptions).project == "p"
