@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import io
+import json
 import logging
 import os
 import shutil
@@ -289,9 +290,19 @@ def make_runner(options: PipelineOptions):
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``).
 _WORKER_MODULE = BEAM_WORKER_MODULE.decode()
 
+#: The period of the timed flush of Beam's in-process (multi_threading) workers: the longest it takes. Their
+#: output streams are flushed every second (Beam's default; 0 means that default) from a timer thread that does not
+#: wait for the element being encoded, so an element whose encoding runs Python code (pickling a block of samples)
+#: across the tick is sent in two messages, which the runner decodes one by one: values lost, wrong values,
+#: "Invalid PaneInfoEncoding", or a decode that loops until the process runs out of memory (measured: a 22 GB test
+#: worker; reproduced with Beam alone in tests/unit/test_runners.py). Batch bundles need no timed flush: their
+#: outputs go when a buffer fills, between elements, and when the bundle ends.
+_NO_TIMED_FLUSH_MS = 2**31 - 1
+
 
 def _local_runner_class():
-    """Beam's FnApiRunner, whose worker processes leave Ctrl-C and SIGTERM to this process.
+    """Beam's FnApiRunner, whose worker processes leave Ctrl-C and SIGTERM to this process, and whose in-process
+    workers send only whole elements (_NO_TIMED_FLUSH_MS).
 
     A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers:
     each printed its own KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored
@@ -301,6 +312,7 @@ def _local_runner_class():
     """
     from apache_beam.portability import python_urns
     from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.transforms.environments import EmbeddedPythonGrpcEnvironment
 
     class FnApiRunner(fn_runner.FnApiRunner):
         #: Bytes of the job graph this runner was given (the summary's "job graph" line): measured here, as
@@ -310,6 +322,10 @@ def _local_runner_class():
         def run_via_runner_api(self, pipeline_proto, options):
             self.graph_bytes = pipeline_proto.ByteSize()
             for environment in pipeline_proto.components.environments.values():
+                if environment.urn == python_urns.EMBEDDED_PYTHON_GRPC:
+                    config = EmbeddedPythonGrpcEnvironment.parse_config(environment.payload.decode() or "{}")
+                    config["data_buffer_time_limit_ms"] = _NO_TIMED_FLUSH_MS
+                    environment.payload = json.dumps(config).encode()
                 # The payload is the command line run with ``sh -c``: only Beam's own worker's is changed.
                 ours = environment.urn == python_urns.SUBPROCESS_SDK and _WORKER_MODULE.encode() in environment.payload
                 if ours and os.name == "posix":
