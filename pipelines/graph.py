@@ -194,8 +194,9 @@ def _run_build(
         urls = {name: file for name, (file, _) in files.items()}
         ranges = unit_ranges(options, len(plan.units))
         # Dask's cut, write and summarise a unit in one step (transforms.streamed). Not local runs: its one combine
-        # carries every unit's summaries, megabytes that Beam's multi-threaded local runner garbles through the
-        # combine's GroupByKey (DESIGN.md, Runners: "Invalid PaneInfoEncoding" in a 4x build).
+        # carries every unit's summaries, megabytes that Beam's multi-threaded local runner garbled ("Invalid
+        # PaneInfoEncoding" in a 4x build). The cause, Beam's timed flush, is now turned off (pipelines.runners);
+        # local runs on the streamed graph have not been measured since.
         streamed = is_dask_runner(options)
         outline = STREAMED_OUTLINE if streamed else OUTLINE
         write = choose_write_strategy(plan, work, groups_in_memory=is_dask_runner(options))

@@ -14,8 +14,9 @@ Finalize would be three in a row (four global combines in all); here they are on
 unit's small result goes to one combine, and one step commits the shards, merges the
 statistics in the order ComputeStats merges them (the same bits) and writes the metadata. Bucket
 files still meet their shard through one GroupByKey before it. Not for Beam's multi-threaded local
-runner: the combine's accumulators carry every unit's summaries, megabytes at scale, which it garbles
-through the combine's GroupByKey (measured: "Invalid PaneInfoEncoding" in a 4x build).
+runner: the combine's accumulators carry every unit's summaries, megabytes at scale, which it garbled
+through the combine's GroupByKey ("Invalid PaneInfoEncoding" in a 4x build; the cause, Beam's timed
+flush, is turned off since: pipelines.runners).
 """
 
 from __future__ import annotations
