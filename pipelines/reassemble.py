@@ -104,6 +104,7 @@ def make_plan(args, store: str, work: str):
     from schemas.dataset import load_schema
     from schemas.prediction_files import list_predictions
     from schemas.schema import default_split
+    from schemas.urls import is_remote
     from transforms.reassemble import ReassemblePlan, chunk_length
 
     output = args.output.rstrip("/") or "/"
@@ -125,8 +126,11 @@ def make_plan(args, store: str, work: str):
     records = [shard.file for shard in schema.splits[split]]
     files = list_predictions(args.predictions) if args.predictions else records
     records = not args.predictions
+    # A local output's own records are read where they are (buckets hold references); a remote one's would
+    # be a request per record and variable, a compressed one's cannot be read at an offset: those are copied.
+    references = records and not schema.compression and not is_remote(output)
     plan = ReassemblePlan(
-        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, references
     )
     return plan, files
 
