@@ -195,25 +195,29 @@ class ReferencedRecords:
         number, offset, slot = (int(self.refs[n][row]) for n in (REF_SHARD, REF_OFFSET, REF_SLOT))
         raise UserError(f"{bucket}: the record of {self.url(number)} at byte {offset} (sample {slot}) {what}; {_FIX}")
 
-    def feature(self, name: str, begin: int, stop: int) -> np.ndarray:
-        """A float feature of the samples ``begin:stop`` (in ``checked``'s order), read as its own bytes."""
+    def feature(self, name: str, begin: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """A float feature of the samples ``begin:stop`` (in ``checked``'s order), read as its own bytes (into
+        ``out``'s first rows, if given)."""
         feature = self.features[name]
         column = self._floats.index(name)
-        out = np.empty((stop - begin, *feature.shape), dtype=np.float32)
+        n = stop - begin
+        out = np.empty((n, *feature.shape), dtype=np.float32) if out is None else out[:n]
         nbytes = 4 * feature.size
-        flat = out.reshape(stop - begin, -1).view(np.uint8)
+        flat = out.reshape(n, nbytes // 4).view(np.uint8)
         records = self._record_of[begin:stop]
         at = (self._starts[records, column] + self.refs[REF_SLOT][begin:stop] * nbytes).tolist()
         shards = self.refs[REF_SHARD][begin:stop].tolist()
-        for i, (number, offset) in enumerate(zip(shards, at)):
-            if os.preadv(self._files[number], [flat[i]], offset) != nbytes:
+        files = self._files
+        for i, (number, offset) in enumerate(zip(shards, at)):  # (each range checked to lie in its record)
+            if os.preadv(files[number], [flat[i]], offset) != nbytes:
                 raise UserError(f"{self.url(number)}: cut short at byte {offset}; the output changed during the run")
         return out
 
-    def values(self, name: str, begin: int, stop: int) -> np.ndarray:
-        """Any feature of the samples ``begin:stop``: a float one as its own bytes, else from the whole records."""
+    def values(self, name: str, begin: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Any feature of the samples ``begin:stop``: a float one as its own bytes (into ``out``, if given), else
+        from the whole records."""
         if name in self._floats:
-            return self.feature(name, begin, stop)
+            return self.feature(name, begin, stop, out)
         feature = self.features[name]
         out = np.empty((stop - begin, *feature.shape), dtype=feature.dtype)
         for i in range(begin, stop):

@@ -451,11 +451,15 @@ class _ReferencedSamples:
         return self.records.checked(refs, self.files, keys)
 
     def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        # One array per feature for every batch (placing copies the values out): a batch's values are fresh
+        # pages of their own mapping otherwise, each faulted in anew.
+        features = self.records.features
+        reused = {n: np.empty((BATCH, *features[n].shape), features[n].dtype) for n in group if n in features}
         for begin in range(0, self.samples, BATCH):
             stop = min(begin + BATCH, self.samples)
             batch = {name: self.records.refs[name][begin:stop] for name in keys}
             for name in group:
-                batch[name] = self.records.values(name, begin, stop)
+                batch[name] = self.records.values(name, begin, stop, reused.get(name))
             yield batch
 
     def __enter__(self):
