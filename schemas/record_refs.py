@@ -138,11 +138,27 @@ class ReferencedRecords:
         new[1:] = (shard[1:] != shard[:-1]) | (offset[1:] != offset[:-1])
         self._record_of = np.cumsum(new) - 1
         firsts = np.flatnonzero(new)
+        self._check_bounds(where)
         self._starts = np.zeros((len(firsts), len(self._floats)), dtype=np.int64)
+        numbers, offsets, sizes = (self.refs[n].tolist() for n in (REF_SHARD, REF_OFFSET, REF_SIZE))
         for begin in range(0, len(firsts), CHECK_RECORDS):
             records = firsts[begin : begin + CHECK_RECORDS]
             stop = firsts[begin + CHECK_RECORDS] if begin + CHECK_RECORDS < len(firsts) else len(offset)
-            payloads = [self._read_record(u, int(row), where) for u, row in enumerate(records, begin)]
+            payloads, starts = [], []
+            for row in records.tolist():
+                number, at = numbers[row], offsets[row]
+                url = self.url(number)
+                try:
+                    record = check_frame(memoryview(os.pread(self._files[number], sizes[row], at)), url, at)
+                    floats, ints = self.decoder.locate(record)
+                except ValueError as error:
+                    bucket = where[int(self.refs[REF_BUCKET][row])]
+                    raise UserError(f"{bucket}: no whole record of {url} at byte {at} ({error}); {_FIX}") from None
+                payloads.append(ints)
+                starts.append(floats)
+            if self._floats:
+                at = self.refs[REF_OFFSET][records] + HEADER_BYTES
+                self._starts[begin : begin + len(records)] = np.asarray(starts, dtype=np.int64) + at[:, None]
             try:
                 ints = self.decoder.decode_ints(payloads)
             except ValueError as error:
@@ -168,27 +184,26 @@ class ReferencedRecords:
                     self._refuse(row, where, f"holds {name} = {int(held[bad[0]])}, not {int(self.refs[name][row])}")
             yield {name: self.refs[name][rows] for name in keys}
 
-    def _read_record(self, u: int, row: int, where: Sequence[str]) -> list[bytes]:
-        """Record ``u`` (sample ``row`` refers to it) read whole, its frame checked: its int64 payloads; notes
-        where its float features start."""
-        number, offset, size = (int(self.refs[n][row]) for n in (REF_SHARD, REF_OFFSET, REF_SIZE))
-        bucket = where[int(self.refs[REF_BUCKET][row])]
-        if not 0 <= number < len(self.shards):
-            raise UserError(f"{bucket}: a reference to shard {number} of {len(self.shards)}; {_FIX}")
-        url = self.url(number)
-        fd = self._fd(number)
-        if offset < 0 or size < HEADER_BYTES + 4 or offset + size > self._sizes[number]:
+    def _check_bounds(self, where: Sequence[str]) -> None:
+        """UserError unless every reference lies inside a shard of the split (naming the bucket it came from)."""
+        number, offset, size = (self.refs[n] for n in (REF_SHARD, REF_OFFSET, REF_SIZE))
+        bad = np.flatnonzero((number < 0) | (number >= len(self.shards)))
+        if len(bad):
+            bucket = where[int(self.refs[REF_BUCKET][bad[0]])]
+            raise UserError(f"{bucket}: a reference to shard {int(number[bad[0]])} of {len(self.shards)}; {_FIX}")
+        for each in np.unique(number).tolist():
+            self._fd(each)
+        shard_bytes = np.zeros(len(self.shards), dtype=np.int64)
+        shard_bytes[list(self._sizes)] = list(self._sizes.values())
+        bad = np.flatnonzero((offset < 0) | (size < HEADER_BYTES + 4) | (offset + size > shard_bytes[number]))
+        if len(bad):
+            row = int(bad[0])
+            bucket = where[int(self.refs[REF_BUCKET][row])]
+            url, at, end = self.url(int(number[row])), int(offset[row]), int(offset[row] + size[row])
             raise UserError(
-                f"{bucket}: a reference to bytes {offset} to {offset + size} of {url}, which holds "
-                f"{self._sizes[number]}; {_FIX}"
+                f"{bucket}: a reference to bytes {at} to {end} of {url}, which holds "
+                f"{int(shard_bytes[number[row]])}; {_FIX}"
             )
-        try:
-            starts, payloads = self.decoder.locate(check_frame(memoryview(os.pread(fd, size, offset)), url, offset))
-        except ValueError as error:
-            raise UserError(f"{bucket}: no whole record of {url} at byte {offset} ({error}); {_FIX}") from None
-        self._starts[u] = starts
-        self._starts[u] += offset + HEADER_BYTES
-        return payloads
 
     def _refuse(self, row: int, where: Sequence[str], what: str) -> None:
         bucket = where[int(self.refs[REF_BUCKET][row])]
