@@ -236,7 +236,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     from pipelines.runners import make_runner, with_runner_defaults
     from planning.formats.dask_on_demand import defer_dask
     from schemas.reassembly import import_xarray
-    from transforms.reassemble import DONE_DIR, Reassemble, forget_spare_arrays, map_large_arrays
+    from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
     started_up()
@@ -271,7 +271,6 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
                 store_fs.rm(store_path, recursive=True)
         raise
     finally:
-        forget_spare_arrays()
         if fs.exists(work_path):
             fs.rm(work_path, recursive=True)
     return to, plan.num_chunks

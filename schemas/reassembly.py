@@ -219,8 +219,6 @@ class Reassembly:
         self.taken: set[str] = set()  # variables finished and given out (take_finished)
         self.extra_sizes: dict[str, int] = {}
         self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
-        #: Where each variable's values are made: (shape, dtype) -> an array of zeros (a caller may reuse arrays).
-        self.zeros = np.zeros
         self._weights: dict[tuple[str, ...], np.ndarray] = {}
         self._features = {f.name: f for f in schema.features}
         self._placed_dims = {a.dim for a in self.grid_axes}
@@ -529,7 +527,7 @@ class Reassembly:
         target = Target(name, dims, tuple(sample_dims), attrs, dtype, is_coordinate, source.get("dtype"))
         sizes = [self._dim_size(d) if d not in self.axes or self.axes[d].whole else self.axes[d].length for d in dims]
         sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
-        target.total = self.zeros(sizes, np.float32 if dtype == "float32" else np.float64)
+        target.total = np.zeros(sizes, dtype=np.float32 if dtype == "float32" else np.float64)
         target.weight = np.zeros([s if d in self.axes and not self.axes[d].whole else 1 for d, s in zip(dims, sizes)])
         self.targets[name] = target
         return target

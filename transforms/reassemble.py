@@ -372,7 +372,6 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     map_large_arrays()
     with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files) as samples:
         assembly = plan.assembly((start, stop))
-        assembly.zeros = _SPARE.zeros
         keys = [a.index_name for a in assembly.checked]
         for batch in samples.keys(keys):
             assembly.count(batch)
@@ -468,47 +467,6 @@ class _ReferencedSamples:
 
     def __exit__(self, *exc):
         self.records.close()
-
-
-class _SpareArrays:
-    """Arrays of variables written, kept for the next variables of their shape (a process's tasks share them).
-
-    A variable's values fill a fresh mapping of their own (map_large_arrays), whose every page the kernel
-    faults in and clears as it is first written: a third of a chunk's system time. An array whose write is
-    done is kept instead, and set to zeros for the next; only arrays once in use at the same time are ever
-    kept (a new one is made only when none is spare), so the memory they hold is what was already held."""
-
-    def __init__(self):
-        self.spare: dict[tuple, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def zeros(self, shape: Sequence[int], dtype) -> np.ndarray:
-        key = (tuple(shape), np.dtype(dtype).str)
-        with self._lock:
-            kept = self.spare.get(key)
-            array = kept.pop() if kept else None
-        if array is None:
-            return np.zeros(shape, dtype)
-        array.fill(0)
-        return array
-
-    def keep(self, array: np.ndarray) -> None:
-        """``array`` (its write done, nothing else holding it) kept for another variable."""
-        if array.dtype.kind == "f" and array.flags.owndata and array.nbytes >= MAPPED_FROM_BYTES:  # (as zeros made)
-            with self._lock:
-                self.spare.setdefault((array.shape, array.dtype.str), []).append(array)
-
-    def clear(self) -> None:
-        with self._lock:
-            self.spare.clear()
-
-
-_SPARE = _SpareArrays()
-
-
-def forget_spare_arrays() -> None:
-    """Let go of the arrays kept for further variables (a run in this process is over)."""
-    _SPARE.clear()
 
 
 def _give_back_when_done(futures: Sequence[concurrent.futures.Future | None], share: float) -> None:
@@ -609,7 +567,7 @@ class _RegionWriter:
         self.writing = [f for f in self.writing if not f.done()]
         while len(self.writing) >= WRITERS:
             self.writing.pop(0).result()
-        future = self.pool.submit(_write_and_keep, array, region, values)
+        future = self.pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False))
         self.writing.append(future)
         return future
 
@@ -621,12 +579,6 @@ class _RegionWriter:
         for future in self.writing:
             if exc == (None, None, None):
                 future.result()
-
-
-def _write_and_keep(array, region: tuple, values: np.ndarray) -> None:
-    """``values`` written to ``array``'s region, then kept for another variable (_SPARE: nothing else holds them)."""
-    array[region] = values.astype(array.dtype, copy=False)
-    _SPARE.keep(values)
 
 
 def _size(stream) -> int:
