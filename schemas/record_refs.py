@@ -25,7 +25,7 @@ from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema
 from schemas.shard_index import ShardIndex, index_name, scan_index
-from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, check_frame
+from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, check_frame, read_frame_at
 
 #: The arrays a reference is made of (beside the sample's index/<dim> keys).
 REF_SHARD, REF_OFFSET, REF_SIZE, REF_SLOT = "ref/shard", "ref/offset", "ref/size", "ref/slot"
@@ -149,8 +149,7 @@ class ReferencedRecords:
                 number, at = numbers[row], offsets[row]
                 url = self.url(number)
                 try:
-                    record = check_frame(memoryview(os.pread(self._files[number], sizes[row], at)), url, at)
-                    floats, ints = self.decoder.locate(record)
+                    floats, ints = self.decoder.locate(read_frame_at(self._files[number], at, sizes[row], url, at))
                 except ValueError as error:
                     bucket = where[int(self.refs[REF_BUCKET][row])]
                     raise UserError(f"{bucket}: no whole record of {url} at byte {at} ({error}); {_FIX}") from None

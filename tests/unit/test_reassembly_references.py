@@ -86,6 +86,13 @@ def test_references_from_a_damaged_bucket_are_refused_in_one_line_naming_it(tmp_
     key = int(refs["index/time"][first])
     _refused(path, schema, changed("index/time", first, key + 100), f"holds index/time = {key}, not {key + 100}")
     _refused(path, schema, changed(REF_SLOT, first, per), "not that one")
+    # The record's bytes changed on disk since they were written: its CRC says so.
+    with open(shard, "r+b") as stream:
+        stream.seek(int(refs[REF_OFFSET][first]) + 40)
+        byte = stream.read(1)
+        stream.seek(-1, 1)
+        stream.write(bytes([byte[0] ^ 1]))
+    _refused(path, schema, refs, "data CRC mismatch")
 
 
 def test_a_record_in_another_layout_is_found_by_decoding_it_whole(tmp_path):
