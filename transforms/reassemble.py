@@ -129,7 +129,8 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
         for batch in scanned_batches(plan, name):
             assembly.check_keys(batch)
             kept = {n for group in assembly.placed_groups(batch) for n in group}
-            batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/") or n in REF_NAMES}
+            kept.update(REF_NAMES)
+            batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
             first, last = reach_of(plan, assembly, batch)
             for extra in range(int((last - first).max(initial=0)) + 1):  # the chunk it starts in, then its halo
                 chunks = np.where(first + extra <= last, first + extra, -1)
@@ -370,7 +371,7 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     chunk, paths = element
     start, stop = plan.bounds(chunk)
     map_large_arrays()
-    with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files) as samples:
+    with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files, sorted(paths)) as samples:
         assembly = plan.assembly((start, stop))
         keys = [a.index_name for a in assembly.checked]
         for batch in samples.keys(keys):
@@ -401,8 +402,11 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     return chunk
 
 
-def _chunk_samples(plan: ReassemblePlan, files: Sequence[str]) -> _CopiedSamples | _ReferencedSamples:
-    return _ReferencedSamples(plan, files) if plan.references else _CopiedSamples(files)
+def _chunk_samples(
+    plan: ReassemblePlan, files: Sequence[str], names: Sequence[str]
+) -> _CopiedSamples | _ReferencedSamples:
+    """A chunk's samples from its bucket files (``files``: local copies of the buckets ``names``)."""
+    return _ReferencedSamples(plan, files, names) if plan.references else _CopiedSamples(files)
 
 
 class _CopiedSamples:
@@ -429,8 +433,8 @@ class _ReferencedSamples:
     """A chunk's samples as references to the records: every record read and checked once (with the keys), then
     each group's features read alone."""
 
-    def __init__(self, plan: ReassemblePlan, files: Sequence[str]):
-        self.files = files
+    def __init__(self, plan: ReassemblePlan, files: Sequence[str], names: Sequence[str]):
+        self.files, self.names = files, names  # (errors name the buckets, not their local copies)
         self.records = ReferencedRecords(plan.output, plan.schema, plan.split)
         self.values = {f.name: f.size for f in plan.schema.features}
         self.samples = 0
@@ -441,14 +445,14 @@ class _ReferencedSamples:
             for frame in _frames([path], [*keys, *REF_NAMES]):
                 missing = [n for n in (*keys, *REF_NAMES) if n not in frame]
                 if missing:
-                    raise ValueError(f"{path}: a frame without {missing[0]}: not a bucket of references")
+                    raise ValueError(f"{self.names[number]}: a frame without {missing[0]}: not a bucket of references")
                 frame[REF_BUCKET] = np.full(len(frame[REF_NAMES[0]]), number, dtype=np.int64)
                 parts.append(frame)
         if not parts:
             return iter(())
         refs = _joined(parts)
         self.samples = len(refs[REF_BUCKET])
-        return self.records.checked(refs, self.files, keys)
+        return self.records.checked(refs, self.names, keys)
 
     def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
         # One array per feature for every batch (placing copies the values out): a batch's values are fresh
