@@ -1,9 +1,9 @@
 """A split's records by reference (shard, byte offset, framed size, slot): keys from their tails, values by feature.
 
-    scan = ReferencedRecords(output, schema, split)
-    for batch in scan.index_batches(shard_number): ...   # {index/<dim>: keys, ref/*: where each sample is}
-    samples = ReferencedRecords(...).checked(refs, where=bucket_names)  # every record read whole once, checked
-    values = samples.feature("t", rows)                                 # one feature's bytes, read alone
+    records = ReferencedRecords(output, schema, split)
+    for batch in records.index_batches(shard_number): ...  # {index/<dim>: keys, ref/*: where each sample is}
+    for keys in records.checked(refs, bucket_names, ["index/time"]): ...  # each record read whole once, checked
+    values = records.values("t", 0, 128)                   # the first 128 samples' t: its bytes alone
 
 A scan reads only the tail of each record (its int64 entries follow the float entries, whose sizes the
 schema fixes), so finding where every sample goes costs a few bytes a record, not the record. The
@@ -25,7 +25,7 @@ from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema
 from schemas.shard_index import ShardIndex, index_name, scan_index
-from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, check_frame, read_frame_at
+from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, read_frame_at
 
 #: The arrays a reference is made of (beside the sample's index/<dim> keys).
 REF_SHARD, REF_OFFSET, REF_SIZE, REF_SLOT = "ref/shard", "ref/offset", "ref/size", "ref/slot"
@@ -76,9 +76,9 @@ class ReferencedRecords:
                 if 0 <= start <= length:
                     payloads = self.decoder.tail_payloads(os.pread(fd, length - start, offset + HEADER_BYTES + start))
                 if payloads is None:  # another layout, or damaged: the whole record, its CRCs checked
-                    framed = os.pread(fd, size, offset)
+                    record = read_frame_at(fd, offset, size, url, begin + k)  # (its errors name the record)
                     try:
-                        payloads = self.decoder.locate(check_frame(memoryview(framed), url, begin + k))[1]
+                        payloads = self.decoder.locate(record)[1]
                     except ValueError as error:
                         raise CorruptRecordError(f"{url}: record {begin + k}: {error}; rebuild the output") from None
                 rows.append(payloads)
@@ -236,7 +236,7 @@ class ReferencedRecords:
         out = np.empty((stop - begin, *feature.shape), dtype=feature.dtype)
         for i in range(begin, stop):
             number, offset, size = (int(self.refs[n][i]) for n in (REF_SHARD, REF_OFFSET, REF_SIZE))
-            record = check_frame(memoryview(os.pread(self._files[number], size, offset)), self.url(number), offset)
+            record = read_frame_at(self._files[number], offset, size, self.url(number), offset)
             held = self.decoder.decode_ints([self.decoder.locate(record)[1]])[name][0]
             out[i - begin] = held[int(self.refs[REF_SLOT][i])] if self.per > 1 else held
         return out

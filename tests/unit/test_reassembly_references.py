@@ -114,3 +114,18 @@ def test_a_record_in_another_layout_is_found_by_decoding_it_whole(tmp_path):
         list(reading.checked(refs, ["b"], KEYS))
         np.testing.assert_array_equal(reading.values("t", 0, 4), columns["t"])
         np.testing.assert_array_equal(reading.values("coord/time", 0, 4), columns["coord/time"])
+
+
+def test_a_scan_over_a_record_whose_tail_was_damaged_fails_its_crc_in_one_line(tmp_path):
+    from schemas.tfrecord import CorruptRecordError
+
+    path, schema = _output(tmp_path, 1)
+    shard = tmp_path / "out" / schema.splits["data"][0].file
+    data = bytearray(shard.read_bytes())
+    size = int.from_bytes(data[:8], "little") + 16
+    data[size - 5] |= 0x80  # the last varint of the first record, unterminated: no tail of the encoder's
+    shard.write_bytes(bytes(data))
+    with ReferencedRecords(path, schema, "data") as records, pytest.raises(CorruptRecordError) as error:
+        list(records.index_batches(0))
+    assert str(error.value) == f"{shard}: record 0: data CRC mismatch"
+    assert "\n" not in str(error.value)
