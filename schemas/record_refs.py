@@ -33,8 +33,8 @@ REF_NAMES = (REF_SHARD, REF_OFFSET, REF_SIZE, REF_SLOT)
 #: Which bucket file a reference came from (the error names it).
 REF_BUCKET = "ref/bucket"
 _FIX = "the work folder or the output changed during the run: run the reassembly again"
-#: Records read whole at once while checking references.
-CHECK_RECORDS = 64
+#: Records read whole at once while checking references (only their int64 payloads are kept).
+CHECK_RECORDS = 256
 
 
 class ReferencedRecords:

@@ -429,6 +429,10 @@ class _CopiedSamples:
         pass
 
 
+#: Samples read by reference and placed at once (a batch's values fill one array, reused).
+REFERENCED_BATCH = 256
+
+
 class _ReferencedSamples:
     """A chunk's samples as references to the records: every record read and checked once (with the keys), then
     each group's features read alone."""
@@ -458,9 +462,10 @@ class _ReferencedSamples:
         # One array per feature for every batch (placing copies the values out): a batch's values are fresh
         # pages of their own mapping otherwise, each faulted in anew.
         features = self.records.features
-        reused = {n: np.empty((BATCH, *features[n].shape), features[n].dtype) for n in group if n in features}
-        for begin in range(0, self.samples, BATCH):
-            stop = min(begin + BATCH, self.samples)
+        size = REFERENCED_BATCH
+        reused = {n: np.empty((size, *features[n].shape), features[n].dtype) for n in group if n in features}
+        for begin in range(0, self.samples, size):
+            stop = min(begin + size, self.samples)
             batch = {name: self.records.refs[name][begin:stop] for name in keys}
             for name in group:
                 batch[name] = self.records.values(name, begin, stop, reused.get(name))
