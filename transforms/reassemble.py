@@ -38,6 +38,7 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
+from planning.run.cancellation import writing
 from schemas.prediction_files import read_predictions
 from schemas.reader import Reader
 from schemas.reassembly import BATCH, COVERAGE, Reassembly
@@ -209,15 +210,18 @@ class _OpenBuckets:
             while len(self.open) >= self.limit:
                 yield self._finish(next(iter(self.open)))
             path = posixpath.join(self.plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.bucket")
-            stream = fsspec.open(path, "wb").open()
-            stream.write(_BUCKET_MAGIC)
+            with writing():
+                stream = fsspec.open(path, "wb").open()
+                stream.write(_BUCKET_MAGIC)
             entry = (path, stream)
         self.open[chunk] = entry
-        write_frame(entry[1], arrays)
+        with writing():
+            write_frame(entry[1], arrays)
 
     def _finish(self, chunk: int) -> tuple[int, str]:
         path, stream = self.open.pop(chunk)
-        stream.close()
+        with writing():
+            stream.close()
         return chunk, path
 
     def close(self) -> Iterator[tuple[int, str]]:
@@ -395,10 +399,11 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
         del assembly
     trim_free_memory()
     fs = fsspec.core.url_to_fs(plan.work)[0]
-    for path in paths:
-        fs.rm(fsspec.core.url_to_fs(path)[1])
-    with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
-        stream.write(b"")
+    with writing():
+        for path in paths:
+            fs.rm(fsspec.core.url_to_fs(path)[1])
+        with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
+            stream.write(b"")
     return chunk
 
 
@@ -576,7 +581,7 @@ class _RegionWriter:
         self.writing = [f for f in self.writing if not f.done()]
         while len(self.writing) >= WRITERS:
             self.writing.pop(0).result()
-        future = self.pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False))
+        future = self.pool.submit(_write_region, array, region, values.astype(array.dtype, copy=False))
         self.writing.append(future)
         return future
 
@@ -588,6 +593,13 @@ class _RegionWriter:
         for future in self.writing:
             if exc == (None, None, None):
                 future.result()
+
+
+def _write_region(array, region: tuple, values: np.ndarray) -> None:
+    """One region of a Zarr array written, unless the run was cancelled (a failed run removes the store: no
+    write may start once it does)."""
+    with writing():
+        array[region] = values
 
 
 def _size(stream) -> int:
