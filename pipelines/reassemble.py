@@ -104,6 +104,7 @@ def make_plan(args, store: str, work: str):
     from schemas.dataset import load_schema
     from schemas.prediction_files import list_predictions
     from schemas.schema import default_split
+    from schemas.urls import is_remote
     from transforms.reassemble import ReassemblePlan, chunk_length
 
     output = args.output.rstrip("/") or "/"
@@ -125,8 +126,11 @@ def make_plan(args, store: str, work: str):
     records = [shard.file for shard in schema.splits[split]]
     files = list_predictions(args.predictions) if args.predictions else records
     records = not args.predictions
+    # A local output's own records are read where they are (buckets hold references); a remote one's would
+    # be a request per record and variable, a compressed one's cannot be read at an offset: those are copied.
+    references = records and not schema.compression and not is_remote(output)
     plan = ReassemblePlan(
-        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records
+        output, schema, split, args.blend, args.layout, {}, axis.dim, length, chunks, store, work, records, references
     )
     return plan, files
 
@@ -230,6 +234,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
 
     from pipelines.runners import RunOptions, make_runner, with_runner_defaults
     from planning.formats.dask_on_demand import defer_dask
+    from planning.run.cancellation import allow_writes, cancel_writes
     from schemas.reassembly import import_xarray
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
@@ -237,6 +242,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     started_up()
     defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
     map_large_arrays()
+    allow_writes()  # an earlier run in this process may have failed and refused its threads' writes
     kind = _destination(args.to, args.overwrite)
     to = args.to.rstrip("/")
     work = f"{to}.parts"
@@ -260,6 +266,10 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
                 dataset.to_netcdf(partial)  # chunk by chunk: memory of one chunk
             os.replace(partial, to)  # whole or not at all
     except BaseException:
+        # Other worker threads may still be writing (the local runner's): stop them first, or they would write
+        # again into what is being removed, or make its removal fail and hide the error.
+        if not cancel_writes():
+            logger.warning("writes still running after the wait; what they leave, --overwrite removes")
         if kind == "zarr":  # (refused or removed before the run: what is there now, the run wrote)
             store_fs, store_path = fsspec.core.url_to_fs(store)
             if store_fs.exists(store_path):

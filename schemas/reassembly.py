@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from schemas.errors import UserError
 from schemas.grid import coordinate_attrs, coordinate_values
@@ -328,6 +329,11 @@ class Reassembly:
             raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
         grid = [a.dim for a in self.grid_axes]
         for rows in self._rounds(starts):
+            windows = self._windows(grid, starts[rows], self.coverage.shape)
+            if windows is not None:  # every sample whole inside: all counted at once
+                sizes, index = windows
+                sliding_window_view(self.coverage, sizes, writeable=True)[index] += 1  # (a round: no cell twice)
+                continue
             for box in self._boxes(grid, starts[rows]):
                 if box is not None:
                     self.coverage[box[0]] += 1  # (no two samples of a round share a cell)
@@ -352,9 +358,7 @@ class Reassembly:
                     mask = masks[name] if whole else masks[name][rows]
                     values = np.where(mask != 0, np.nan, values.astype(np.float64))
                 for target, part in self._parts(name, feature, values):
-                    if target.dims not in boxes:
-                        boxes[target.dims] = self._boxes(target.dims, at)
-                    self._place(target, part, boxes[target.dims])
+                    self._place(target, part, at, boxes)
 
     def _rounds(self, starts: np.ndarray) -> Iterator[np.ndarray]:
         """Rows of ``starts`` in rounds: samples whose positions agree modulo the overlap span along every dim
@@ -403,6 +407,28 @@ class Reassembly:
         columns = [itertools.repeat(everything, len(at)) if each is None else each for each in per_dim]
         # Per sample: its (array cells, sample cells) along each dim, transposed to (array index, sample index).
         return [None if None in cells else tuple(zip(*cells)) for cells in zip(*columns)]
+
+    def _windows(self, dims: Sequence[str], at: np.ndarray, shape: Sequence[int]) -> tuple[tuple, tuple] | None:
+        """Where every sample (starts ``at``) lies whole inside an array over ``dims`` (the grid or region), on
+        cells one apart: the sample's extent along each dim, and each one's first cells as an index into the
+        array's sliding windows of that extent (numpy's sliding_window_view); else None. ``shape``: the array's."""
+        placed = [a.dim for a in self.checked]
+        sizes, index = [], []
+        for dim in dims:
+            axis = self.axes.get(dim)
+            if axis is None or axis.whole:  # (whole in every sample: the array's own length along it)
+                sizes.append(shape[len(sizes)])
+                index.append(0)
+                continue
+            cells = axis.local_cells()
+            if len(cells) > 1 and not (np.diff(cells) == 1).all():
+                return None
+            first = at[:, placed.index(dim)] - axis.first + int(cells[0])
+            if not len(first) or first.min() < 0 or first.max() + len(cells) > axis.length:
+                return None
+            sizes.append(len(cells))
+            index.append(first)
+        return tuple(sizes), tuple(index)
 
     def _key_text(self, sample: Mapping[str, Any], row: int = 0) -> str:
         return (
@@ -520,8 +546,9 @@ class Reassembly:
             self._weights[target.dims] = found
         return found
 
-    def _place(self, target: Target, values: np.ndarray, boxes: Sequence[tuple[tuple, tuple] | None]) -> None:
-        """Blend samples (values: samples, *its sample dims) into ``target``, one box each (``_boxes``), in order."""
+    def _place(self, target: Target, values: np.ndarray, at: np.ndarray, boxes: dict) -> None:
+        """Blend samples (values: samples, *its sample dims; starts ``at``) into ``target``, in order: one box each
+        (``_boxes``, kept in ``boxes`` by dims for the batch's other arrays)."""
         want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
         if values.shape[1:] != want:
             raise UserError(
@@ -539,11 +566,20 @@ class Reassembly:
         unweighted = [n == 1 for n in window.shape]
         total, weights = target.total, target.weight
         if self._set_once(target):  # each cell its sample's value, as it is (the weights: coverage says where)
-            for sample, box in zip(block, boxes):
+            windows = self._windows(target.dims, at, total.shape)
+            if windows is not None:  # every sample whole inside: all set at once
+                sizes, index = windows
+                sliding_window_view(total, sizes, writeable=True)[index] = block
+                return
+            if target.dims not in boxes:
+                boxes[target.dims] = self._boxes(target.dims, at)
+            for sample, box in zip(block, boxes[target.dims]):
                 if box is not None:
                     total[box[0]] = sample[box[1]]
             return
-        for sample, box in zip(block, boxes):
+        if target.dims not in boxes:
+            boxes[target.dims] = self._boxes(target.dims, at)
+        for sample, box in zip(block, boxes[target.dims]):
             if box is None:
                 continue
             at, crop = box

@@ -46,8 +46,10 @@ class ExampleDecoder:
             parts.append(re.escape(header) + b".{" + str(4 * feature.size).encode() + b"}")
             self._float_offsets.append(offset + len(header))
             offset += len(header) + 4 * feature.size
-        parts.extend(_int_entry_pattern(f.name.encode(), f.size) for f in self._ints)
-        self._pattern = re.compile(b"".join(parts), re.DOTALL)
+        self._float_bytes = offset  # the float entries' bytes: the same in every record of the layout
+        ints = [_int_entry_pattern(f.name.encode(), f.size) for f in self._ints]
+        self._pattern = re.compile(b"".join([*parts, *ints]), re.DOTALL)
+        self._int_pattern = re.compile(b"".join(ints), re.DOTALL)
         # An int64 entry's header is a function of its payload length: check it against these.
         self._int_headers: list[dict[int, bytes]] = [{} for _ in self._ints]
         self._example_headers: dict[int, bytes] = {}
@@ -79,6 +81,48 @@ class ExampleDecoder:
             if n and feature.size:
                 values = decode_varints(b"".join(payloads), 0, sum(map(len, payloads)))
                 out[feature.name][...] = values.reshape(out[feature.name].shape)
+        return out
+
+    def locate(self, record: bytes) -> tuple[list[int], list[bytes]]:
+        """Where each float feature's payload starts in ``record`` (in ``float_names`` order), and the int64
+        features' payloads (``decode_ints``); ValueError unless it holds every feature of the schema."""
+        return self._locate_fast(record) or self._locate_generic(record)
+
+    @property
+    def float_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self._floats)
+
+    def tail_start(self, length: int) -> int:
+        """Where the int64 entries start in a record of ``length`` bytes in the encoder's layout (after the
+        Example's header and the float entries, whose sizes the schema fixes)."""
+        return len(self._example_header(length)) + self._float_bytes
+
+    def tail_payloads(self, tail: bytes) -> list[bytes] | None:
+        """The int64 features' payloads of a record in the encoder's layout, from its tail alone (from
+        ``tail_start``); None where the tail is not such entries (another layout: locate the whole record)."""
+        match = self._int_pattern.fullmatch(tail)
+        if match is None:
+            return None
+        payloads = []
+        for j in range(len(self._ints)):
+            start, payload_start = match.regs[2 * j + 1]
+            payload_end = match.regs[2 * j + 2][1]
+            length = payload_end - payload_start
+            expected = self._int_headers[j].get(length) or self._int_header(j, length)
+            if payload_start - start != len(expected) or not tail.startswith(expected, start):
+                return None
+            payloads.append(tail[payload_start:payload_end])
+        return payloads
+
+    def decode_ints(self, rows: Sequence[Sequence[bytes]]) -> dict[str, np.ndarray]:
+        """The int64 features of records from their payloads (``locate``, ``tail_payloads``), decoded at once."""
+        out = {}
+        for j, feature in enumerate(self._ints):
+            payload = b"".join(row[j] for row in rows)
+            values = decode_varints(payload, 0, len(payload)) if feature.size else np.zeros(0, np.int64)
+            if values.size != len(rows) * feature.size:
+                raise ValueError(f"feature {feature.name!r} holds {values.size} values in {len(rows)} records")
+            out[feature.name] = values.reshape(len(rows), *feature.shape)
         return out
 
     def decode(self, record: bytes) -> dict[str, np.ndarray]:

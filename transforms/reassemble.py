@@ -10,6 +10,10 @@ Only paths ride the GroupByKey (the local runner holds every grouped value in me
 decision 3). A scan holds one batch and PENDING_BYTES of samples; a process's chunk tasks hold about one
 chunk's values between them (_HELD), so a worker holds one chunk, its halo, and a batch, whatever its
 threads. Every stage takes what it needs from the plan it is given: no state on the driver.
+
+Where the samples are a local output's own records (``plan.references``), buckets hold no values: a scan
+reads each record's keys from its tail and notes where it is (schemas.record_refs), and the chunk's task
+reads each record whole once (checked against its reference), then each variable's bytes alone.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
+from planning.run.cancellation import writing
 from schemas.prediction_files import read_predictions
 from schemas.reader import Reader
 from schemas.reassembly import BATCH, COVERAGE, Reassembly
+from schemas.record_refs import REF_BUCKET, REF_NAMES, ReferencedRecords
 from schemas.schema import Schema
 
 #: Records a scan decodes at once (a few MB of samples: what a scan holds).
@@ -61,6 +67,7 @@ class ReassemblePlan:
     store: str  # the Zarr store written region by region
     work: str  # bucket files and done markers (removed at the end)
     records: bool  # True: the split's own records (files are shard names); False: prediction files
+    references: bool = False  # buckets point at the records (a local, uncompressed output's own) instead of copies
 
     def assembly(self, region: tuple[int, int] | None = None) -> Reassembly:
         bounds = None if region is None else (self.chunk_dim or None, *region)
@@ -83,6 +90,17 @@ def iter_file(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]
         yield from reader.iter_chunks([shard], chunk=SCAN_RECORDS)
     else:
         yield from read_predictions(name, plan.schema)
+
+
+def scanned_batches(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]]:
+    """What a scan sorts into buckets from a sample file: its samples, or (``plan.references``) their keys and
+    where each is."""
+    if not plan.references:
+        yield from iter_file(plan, name)
+        return
+    number = next(i for i, s in enumerate(plan.schema.splits[plan.split]) if s.file == name)
+    with ReferencedRecords(plan.output, plan.schema, plan.split) as records:
+        yield from records.index_batches(number)
 
 
 def reach_of(plan: ReassemblePlan, assembly: Reassembly, batch: Mapping[str, np.ndarray]):
@@ -109,9 +127,10 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     assembly = plan.assembly((0, 0))  # (checks keys only: holds no cells)
     with _OpenBuckets(plan) as buckets:
         pending = _Pending(buckets)
-        for batch in iter_file(plan, name):
+        for batch in scanned_batches(plan, name):
             assembly.check_keys(batch)
             kept = {n for group in assembly.placed_groups(batch) for n in group}
+            kept.update(REF_NAMES)
             batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
             first, last = reach_of(plan, assembly, batch)
             for extra in range(int((last - first).max(initial=0)) + 1):  # the chunk it starts in, then its halo
@@ -191,15 +210,18 @@ class _OpenBuckets:
             while len(self.open) >= self.limit:
                 yield self._finish(next(iter(self.open)))
             path = posixpath.join(self.plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.bucket")
-            stream = fsspec.open(path, "wb").open()
-            stream.write(_BUCKET_MAGIC)
+            with writing():
+                stream = fsspec.open(path, "wb").open()
+                stream.write(_BUCKET_MAGIC)
             entry = (path, stream)
         self.open[chunk] = entry
-        write_frame(entry[1], arrays)
+        with writing():
+            write_frame(entry[1], arrays)
 
     def _finish(self, chunk: int) -> tuple[int, str]:
         path, stream = self.open.pop(chunk)
-        stream.close()
+        with writing():
+            stream.close()
         return chunk, path
 
     def close(self) -> Iterator[tuple[int, str]]:
@@ -353,12 +375,12 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     chunk, paths = element
     start, stop = plan.bounds(chunk)
     map_large_arrays()
-    with _local_copies(sorted(paths)) as files:
+    with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files, sorted(paths)) as samples:
         assembly = plan.assembly((start, stop))
         keys = [a.index_name for a in assembly.checked]
-        values: dict[str, int] = {}  # values per sample of each array the buckets hold
-        for batch in _batches(_frames(files, keys, values), BATCH):
+        for batch in samples.keys(keys):
             assembly.count(batch)
+        values = samples.values  # values per sample of each array the samples hold
         groups = assembly.placed_groups(values)
         everything = sum(values[n] for group in groups for n in group if n in values) or 1
         with _RegionWriter(plan, chunk) as writer:
@@ -366,7 +388,7 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
                 share = 2 * sum(values[n] for n in group) / everything  # (its values, then their compressed copy)
                 _HELD.take(share)
                 try:
-                    for batch in _batches(_frames(files, [*keys, *group]), BATCH):
+                    for batch in samples.batches(keys, group):
                         assembly.place(batch)
                     done = [writer.write(*each) for each in assembly.take_finished()]
                 except BaseException:
@@ -377,11 +399,88 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
         del assembly
     trim_free_memory()
     fs = fsspec.core.url_to_fs(plan.work)[0]
-    for path in paths:
-        fs.rm(fsspec.core.url_to_fs(path)[1])
-    with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
-        stream.write(b"")
+    with writing():
+        for path in paths:
+            fs.rm(fsspec.core.url_to_fs(path)[1])
+        with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
+            stream.write(b"")
     return chunk
+
+
+def _chunk_samples(
+    plan: ReassemblePlan, files: Sequence[str], names: Sequence[str]
+) -> _CopiedSamples | _ReferencedSamples:
+    """A chunk's samples from its bucket files (``files``: local copies of the buckets ``names``)."""
+    return _ReferencedSamples(plan, files, names) if plan.references else _CopiedSamples(files)
+
+
+class _CopiedSamples:
+    """A chunk's samples as its buckets hold them: keys first, then a group of arrays per pass (the rest skipped)."""
+
+    def __init__(self, files: Sequence[str]):
+        self.files = files
+        self.values: dict[str, int] = {}  # values per sample of each array the buckets hold (once keys are read)
+
+    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        return _batches(_frames(self.files, keys, self.values), BATCH)
+
+    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        return _batches(_frames(self.files, [*keys, *group]), BATCH)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+#: Samples read by reference and placed at once (a batch's values fill one array, reused).
+REFERENCED_BATCH = 256
+
+
+class _ReferencedSamples:
+    """A chunk's samples as references to the records: every record read and checked once (with the keys), then
+    each group's features read alone."""
+
+    def __init__(self, plan: ReassemblePlan, files: Sequence[str], names: Sequence[str]):
+        self.files, self.names = files, names  # (errors name the buckets, not their local copies)
+        self.records = ReferencedRecords(plan.output, plan.schema, plan.split)
+        self.values = {f.name: f.size for f in plan.schema.features}
+        self.samples = 0
+
+    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        parts = []
+        for number, path in enumerate(self.files):
+            for frame in _frames([path], [*keys, *REF_NAMES]):
+                missing = [n for n in (*keys, *REF_NAMES) if n not in frame]
+                if missing:
+                    raise ValueError(f"{self.names[number]}: a frame without {missing[0]}: not a bucket of references")
+                frame[REF_BUCKET] = np.full(len(frame[REF_NAMES[0]]), number, dtype=np.int64)
+                parts.append(frame)
+        if not parts:
+            return iter(())
+        refs = _joined(parts)
+        self.samples = len(refs[REF_BUCKET])
+        return self.records.checked(refs, self.names, keys)
+
+    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        # One array per feature for every batch (placing copies the values out): a batch's values are fresh
+        # pages of their own mapping otherwise, each faulted in anew.
+        features = self.records.features
+        size = REFERENCED_BATCH
+        reused = {n: np.empty((size, *features[n].shape), features[n].dtype) for n in group if n in features}
+        for begin in range(0, self.samples, size):
+            stop = min(begin + size, self.samples)
+            batch = {name: self.records.refs[name][begin:stop] for name in keys}
+            for name in group:
+                batch[name] = self.records.values(name, begin, stop, reused.get(name))
+            yield batch
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.records.close()
 
 
 def _give_back_when_done(futures: Sequence[concurrent.futures.Future | None], share: float) -> None:
@@ -482,7 +581,7 @@ class _RegionWriter:
         self.writing = [f for f in self.writing if not f.done()]
         while len(self.writing) >= WRITERS:
             self.writing.pop(0).result()
-        future = self.pool.submit(array.__setitem__, region, values.astype(array.dtype, copy=False))
+        future = self.pool.submit(_write_region, array, region, values.astype(array.dtype, copy=False))
         self.writing.append(future)
         return future
 
@@ -494,6 +593,13 @@ class _RegionWriter:
         for future in self.writing:
             if exc == (None, None, None):
                 future.result()
+
+
+def _write_region(array, region: tuple, values: np.ndarray) -> None:
+    """One region of a Zarr array written, unless the run was cancelled (a failed run removes the store: no
+    write may start once it does)."""
+    with writing():
+        array[region] = values
 
 
 def _size(stream) -> int:
