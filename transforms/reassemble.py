@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -125,7 +126,7 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     files as one frame each, so a scan holds a batch and its pending samples, never the samples of a chunk."""
     map_large_arrays()
     assembly = plan.assembly((0, 0))  # (checks keys only: holds no cells)
-    with _OpenBuckets(plan) as buckets:
+    with _OpenBuckets(plan, name) as buckets:
         pending = _Pending(buckets)
         for batch in scanned_batches(plan, name):
             assembly.check_keys(batch)
@@ -193,12 +194,17 @@ OPEN_BUCKETS = {"local": 256, "remote": 8}
 class _OpenBuckets:
     """A scan's bucket files, one open per chunk (up to OPEN_BUCKETS: the least recently written is finished first)."""
 
-    def __init__(self, plan: ReassemblePlan):
+    def __init__(self, plan: ReassemblePlan, source: str):
         from schemas.urls import is_remote
 
         self.plan = plan
         self.limit = OPEN_BUCKETS["remote" if is_remote(plan.work) else "local"]
         self.open: dict[int, tuple[str, object]] = {}  # chunk -> (path, stream), least recently written first
+        # A chunk's task takes its buckets in name order: named by the file scanned and their order in its scan,
+        # overlapping samples blend in the same order every run (sums in another order differ in their last
+        # bits); the random part keeps a retried scan's buckets apart from its failed attempt's.
+        self.source = hashlib.sha1(source.encode()).hexdigest()[:16]
+        self.made: dict[int, int] = {}
 
     def write(
         self, chunk: int, arrays: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]
@@ -209,7 +215,9 @@ class _OpenBuckets:
         if entry is None:
             while len(self.open) >= self.limit:
                 yield self._finish(next(iter(self.open)))
-            path = posixpath.join(self.plan.work, f"chunk-{chunk:06d}-{uuid.uuid4().hex}.bucket")
+            self.made[chunk] = made = self.made.get(chunk, 0) + 1
+            name = f"chunk-{chunk:06d}-{self.source}-{made:06d}-{uuid.uuid4().hex[:12]}.bucket"
+            path = posixpath.join(self.plan.work, name)
             with writing():
                 stream = fsspec.open(path, "wb").open()
                 stream.write(_BUCKET_MAGIC)

@@ -64,7 +64,7 @@ def test_a_scan_holds_samples_by_chunk_and_writes_each_chunks_as_few_frames_in_o
     monkeypatch.setattr(reassemble, "PENDING_BYTES", 3 * sum(a.nbytes for a in frames[0].values()))
     plan = types.SimpleNamespace(work=str(tmp_path))
     finished = []
-    with reassemble._OpenBuckets(plan) as buckets:
+    with reassemble._OpenBuckets(plan, "predictions.npz") as buckets:
         pending = reassemble._Pending(buckets)
         for i, frame in enumerate(frames):
             if i == 7:  # another layout (a prediction file with one more array): a frame of its own

@@ -38,7 +38,7 @@ def test_a_scan_over_its_open_bucket_limit_finishes_the_least_recent_and_loses_n
     plan = types.SimpleNamespace(work=str(tmp_path))
     sent: dict[int, list[int]] = {}
     finished = []
-    with reassemble._OpenBuckets(plan) as buckets:
+    with reassemble._OpenBuckets(plan, "predictions.npz") as buckets:
         for step, chunk in enumerate([0, 1, 0, 2, 1, 3, 0]):  # 2 and 3 push out 1, then 0; 0 and 1 come back
             sent.setdefault(chunk, []).append(step)
             finished += buckets.write(chunk, {"index/time": np.array([step]), "t": np.full((1, 2), step, "f4")})
@@ -54,3 +54,38 @@ def test_a_scan_over_its_open_bucket_limit_finishes_the_least_recent_and_loses_n
                 got.setdefault(chunk, []).extend(frame["index/time"].tolist())
     assert {c: sorted(v) for c, v in got.items()} == sent
     assert len(finished) == 6  # 0 and 1 each in two files
+
+
+def _steps_in_name_order(work, source_names) -> dict[int, list[int]]:
+    """Two scans of the same samples, one per source; each chunk's steps as its task reads them (paths sorted)."""
+    plan = types.SimpleNamespace(work=str(work))
+    paths: dict[int, list[str]] = {}
+    for source in source_names:
+        with reassemble._OpenBuckets(plan, source) as buckets:
+            for step in range(8):  # with one bucket open, each write finishes the other chunk's: 4 files a chunk
+                for chunk, path in buckets.write(step % 2, {"index/time": np.array([step])}):
+                    paths.setdefault(chunk, []).append(path)
+            for chunk, path in buckets.close():
+                paths.setdefault(chunk, []).append(path)
+    steps: dict[int, list[int]] = {}
+    for chunk, found in paths.items():
+        for path in sorted(found):
+            with open(path, "rb") as stream:
+                for frame in reassemble.iter_bucket(stream, path):
+                    steps.setdefault(chunk, []).extend(frame["index/time"].tolist())
+    return steps
+
+
+def test_a_chunks_buckets_sort_by_the_file_scanned_then_as_its_scan_wrote_them(tmp_path, monkeypatch):
+    """A chunk's task places its buckets' samples in name order, so overlapping predictions blend in one order
+    every run (a sum in another order differs in its last bits): by the file scanned, then the scan's order."""
+    monkeypatch.setitem(reassemble.OPEN_BUCKETS, "local", 1)
+    first = _steps_in_name_order(tmp_path / "first", ["b.npz", "a.npz"])
+    assert {chunk: sorted(steps) for chunk, steps in first.items()} == {
+        0: [0, 0, 2, 2, 4, 4, 6, 6],
+        1: [1, 1, 3, 3, 5, 5, 7, 7],
+    }
+    for chunk, steps in first.items():  # one file's samples, then the other's, each in the order it was scanned
+        assert steps[:4] == steps[4:] == list(range(chunk, 8, 2)), steps
+    # Again, the files scanned the other way round (as another run's workers may): the same order.
+    assert _steps_in_name_order(tmp_path / "second", ["a.npz", "b.npz"]) == first
