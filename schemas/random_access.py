@@ -26,7 +26,7 @@ from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
-from schemas.shard_index import ShardIndex, index_name, scan_index
+from schemas.shard_index import ShardIndex, index_name, load_index
 from schemas.tfrecord import CorruptRecordError, check_frame
 from schemas.urls import is_remote
 
@@ -163,20 +163,14 @@ class RandomAccessSource:
             return index
         shard = self.shards[number]
         url = self._url(shard)
+        read_at = None if self._remote else lambda offset, size: self._read_local(number, [offset], [size])[0]
         try:
-            with fsspec.open(index_name(url), "rb") as stream:
-                data = stream.read()
-        except FileNotFoundError:
-            if self._remote:
-                raise UserError(
-                    f"{index_name(url)} is missing: random access needs each shard's index; build the output "
-                    "again (every build writes them), or read it in order with schemas.Reader"
-                ) from None
-            index = scan_index(
-                lambda offset, size: self._read_local(number, [offset], [size])[0], shard.bytes, shard.records, url
-            )
-        else:
-            index = ShardIndex.parse(data, index_name(url), shard.records, shard.bytes)
+            index = load_index(url, shard.records, shard.bytes, read_at)
+        except FileNotFoundError:  # (a remote shard's: a local one's is scanned)
+            raise UserError(
+                f"{index_name(url)} is missing: random access needs each shard's index; build the output "
+                "again (every build writes them), or read it in order with schemas.Reader"
+            ) from None
         self._indexes[number] = index
         return index
 

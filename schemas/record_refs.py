@@ -24,7 +24,7 @@ import numpy as np
 from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema
-from schemas.shard_index import ShardIndex, index_name, scan_index
+from schemas.shard_index import ShardIndex, load_index
 from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, read_frame_at
 
 #: The arrays a reference is made of (beside the sample's index/<dim> keys).
@@ -104,13 +104,9 @@ class ReferencedRecords:
             yield out
 
     def _index(self, number: int) -> ShardIndex:
-        shard, url = self.shards[number], self.url(number)
-        try:
-            with open(index_name(url), "rb") as stream:
-                data = stream.read()
-        except FileNotFoundError:
-            return scan_index(lambda at, size: os.pread(self._fd(number), size, at), shard.bytes, shard.records, url)
-        return ShardIndex.parse(data, index_name(url), shard.records, shard.bytes)
+        shard = self.shards[number]
+        read_at = lambda at, size: os.pread(self._fd(number), size, at)  # noqa: E731
+        return load_index(self.url(number), shard.records, shard.bytes, read_at)
 
     def _fd(self, number: int) -> int:
         fd = self._files.get(number)

@@ -74,6 +74,21 @@ class ShardIndex:
             )
 
 
+def load_index(url: str, records: int, shard_bytes: int, read_at=None) -> ShardIndex:
+    """A shard's index from its ``.tfindex`` file, checked against the shard; where there is none, found by
+    walking the shard's headers through ``read_at(offset, size) -> bytes`` (without it: FileNotFoundError)."""
+    import fsspec
+
+    try:
+        with fsspec.open(index_name(url), "rb") as stream:
+            data = stream.read()
+    except FileNotFoundError:
+        if read_at is None:
+            raise
+        return scan_index(read_at, shard_bytes, records, url)
+    return ShardIndex.parse(data, index_name(url), records, shard_bytes)
+
+
 def scan_index(read_at, shard_bytes: int, records: int, name: str) -> ShardIndex:
     """The index of a shard found by walking its length headers (``read_at(offset, size) -> bytes``)."""
     offsets = np.empty(records, dtype=np.int64)
