@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks import bytecode
 from benchmarks.targets import Target, all_targets
 
 MB = 1e6
@@ -240,7 +241,7 @@ def header(results: dict) -> str:
         f"xarray-tfrecords benchmark{quick} -- {results['started']}, {host['cpus']} CPUs, load {load}; "
         f"MB = 1e6 bytes; RSS = peak of the summed RSS of each competitor's process tree (polled every 50 ms); "
         "load = 1-minute load average when the competitor started"
-    )
+    ) + ("\n" + bytecode.note(results["bytecode"]) if "bytecode" in results else "")
 
 
 def render(results: dict) -> str:

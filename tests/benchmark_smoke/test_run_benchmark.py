@@ -84,3 +84,21 @@ def test_the_io_limit_writes_the_inputs_bytes_over_the_shards_in_turn(tmp_path, 
     written = sorted((tmp_path / "out").iterdir())
     assert [p.read_bytes() for p in written] == [inputs[0].read_bytes() + inputs[2].read_bytes(), b"\2" * 5]
     assert set(result["seconds"]) == {"read", "write", "sync"}
+
+
+def test_the_runs_time_the_projects_modules_as_cached_bytecode(monkeypatch):
+    """A fresh interpreter finds the project compiled (a user's second run), and the header says how it ran."""
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is not an installed package
+    import importlib.util
+
+    from benchmarks import bytecode
+
+    compiled = REPO / "pipelines" / importlib.util.cache_from_source("build.py")
+    compiled.unlink(missing_ok=True)
+    state = bytecode.cache_project_bytecode()
+    assert state["project_compiled"] and compiled.is_file()
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert bytecode.cache_project_bytecode()["dont_write_bytecode"] is True
+    assert "PYTHONDONTWRITEBYTECODE is set" in bytecode.note(state | {"dont_write_bytecode": True})
+    assert "WARNING" in bytecode.note(state | {"installed_compiled": False})
+    assert "WARNING" not in bytecode.note(state | {"installed_compiled": True})
