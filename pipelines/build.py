@@ -270,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         counters: dict[str, int] = {}
         progress = None if args.quiet else sys.stderr  # the terminal's stream, taken before the redirect
         with contextlib.redirect_stderr(sys.stderr if args.verbose else worker_output):
-            plan, schema = run_build(
-                config, beam_args, overwrite, progress, args.shared_filesystem, counters, args.append
-            )
+            plan, schema = run_build(config, chosen, overwrite, progress, args.shared_filesystem, counters, args.append)
         sys.stderr.write(worker_output.getvalue())
     except BaseException as error:
         from planning.run.generations import NothingToAppend

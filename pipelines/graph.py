@@ -37,10 +37,12 @@ from pipelines.runners import (
     DATAFLOW_RUNNER,
     RunOptions,
     close_run,
+    fit_local_threads,
     is_dask_runner,
     is_dry_run,
     is_local_runner,
     load_runner_options,
+    local_threads_chosen,
     make_runner,
     runner_context,
     runner_name,
@@ -145,14 +147,16 @@ def run_build(
     name, where the runner reports them. ``append``: add the input's steps the output does not hold as a new
     generation (planning.run.generations; NothingToAppend, before anything is written, when there are none).
     """
+    fit_threads = not local_threads_chosen(beam_args)
     beam_args = with_runner_defaults(beam_args)
     with submission_temp_dir(PipelineOptions(beam_args)):
-        return _run_build(config, beam_args, overwrite, progress, shared_filesystem, counters, append)
+        return _run_build(config, beam_args, fit_threads, overwrite, progress, shared_filesystem, counters, append)
 
 
 def _run_build(
     config: BuildConfig,
     beam_args: list[str],
+    fit_threads: bool,
     overwrite: bool,
     progress: TextIO | None,
     shared_filesystem: bool,
@@ -225,6 +229,8 @@ def _run_build(
         try:
             check_stopped()
             specs = compile_specs(plan, lay_out(plan, write), urls)
+            if local and fit_threads:
+                fit_local_threads(pipeline.options, _parallel_tasks(plan, specs))  # (Beam ran on a copy of options)
             for file, data in files.values():
                 write_atomically(file.url, [data])
             with contextlib.ExitStack() as stack:
@@ -256,6 +262,12 @@ def _run_build(
             job = watched_job()
             close_run(job.result if job is not None else None)
         return plan, load_schema(plan.output)
+
+
+def _parallel_tasks(plan: BuildPlan, specs: StageSpecs) -> int:
+    """How many of the run's steps could run at once: its units (the tendency's too), or its shards' sorts."""
+    units = len(plan.units) + (len(specs.tendency.plan.units) if specs.tendency is not None else 0)
+    return max(units, plan.num_shards if specs.write.bucket_dir is not None else 1)
 
 
 def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
