@@ -35,8 +35,9 @@ def test_a_warm_module_run_finds_modules_in_its_cwd_as_python_m_does(tmp_path):
 def test_a_warm_run_past_its_timeout_is_killed_and_raises(tmp_path):
     pid_file = tmp_path / "pid"
     code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    run_warm([sys.executable, "-c", "pass"], cwd=tmp_path)  # the fork server up (its imports take seconds) ...
     with pytest.raises(subprocess.TimeoutExpired):
-        run_warm([sys.executable, "-c", code], cwd=tmp_path, timeout=2)  # forked warm: it starts in milliseconds
+        run_warm([sys.executable, "-c", code], cwd=tmp_path, timeout=2)  # ... a child starts in milliseconds
     pid = int(pid_file.read_text())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
