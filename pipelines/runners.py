@@ -151,9 +151,10 @@ def fit_local_threads(options: PipelineOptions, tasks: int) -> None:
     """A local run's default threads, no more than it has tasks to run at once (units to cut, shards to sort).
 
     Each thread of the multi-threaded runner is an SDK worker with its own gRPC channels, started
-    whether or not work reaches it: a build of one unit (the demo) took 1.40 s on one thread and
-    1.55 s on two (medians, 2 cores). Call only where the user chose no threads (local_threads_chosen),
-    with the options the pipeline runs with (``pipeline.options``: Beam copies those it is given).
+    whether or not work reaches it: a build of one unit (the demo) took 1.45 s on one thread and
+    1.57 s on two (medians of 5 alternated runs, 2 cores). Call only where the user chose no
+    threads (local_threads_chosen), with the options the pipeline runs with (``pipeline.options``:
+    Beam copies those it is given).
     """
     direct = options.view_as(DirectOptions)
     if direct.direct_running_mode == "multi_threading" and direct.direct_num_workers:
