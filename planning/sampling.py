@@ -374,13 +374,23 @@ def chunk_breaks(starts: Sequence[int], chunk: int) -> list[int]:
 
 
 def _bounds(count: int, chunk: int, breaks: Sequence[int]) -> list[int]:
-    """Unit boundaries along one dim: every ``chunk`` positions, ending early at a break that fits."""
+    """Unit boundaries along one dim: at most ``chunk`` positions apart, ending at a break that fits; a stretch
+    to the next break (or the end) longer than ``chunk`` in as few units as fit, as even as they can be."""
     bounds = [0]
     while bounds[-1] < count:
         start = bounds[-1]
         limit = min(count, start + chunk)
         at = bisect.bisect_right(breaks, limit) - 1  # the last break at or before limit
-        bounds.append(breaks[at] if limit < count and at >= 0 and breaks[at] > start else limit)
+        if limit == count or (at >= 0 and breaks[at] > start):
+            bounds.append(breaks[at] if limit < count else limit)
+            continue
+        # Not ``chunk``s and a remainder: 4-step files in units of 3 and 1 steps put every large unit on
+        # one of a local runner's two threads (it deals a stage's elements out in turn), which then worked
+        # alone for half the build (4x benchmark: 8.6 vs 3.5 CPU-s).
+        after = bisect.bisect_right(breaks, start)
+        end = breaks[after] if after < len(breaks) else count
+        parts = -(-(end - start) // chunk)
+        bounds.extend(start + (end - start) * i // parts for i in range(1, parts + 1))
     return bounds
 
 

@@ -106,6 +106,21 @@ def test_units_prefer_file_boundaries():
     assert [u.ranges for u in units] == [((a, b), (0, 3)) for a, b in [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]]
 
 
+def test_a_file_longer_than_a_unit_is_cut_in_even_units():
+    """4-step files with room for 3 steps a unit: 2 + 2 steps, not 3 + 1 (a local runner deals units to its
+    threads in turn: 3 + 1 gave one thread every large unit); no unit over the budget, none across a file."""
+    grid = SampleGrid((Axis.iterate("time", 16), Axis.window("lat", 9, 3, 3)))
+    cost = UnitCost((), bytes_per_sample=1 / 3)  # one byte per time step (3 samples)
+    units = plan_units(grid, cost, budget_bytes=3, first_dim="time", preferred_breaks=[4, 8, 12])
+    assert [u.ranges[0] for u in units] == [(a, a + 2) for a in range(0, 16, 2)]
+    # Without breaks, as few units as fit, their lengths at most one apart.
+    units = plan_units(grid, cost, budget_bytes=5, first_dim="time")
+    assert [u.ranges[0] for u in units] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    grid = SampleGrid((Axis.iterate("time", 11), Axis.window("lat", 9, 3, 3)))
+    lengths = [b - a for (a, b), _ in (u.ranges for u in plan_units(grid, cost, 5, "time", [3]))]
+    assert lengths == [3, 4, 4]  # the first file whole; the 8 steps after it in 2 of 4, not 5 + 3
+
+
 def test_a_step_larger_than_the_budget_is_split_along_the_window_dims():
     """ERA5's shape: 5 variables x 37 levels x 721 x 1440 float32 are 768 MB per step."""
     dims = ("time", "level", "lat", "lon")
