@@ -80,14 +80,14 @@ def _apply_nan_policy(
     filled = {}
     policy = spec.nan_policy
     for name, values in data.items():
-        if values.dtype.kind != "f":
+        # min() propagates NaN: one read of the values, not isnan's array and a second pass over it
+        if values.dtype.kind != "f" or values.size == 0 or not np.isnan(values.min()):
             continue
         nan = np.isnan(values)
-        if nan.any():
-            has_nan |= nan.reshape(n, -1).any(axis=1)
-            if policy == "fill":
-                np.putmask(values, nan, spec.fill_value)
-                filled[name] = nan
+        has_nan |= nan.reshape(n, -1).any(axis=1)
+        if policy == "fill":
+            np.putmask(values, nan, spec.fill_value)
+            filled[name] = nan
     keep = ~has_nan if policy == "drop" else np.ones(n, dtype=bool)
     return keep, has_nan, filled
 
