@@ -102,3 +102,22 @@ def test_the_runs_time_the_projects_modules_as_cached_bytecode(monkeypatch):
     assert "PYTHONDONTWRITEBYTECODE is set" in bytecode.note(state | {"dont_write_bytecode": True})
     assert "WARNING" in bytecode.note(state | {"installed_compiled": False})
     assert "WARNING" not in bytecode.note(state | {"installed_compiled": True})
+
+
+def test_every_timed_run_starts_without_the_competitors_earlier_output(tmp_path, monkeypatch):
+    """A rerun of the benchmark found the pipeline's last output and timed its removal (--overwrite) in the
+    pipeline's row alone; each run starts from no output now, the inputs warm."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks.run import Bench
+
+    output, archive = tmp_path / "out" / "pipeline", tmp_path / "archive"
+    (output / "old").mkdir(parents=True)
+    (output / "old" / "data-00000-of-00001.tfrecord").write_bytes(b"x" * 1000)
+    archive.mkdir()
+    (archive / "a.nc").write_bytes(b"inputs")
+    seen = tmp_path / "seen"
+    check = f"import os; open({str(seen)!r}, 'a').write(str(os.path.exists({str(output)!r})))"
+    bench = Bench(tmp_path, quick=True, repeat=2, naive_files=1, timeout=60, selected=frozenset())
+    assert bench.run(["-c", check + f"; os.makedirs({str(output)!r})"], archive, output).ok
+    assert seen.read_text() == "FalseFalse"  # either repeat: the one before it left its output
+    assert archive.joinpath("a.nc").read_bytes() == b"inputs"  # the inputs are read, never removed
