@@ -119,5 +119,5 @@ def test_every_timed_run_starts_without_the_competitors_earlier_output(tmp_path,
     check = f"import os; open({str(seen)!r}, 'a').write(str(os.path.exists({str(output)!r})))"
     bench = Bench(tmp_path, quick=True, repeat=2, naive_files=1, timeout=60, selected=frozenset())
     assert bench.run(["-c", check + f"; os.makedirs({str(output)!r})"], archive, output).ok
-    assert seen.read_text() == "FalseFalse"  # either repeat: the one before it left its output
+    assert seen.read_text() == "FalseFalse"  # the first found the old output gone, the second the first's
     assert archive.joinpath("a.nc").read_bytes() == b"inputs"  # the inputs are read, never removed
