@@ -12,7 +12,6 @@ FloatList.value / Int64List.value = 1, packed. Every field here is length-delimi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -73,19 +72,18 @@ def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     return groups[used].tobytes(), nbytes.reshape(len(values), -1).sum(axis=1)
 
 
-def _copy_floats(values, rows: np.ndarray, start: int, shape: tuple[int, ...]) -> None:
-    """Each sample's ``values`` as little-endian float32 into its row of ``rows`` (uint8), from byte ``start``.
+def _float_rows(values, n: int, feature: Feature) -> memoryview:
+    """``n`` samples' values of a float feature as little-endian float32 bytes, back to back.
 
-    One copy, straight from ``values`` however strided (a block's patches are views of its slab), through a
-    float32 view of the rows (unaligned where the headers leave it so; numpy copies either way).
+    The block's own memory where it is C-contiguous little-endian float32 already (the cut's blocks are),
+    so a record's join copies its values once, straight from the block; other arrays are copied once here.
     """
     values = np.asarray(values)
-    n, width = rows.shape
-    if values.shape[1:] != tuple(shape):
-        values = values.reshape(n, *shape)
-    inner = [4 * math.prod(shape[i + 1 :]) for i in range(len(shape))]
-    target = np.ndarray((n, *shape), dtype="<f4", buffer=rows, offset=start, strides=(width, *inner))
-    target[...] = values
+    if values.dtype != np.dtype("<f4") or not values.flags.c_contiguous:
+        values = np.ascontiguousarray(values, dtype="<f4")
+    if values.size != n * feature.size:
+        raise ValueError(f"{feature.name!r}: {values.size} values for {n} samples of {feature.size}")
+    return memoryview(values.reshape(-1).view(np.uint8))
 
 
 class ExampleEncoder:
@@ -96,13 +94,8 @@ class ExampleEncoder:
         self._floats = [f for f in self.features if f.dtype == "float32"]
         self._ints = [f for f in self.features if f.dtype == "int64"]
         # Float features: one constant header each, laid out back to back with their payloads.
-        self._float_layout = []
-        offset = 0
-        for feature in self._floats:
-            header = entry_header(feature.name.encode(), FLOAT_LIST, 4 * feature.size)
-            self._float_layout.append((feature, np.frombuffer(header, np.uint8), offset))
-            offset += len(header) + 4 * feature.size
-        self._fixed_len = offset
+        self._float_headers = [(f, entry_header(f.name.encode(), FLOAT_LIST, 4 * f.size)) for f in self._floats]
+        self._fixed_len = sum(len(header) + 4 * f.size for f, header in self._float_headers)
         # int64 features: the header depends only on the payload length; cache per length.
         self._int_headers: list[dict[int, bytes]] = [{} for _ in self._ints]
         self._example_headers: dict[int, bytes] = {}
@@ -139,10 +132,10 @@ class ExampleEncoder:
         n = len(columns[self.features[0].name]) if self.features else 0
         if n == 0:
             return []  # e.g. a unit whose samples nan_policy: drop dropped every one of
-        fixed = np.empty((n, self._fixed_len), dtype=np.uint8)
-        for feature, header, offset in self._float_layout:
-            fixed[:, offset : offset + len(header)] = header
-            _copy_floats(columns[feature.name], fixed, offset + len(header), feature.shape)
+        floats = [
+            (header, _float_rows(columns[feature.name], n, feature), 4 * feature.size)
+            for feature, header in self._float_headers
+        ]
         varint_columns = []
         for feature in self._ints:
             values = np.asarray(columns[feature.name]).reshape(n, feature.size)
@@ -151,15 +144,15 @@ class ExampleEncoder:
             np.cumsum(lengths, out=starts[1:])
             varint_columns.append((data, starts.tolist()))
 
-        fixed_rows = memoryview(fixed.reshape(-1))
-        width = self._fixed_len
         records = []
         pieces: list = []
         for i in range(n):
             pieces.clear()
             pieces.append(b"")  # the Example header, once the length is known
-            pieces.append(fixed_rows[i * width : (i + 1) * width])
-            length = width
+            for header, rows, width in floats:
+                pieces.append(header)
+                pieces.append(rows[i * width : (i + 1) * width])
+            length = self._fixed_len
             for feature, headers, (data, starts) in zip(self._ints, self._int_headers, varint_columns):
                 payload = data[starts[i] : starts[i + 1]]
                 header = headers.get(len(payload))

@@ -63,7 +63,8 @@ def test_records_equal_protobuf_and_parse_with_tensorflow():
 
 
 def test_strided_big_endian_and_float64_columns_encode_as_their_float32_copies():
-    """Floats go straight from a block's views into the records (one copy): the bytes of a contiguous float32 copy."""
+    """Any float array encodes as its contiguous float32 copy would (that copy is what the join reads; a block's
+    own contiguous float32 arrays are read in place)."""
     columns = _columns(12, np.random.default_rng(1))
     wide = np.random.default_rng(2).normal(250, 30, (12, 3, 2, 5))
     varied = {
@@ -75,6 +76,13 @@ def test_strided_big_endian_and_float64_columns_encode_as_their_float32_copies()
     plain = {**columns, "t": np.ascontiguousarray(wide[:, :, :, 1:5:2], dtype="<f4")}
     encoder = ExampleEncoder(FEATURES)
     assert encoder.encode(varied) == encoder.encode(plain)
+
+
+def test_a_float_column_of_another_size_is_refused_by_name():
+    columns = _columns(4, np.random.default_rng(3))
+    short = {**columns, "t": columns["t"][:, :1]}
+    with pytest.raises(ValueError, match=r"'t': 16 values for 4 samples of 12"):
+        ExampleEncoder(FEATURES).encode(short)
 
 
 def test_numpy_decoder_matches_tensorflow():
