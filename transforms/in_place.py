@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import shutil
 
 import apache_beam as beam
 import numpy as np
@@ -19,6 +20,7 @@ from planning.run.cancellation import writing
 from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
 from planning.run.progress import mark
 from planning.specs import WriteSpec
+from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.shard_index import FRAMING_BYTES
 from schemas.tfrecord import frame_parts
@@ -87,6 +89,17 @@ class _WriteInPlaceFn(beam.DoFn):
     def teardown(self):
         for descriptor in getattr(self, "_files", {}).values():
             os.close(descriptor)
+
+
+def check_disk_space(spec: WriteSpec) -> None:
+    """Refuse, in one line and before any unit runs, an output its disk has no room for: the layout knows its size."""
+    folder = os.path.dirname(os.path.abspath(spec.temporary_shard_path(0)))
+    needed, free = sum(spec.layout.bytes), shutil.disk_usage(folder).free  # (free: what a user may still write)
+    if needed > free:
+        raise UserError(
+            f"{folder}: the shards need {needed / 1e9:.2f} GB and the disk has {free / 1e9:.2f} GB free; "
+            "free some space, or write the output elsewhere (--output)"
+        )
 
 
 def add_counts(parts) -> dict[int, list[int]]:

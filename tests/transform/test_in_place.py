@@ -7,7 +7,10 @@ runner may choose.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +20,12 @@ from planning.config import parse_config
 from planning.plan import make_plan
 from planning.specs import compile_specs
 from planning.write_strategy import WritePlan, WriteStrategy, lay_out
+from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.shard_index import index_lines, scan_index
 from schemas.tfrecord import read_records
 from transforms.cut import cut_unit
-from transforms.in_place import _WriteInPlaceFn, add_counts, commit_shards
+from transforms.in_place import _WriteInPlaceFn, add_counts, check_disk_space, commit_shards
 
 
 @pytest.fixture
@@ -103,3 +107,13 @@ def test_a_record_longer_than_laid_out_is_refused_before_it_is_written(planned, 
     finally:
         encode.teardown()
     assert [p.stat().st_size for p in Path(specs.write.output).iterdir()] == []  # nothing written
+
+
+def test_the_disk_space_check_passes_a_layout_that_fits_and_refuses_one_that_does_not(planned):
+    _, specs, _ = planned
+    check_disk_space(specs.write)  # a few kB: fits
+    free = shutil.disk_usage(specs.write.output).free
+    layout = dataclasses.replace(specs.write.layout, bytes=(free // 2, free - free // 2 + 1))
+    with pytest.raises(UserError, match=rf"^{re.escape(specs.write.output)}: the shards need .* free; free some space"):
+        check_disk_space(dataclasses.replace(specs.write, layout=layout))
+    assert [p.name for p in Path(specs.write.output).iterdir()] == []  # nothing written
