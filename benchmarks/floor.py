@@ -23,7 +23,6 @@ from benchmarks.datasets import load_config
 from planning.keys import sample_keys, shard_of
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import Feature
-from schemas.tfrecord import frame
 
 
 class Phases:
@@ -170,7 +169,7 @@ def build(config: dict, phases: Phases) -> dict:
         for name in variables:
             moments[name].add(columns[name])
         phases.done("stats")
-        records.extend(frame(r) for r in encoder.encode(columns))
+        records.extend(encoder.rows(columns).in_order())
         keys.append(sample_keys(sample_ids, config["shuffle"]["seed"]))
         phases.done("encode+frame")
     written = write_shards(

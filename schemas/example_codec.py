@@ -12,11 +12,13 @@ FloatList.value / Int64List.value = 1, packed. Every field here is length-delimi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from schemas.schema import Feature
+from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES, masked_crc, masked_crcs
 
 FLOAT_LIST = 2
 INT64_LIST = 3
@@ -58,32 +60,60 @@ def varint_lengths(values: np.ndarray) -> np.ndarray:
     return nbytes
 
 
-def varints_by_row(values: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Varint-encode a (rows, k) int64 array: all rows' bytes back to back, and each row's length."""
+def varints_by_row(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Varint-encode a (rows, k) int64 array: all rows' bytes back to back (uint8), and each row's byte count."""
     if values.dtype == np.bool_:  # masks: a varint of 0 or 1 is that one byte
-        return values.astype(np.uint8).tobytes(), np.full(len(values), values.shape[1], dtype=np.int64)
+        return values.astype(np.uint8).reshape(-1), np.full(len(values), values.shape[1], dtype=np.int64)
     unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     nbytes = varint_lengths(unsigned.view(np.int64))
-    groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)
+    groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)  # each value's 10 possible bytes
     for i in range(_MAX_VARINT_BYTES):
         more = (nbytes > i + 1).astype(np.uint8) << 7
         groups[..., i] = ((unsigned >> np.uint64(7 * i)) & np.uint64(0x7F)).astype(np.uint8) | more
     used = np.arange(_MAX_VARINT_BYTES) < nbytes[..., None]
-    return groups[used].tobytes(), nbytes.reshape(len(values), -1).sum(axis=1)
+    return groups[used], nbytes.reshape(len(values), -1).sum(axis=1)
 
 
-def _float_rows(values, n: int, feature: Feature) -> memoryview:
-    """``n`` samples' values of a float feature as little-endian float32 bytes, back to back.
+def _float_bytes(values: np.ndarray, pick: np.ndarray | None, feature: Feature) -> np.ndarray:
+    """The samples' (``pick``: those samples') values of a float feature as little-endian float32 bytes, a row each.
 
-    The block's own memory where it is C-contiguous little-endian float32 already (the cut's blocks are),
-    so a record's join copies its values once, straight from the block; other arrays are copied once here.
+    A view of the block's own memory where it is C-contiguous little-endian float32 already (the cut's blocks
+    are), so the values are copied once, into their records; other arrays are copied to that form first, one
+    feature at a time.
     """
-    values = np.asarray(values)
+    if pick is not None:
+        values = values[pick]
     if values.dtype != np.dtype("<f4") or not values.flags.c_contiguous:
         values = np.ascontiguousarray(values, dtype="<f4")
-    if values.size != n * feature.size:
-        raise ValueError(f"{feature.name!r}: {values.size} values for {n} samples of {feature.size}")
-    return memoryview(values.reshape(-1).view(np.uint8))
+    return values.reshape(len(values), feature.size).view(np.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordRows:
+    """A block's records as the rows of 2-D uint8 arrays, one array per record layout, and the samples its rows are.
+
+    Framed (``ExampleEncoder.rows``' default), a row is a whole TFRecord frame: length, its masked CRC32C, the
+    Example, the Example's masked CRC32C; it is written, or joined, as it is.
+    """
+
+    count: int  # samples
+    arrays: tuple[np.ndarray, ...]
+    samples: tuple[np.ndarray, ...]  # per array, the block's sample indices of its rows
+
+    def sizes(self) -> np.ndarray:
+        """Each sample's record size in bytes, in sample order."""
+        sizes = np.zeros(self.count, dtype=np.int64)
+        for rows, samples in zip(self.arrays, self.samples):
+            sizes[samples] = rows.shape[1]
+        return sizes
+
+    def in_order(self) -> list[np.ndarray]:
+        """The records in sample order (views of the rows: bytes-like, to write or join)."""
+        records: list = [None] * self.count
+        for rows, samples in zip(self.arrays, self.samples):
+            for i, row in zip(samples.tolist(), rows):
+                records[i] = row
+        return records
 
 
 class ExampleEncoder:
@@ -96,9 +126,6 @@ class ExampleEncoder:
         # Float features: one constant header each, laid out back to back with their payloads.
         self._float_headers = [(f, entry_header(f.name.encode(), FLOAT_LIST, 4 * f.size)) for f in self._floats]
         self._fixed_len = sum(len(header) + 4 * f.size for f, header in self._float_headers)
-        # int64 features: the header depends only on the payload length; cache per length.
-        self._int_headers: list[dict[int, bytes]] = [{} for _ in self._ints]
-        self._example_headers: dict[int, bytes] = {}
 
     def record_lengths(self, int_columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """The serialized length of each sample's Example, from its int64 values alone.
@@ -129,45 +156,80 @@ class ExampleEncoder:
 
     def encode(self, columns: Mapping[str, np.ndarray]) -> list[bytes]:
         """One serialized Example per sample; ``columns[name]`` has shape (samples, *feature.shape)."""
-        n = len(columns[self.features[0].name]) if self.features else 0
-        if n == 0:
-            return []  # e.g. a unit whose samples nan_policy: drop dropped every one of
-        floats = [
-            (header, _float_rows(columns[feature.name], n, feature), 4 * feature.size)
-            for feature, header in self._float_headers
-        ]
-        varint_columns = []
-        for feature in self._ints:
-            values = np.asarray(columns[feature.name]).reshape(n, feature.size)
-            data, lengths = varints_by_row(values)
-            starts = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lengths, out=starts[1:])
-            varint_columns.append((data, starts.tolist()))
+        return [bytes(row) for row in self.rows(columns, framed=False).in_order()]
 
-        records = []
-        pieces: list = []
-        for i in range(n):
-            pieces.clear()
-            pieces.append(b"")  # the Example header, once the length is known
-            for header, rows, width in floats:
-                pieces.append(header)
-                pieces.append(rows[i * width : (i + 1) * width])
-            length = self._fixed_len
-            for feature, headers, (data, starts) in zip(self._ints, self._int_headers, varint_columns):
-                payload = data[starts[i] : starts[i + 1]]
-                header = headers.get(len(payload))
-                if header is None:
-                    header = entry_header(feature.name.encode(), INT64_LIST, len(payload))
-                    headers[len(payload)] = header
-                pieces.append(header)
-                pieces.append(payload)
-                length += len(header) + len(payload)
-            head = self._example_headers.get(length)
-            if head is None:
-                head = self._example_headers[length] = field_header(1, length)
-            pieces[0] = head
-            records.append(b"".join(pieces))
-        return records
+    def rows(self, columns: Mapping[str, np.ndarray], framed: bool = True) -> RecordRows:
+        """The samples' Examples (TFRecord-framed unless ``framed`` is false) as rows of 2-D uint8 arrays.
+
+        No Python work per record but its checksum: samples whose int64 features' varints take as many bytes
+        have records of one layout (a block's usually all do), and each part of that layout is one numpy
+        copy into a column range of every row: constant headers broadcast, float payloads from the block.
+        """
+        n = self._count(columns)
+        if n == 0:  # e.g. a unit whose samples nan_policy: drop dropped every one of
+            return RecordRows(0, (), ())
+        varints = [varints_by_row(np.asarray(columns[f.name]).reshape(n, f.size)) for f in self._ints]
+        floats = []  # (feature, entry header, values)
+        for feature, header in self._float_headers:
+            values = np.asarray(columns[feature.name])
+            if values.size != n * feature.size:
+                raise ValueError(f"{feature.name!r}: {values.size} values for {n} samples of {feature.size}")
+            floats.append((feature, header, values.reshape(n, feature.size)))
+        # A record's layout: each int64 feature's payload size (the floats' are fixed).
+        layouts = np.stack([lengths for _, lengths in varints], axis=1) if varints else np.zeros((n, 0), np.int64)
+        if (layouts == layouts[0]).all():  # (a block's usually are)
+            arrays = [self._layout_rows(layouts[0], None, n, floats, varints, framed)]
+            return RecordRows(n, tuple(arrays), (np.arange(n),))
+        # Samples sorted by layout (stable: in order within one); not np.unique(axis=0), whose structured
+        # dtypes leave allocations behind at every call.
+        order = np.lexsort(layouts.T[::-1])
+        ordered = layouts[order]
+        bounds = [0, *(np.flatnonzero((ordered[1:] != ordered[:-1]).any(axis=1)) + 1).tolist(), n]
+        varints = [(stream, np.cumsum(lengths) - lengths) for stream, lengths in varints]  # each sample's start
+        samples = [order[start:stop] for start, stop in zip(bounds, bounds[1:])]
+        arrays = [
+            self._layout_rows(ordered[start], pick, len(pick), floats, varints, framed)
+            for start, pick in zip(bounds, samples)
+        ]
+        return RecordRows(n, tuple(arrays), tuple(samples))
+
+    def _layout_rows(self, layout, pick, m: int, floats, varints, framed: bool) -> np.ndarray:
+        """The records of ``m`` samples (``pick``: which, None: all) whose int64 payloads are ``layout``'s sizes.
+
+        ``varints``: per int64 feature, its varints back to back and, with ``pick``, where each sample's start."""
+        ints = []  # (entry header, (m, payload) bytes) per int64 feature
+        for feature, (stream, starts), width in zip(self._ints, varints, layout.tolist()):
+            # (all samples: each one's payload is ``width`` bytes, back to back)
+            payload = stream.reshape(m, width) if pick is None else stream[starts[pick][:, None] + np.arange(width)]
+            ints.append((entry_header(feature.name.encode(), INT64_LIST, width), payload))
+        length = self._fixed_len + sum(len(header) + payload.shape[1] for header, payload in ints)
+        head = field_header(1, length)
+        example = len(head) + length
+        frame = (HEADER_BYTES, FOOTER_BYTES) if framed else (0, 0)
+        rows = np.empty((m, frame[0] + example + frame[1]), dtype=np.uint8)
+        at = frame[0]
+
+        def put(part) -> None:
+            nonlocal at
+            width = len(part) if isinstance(part, bytes) else part.shape[1]
+            rows[:, at : at + width] = np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part
+            at += width
+
+        put(head)
+        for feature, header, values in floats:
+            put(header)
+            put(_float_bytes(values, pick, feature))
+        for header, payload in ints:
+            put(header)
+            put(payload)
+        if framed:
+            size = example.to_bytes(8, "little")
+            rows[:, :HEADER_BYTES] = np.frombuffer(size + masked_crc(size).to_bytes(4, "little"), np.uint8)
+            rows[:, at:] = masked_crcs(rows[:, HEADER_BYTES:at]).astype("<u4").view(np.uint8).reshape(m, 4)
+        return rows
+
+    def _count(self, columns: Mapping[str, np.ndarray]) -> int:
+        return len(columns[self.features[0].name]) if self.features else 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from planning.run.names import bucket_path
 from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
-from schemas.tfrecord import frame_parts
 from transforms.buckets.blobs import bucket_pieces, row_dtype
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 
@@ -86,7 +85,7 @@ def bucket_block(spec: WriteSpec, encoder: ExampleEncoder, block: Block) -> list
     if spec.examples_per_record > 1:
         payloads = sample_rows(spec, columns)
     else:
-        payloads = [frame_parts(record) for record in encoder.encode(columns)]
+        payloads = [(record,) for record in encoder.rows(columns).in_order()]
     order = np.argsort(shards, kind="stable")
     bounds = np.flatnonzero(np.diff(shards[order])) + 1
     buckets = []

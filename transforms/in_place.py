@@ -22,8 +22,6 @@ from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
-from schemas.shard_index import FRAMING_BYTES
-from schemas.tfrecord import frame_parts
 from transforms.encode import record_columns
 from transforms.files import write_index
 
@@ -56,21 +54,22 @@ class _WriteInPlaceFn(beam.DoFn):
         offsets = np.asarray(self._offset_of_id[ids])
         if (shards < 0).any():
             raise RuntimeError("a block holds a sample the layout does not write; this is a bug, please report it")
-        records = self._encoder.encode(record_columns(self._spec, block))
-        framed = np.fromiter(map(len, records), np.int64, len(records)) + FRAMING_BYTES
+        records = self._encoder.rows(record_columns(self._spec, block))
+        framed = records.sizes()
         self._check_sizes(shards, offsets, framed)
         wrote = 0
         with writing():  # a stopped build waits for this block's writes, then removes the run's files
-            for shard, offset, record in zip(shards.tolist(), offsets.tolist(), records):
-                wrote += os.pwritev(self._file(shard), frame_parts(record), offset)
+            for rows, samples in zip(records.arrays, records.samples):
+                for row, shard, offset in zip(rows, shards[samples].tolist(), offsets[samples].tolist()):
+                    wrote += os.pwrite(self._file(shard), row, offset)
         if wrote != int(framed.sum()):
             raise OSError(f"short write: {wrote} of {int(framed.sum())} bytes of unit {block.unit} written")
         counts = np.bincount(shards, minlength=len(self._shard_starts))
         nbytes = np.bincount(shards, weights=framed, minlength=len(self._shard_starts)).astype(np.int64)
         written = {int(s): [int(counts[s]), int(nbytes[s])] for s in np.flatnonzero(counts)}
         self._bytes.inc(wrote)
-        self._records.inc(len(records))
-        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(records))
+        self._records.inc(len(ids))
+        mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(ids))
         yield written
 
     def _check_sizes(self, shards: np.ndarray, offsets: np.ndarray, framed: np.ndarray) -> None:
@@ -97,9 +96,13 @@ def check_disk_space(spec: WriteSpec) -> None:
     needed, free = sum(spec.layout.bytes), shutil.disk_usage(folder).free  # (free: what a user may still write)
     if needed > free:
         raise UserError(
-            f"{folder}: the shards need {needed / 1e9:.2f} GB and the disk has {free / 1e9:.2f} GB free; "
+            f"{folder}: the shards need {_size(needed)} and the disk has {_size(free)} free; "
             "free some space, or write the output elsewhere (--output)"
         )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def add_counts(parts) -> dict[int, list[int]]:

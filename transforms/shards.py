@@ -29,7 +29,6 @@ from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
 from schemas.schema import RECORD_COUNT, Feature
 from schemas.shard_index import FrameSizes
-from schemas.tfrecord import frame_parts
 from schemas.urls import is_remote
 from transforms.buckets.blobs import row_dtype
 from transforms.buckets.sorting import BufferLedger, SortedBuckets
@@ -82,12 +81,12 @@ def framed_chunks(spec: WriteSpec, buckets: SortedBuckets, tally: _Tally) -> Ite
     # Whole records per batch: every batch but the last holds a multiple of N rows.
     for batch in buckets.batches(spec.writer_budget_bytes // _PACKED_BATCH_FRACTION, multiple=per_record):
         rows = np.frombuffer(batch.payloads, dtype=dtype)
-        records = encoder.encode(pack_rows(spec.features, rows, per_record))
+        records = encoder.rows(pack_rows(spec.features, rows, per_record))
         del rows
-        encoded = sum(map(len, records))
-        ledger.hold(2 * encoded)  # the encoder's working array, then the records
+        encoded = int(records.sizes().sum())
+        ledger.hold(2 * encoded)  # the encoder's working arrays, then the framed records
         ledger.release(encoded)
-        chunk = b"".join(part for record in records for part in frame_parts(record))
+        chunk = b"".join(records.in_order())
         ledger.hold(len(chunk))
         del records
         ledger.release(encoded)

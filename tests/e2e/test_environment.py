@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -33,12 +34,12 @@ def mounted(tmp_path):
         subprocess.run(["umount", "-l", str(point)], check=False)
 
 
-def _config(small_archive: Path, tmp_path: Path, output: Path) -> Path:
+def _config(small_archive: Path, tmp_path: Path, output: Path, in_place: bool = True) -> Path:
     path = tmp_path / "c.yaml"
     config = {
         "input": {"paths": str(small_archive / "*.nc")},
         "sample": {"window": {"lat": 4, "lon": 4}, "keep": ["level"]},
-        "output": {"path": str(output), "num_shards": 4},
+        "output": {"path": str(output), "num_shards": 4, "in_place": in_place},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -50,14 +51,22 @@ def _one_line(capsys) -> str:
     return lines[0]
 
 
-def test_a_full_disk_is_one_line_and_leaves_only_the_bookkeeping(small_archive, tmp_path, mounted, capsys):
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place: refused first", "bucket files: meets it"])
+def test_a_full_disk_is_one_line_and_leaves_only_the_bookkeeping(small_archive, tmp_path, mounted, capsys, in_place):
+    """Records written in place have a known size: a disk without room fails before any unit runs (exit 2). Other
+    writes meet the full disk as they go (exit 1). Either way: one line, and only the bookkeeping is left."""
     disk = mounted("160k")  # the manifest and the probes fit; the shards (about 600 KB) do not
     output = disk / "out"
-    assert main(["--config", str(_config(small_archive, tmp_path, output)), "--quiet"]) == 1
+    code = main(["--config", str(_config(small_archive, tmp_path, output, in_place=in_place)), "--quiet"])
     line = _one_line(capsys)
-    assert line.startswith(f"error: {output}") and line.endswith(
-        "no space left on device; free some space, or write the output elsewhere (--output)"
-    ), line
+    fix = "free some space, or write the output elsewhere (--output)"
+    if in_place:
+        assert code == 2
+        sizes = r"the shards need 0\.\d MB and the disk has 0\.\d MB free"
+        assert re.fullmatch(rf"error: {re.escape(str(output))}: {sizes}; {re.escape(fix)}", line), line
+    else:
+        assert code == 1
+        assert line.startswith(f"error: {output}") and line.endswith(f"no space left on device; {fix}"), line
     assert "Traceback" not in line
     assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
 

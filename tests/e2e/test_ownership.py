@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ import yaml
 import pipelines.graph as graph
 import transforms.files as file_helpers
 import transforms.finalize as finalize
-import transforms.in_place as in_place
 from pipelines.build import main
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from planning.run.cancellation import allow_writes
@@ -121,29 +119,6 @@ def test_a_run_that_fails_while_finishing_leaves_no_shard_and_the_rerun_needs_no
     line = _one_error_line(capsys)
     fix = "free some space, or write the output elsewhere (--output)"
     assert line == f"error: {output / 'schema.json'}: no space left on device; {fix}"
-    assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
-    monkeypatch.undo()
-    assert _build(_config(small_archive, output), tmp_path) == 0
-    assert load_schema(str(output)).num_records() > 0
-
-
-def test_an_output_its_disk_has_no_room_for_is_refused_before_any_unit_runs(
-    small_archive, tmp_path, capsys, monkeypatch
-):
-    """The in-place layout knows the shards' size before the first unit: a disk without room fails the build there."""
-    output = tmp_path / "out"
-    real_usage = shutil.disk_usage
-    units = []
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1000))
-    monkeypatch.setattr(in_place._WriteInPlaceFn, "setup", lambda self: units.append(self))
-    assert _build(_config(small_archive, output), tmp_path) == 2
-    line = _one_error_line(capsys)
-    assert re.fullmatch(
-        rf"error: {re.escape(str(output))}: the shards need 0\.\d\d GB and the disk has 0\.00 GB free; "
-        r"free some space, or write the output elsewhere \(--output\)",
-        line,
-    ), line
-    assert units == []  # no writer started
     assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
     monkeypatch.undo()
     assert _build(_config(small_archive, output), tmp_path) == 0

@@ -21,6 +21,7 @@ from planning.plan import make_plan
 from planning.specs import compile_specs
 from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas.errors import UserError
+from schemas.example_codec import RecordRows
 from schemas.record_decoder import ExampleDecoder
 from schemas.shard_index import index_lines, scan_index
 from schemas.tfrecord import read_records
@@ -94,13 +95,17 @@ def test_a_record_longer_than_laid_out_is_refused_before_it_is_written(planned, 
     _, specs, blocks = planned
     encode = _WriteInPlaceFn(specs.write)
     encode.setup()
-    original = type(encode._encoder).encode
+    original = type(encode._encoder).rows
 
-    def one_byte_longer(self, columns):
-        records = original(self, columns)
-        return [records[0] + b"\0", *records[1:]]
+    def one_byte_longer(self, columns, framed=True):
+        records = original(self, columns, framed)
+        rows, samples = records.arrays[0], records.samples[0]
+        longer = np.concatenate([rows[:1], np.zeros((1, 1), np.uint8)], axis=1)
+        return RecordRows(
+            records.count, (longer, rows[1:], *records.arrays[1:]), (samples[:1], samples[1:], *records.samples[1:])
+        )
 
-    monkeypatch.setattr(type(encode._encoder), "encode", one_byte_longer)
+    monkeypatch.setattr(type(encode._encoder), "rows", one_byte_longer)
     try:
         with pytest.raises(RuntimeError, match=r"is \d+ bytes framed, laid out as \d+; this is a bug"):
             list(encode.process(blocks[0]))
@@ -113,7 +118,8 @@ def test_the_disk_space_check_passes_a_layout_that_fits_and_refuses_one_that_doe
     _, specs, _ = planned
     check_disk_space(specs.write)  # a few kB: fits
     free = shutil.disk_usage(specs.write.output).free
-    layout = dataclasses.replace(specs.write.layout, bytes=(free // 2, free - free // 2 + 1))
-    with pytest.raises(UserError, match=rf"^{re.escape(specs.write.output)}: the shards need .* free; free some space"):
+    layout = dataclasses.replace(specs.write.layout, bytes=(free // 2, free - free // 2 + 1))  # a byte too many
+    pattern = rf"^{re.escape(specs.write.output)}: the shards need [\d.]+ [MG]B and the disk has [\d.]+ [MG]B free; "
+    with pytest.raises(UserError, match=pattern + "free some space"):
         check_disk_space(dataclasses.replace(specs.write, layout=layout))
     assert [p.name for p in Path(specs.write.output).iterdir()] == []  # nothing written

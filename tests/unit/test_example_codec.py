@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from schemas.example_codec import ExampleEncoder, varint, varints_by_row
+from schemas import tfrecord
+from schemas.example_codec import ExampleEncoder, varint
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import Feature
 
@@ -63,7 +66,7 @@ def test_records_equal_protobuf_and_parse_with_tensorflow():
 
 
 def test_strided_big_endian_and_float64_columns_encode_as_their_float32_copies():
-    """Any float array encodes as its contiguous float32 copy would (that copy is what the join reads; a block's
+    """Any float array encodes as its contiguous float32 copy would (the records are made from that copy; a block's
     own contiguous float32 arrays are read in place)."""
     columns = _columns(12, np.random.default_rng(1))
     wide = np.random.default_rng(2).normal(250, 30, (12, 3, 2, 5))
@@ -115,10 +118,28 @@ def test_the_longest_record_bounds_every_record_and_is_exact_for_floats():
 
 def test_varints_match_the_scalar_reference():
     values = np.array([INT64_EDGES, INT64_EDGES[::-1]], dtype=np.int64)
-    data, lengths = varints_by_row(values)
-    expected = [b"".join(varint(int(v)) for v in row) for row in values]
-    assert data == b"".join(expected)
-    assert lengths.tolist() == [len(e) for e in expected]
+    feature = Feature("i", "int64", (len(INT64_EDGES),), ("x",), "coord")
+    records = ExampleEncoder([feature]).encode({"i": values})
+    for record, row in zip(records, values):  # the packed values end the record
+        assert record.endswith(b"".join(varint(int(v)) for v in row))
+
+
+@pytest.mark.parametrize("checksum", ["crc32c", "google-crc32c"])
+def test_framed_rows_are_the_records_framed_whatever_their_layouts(checksum, monkeypatch):
+    """Samples whose int64s take other varint lengths get other layouts (1 + 2 and 2 + 1 bytes make one);
+    every row is its record framed, with either checksum library."""
+    if checksum == "google-crc32c":
+        monkeypatch.setattr(tfrecord, "_buffer_crc32c", None)
+    columns = _columns(60, np.random.default_rng(7))
+    columns["coord/time"][:20] = [[1, 300, 1, 1]] * 10 + [[300, 1, 1, 1]] * 10
+    encoder = ExampleEncoder(FEATURES)
+    rows = encoder.rows(columns)
+    assert len(rows.arrays) > 2 and sorted(np.concatenate(rows.samples).tolist()) == list(range(60))
+    framed = [bytes(row) for row in rows.in_order()]
+    assert framed == [tfrecord.frame(record) for record in encoder.encode(columns)]
+    assert rows.sizes().tolist() == [len(f) for f in framed]
+    assert list(tfrecord.read_records(io.BytesIO(b"".join(framed)))) == encoder.encode(columns)  # CRCs checked
+    assert encoder.rows({name: column[:0] for name, column in columns.items()}).in_order() == []
 
 
 @given(
