@@ -1,9 +1,10 @@
 """The tf.train.Example wire format for a schema: the compiled encoder and the wire-format primitives.
 
 No TensorFlow here (DESIGN.md, decision 1). Every float feature has a fixed length, so its
-protobuf headers are the same bytes in every record: they are computed once per schema and
-each record is a join of constant headers and raw little-endian payloads. int64 values are
-varints of varying length; they are encoded for a whole block at once with numpy.
+protobuf headers are the same bytes in every record: they are computed once per schema, and a
+block's records are the rows of one uint8 array per layout, each header and payload copied into
+its columns of every row at once. int64 values are varints of varying length, encoded for a
+whole block at once with numpy; samples whose varints take as many bytes share a layout.
 
 Wire format: Example.features = 1 (Features); Features.feature = 1, a map entry
 {key = 1: string, value = 2: Feature}; Feature.float_list = 2 / int64_list = 3;
@@ -162,8 +163,8 @@ class ExampleEncoder:
         """The samples' Examples (TFRecord-framed unless ``framed`` is false) as rows of 2-D uint8 arrays.
 
         No Python work per record but its checksum: samples whose int64 features' varints take as many bytes
-        have records of one layout (a block's usually all do), and each part of that layout is one numpy
-        copy into a column range of every row: constant headers broadcast, float payloads from the block.
+        have records of one layout (a block's usually all do), and each part of a layout is one numpy copy
+        into a column range of every row: constant headers broadcast, float payloads from the block.
         """
         n = self._count(columns)
         if n == 0:  # e.g. a unit whose samples nan_policy: drop dropped every one of
@@ -180,8 +181,8 @@ class ExampleEncoder:
         if (layouts == layouts[0]).all():  # (a block's usually are)
             arrays = [self._layout_rows(layouts[0], None, n, floats, varints, framed)]
             return RecordRows(n, tuple(arrays), (np.arange(n),))
-        # Samples sorted by layout (stable: in order within one); not np.unique(axis=0), whose structured
-        # dtypes leave allocations behind at every call.
+        # Samples sorted by layout (stable: in order within one). Not np.unique(axis=0): its structured dtypes
+        # left allocations behind at every call (tracemalloc, in the shard writer's memory test).
         order = np.lexsort(layouts.T[::-1])
         ordered = layouts[order]
         bounds = [0, *(np.flatnonzero((ordered[1:] != ordered[:-1]).any(axis=1)) + 1).tolist(), n]
