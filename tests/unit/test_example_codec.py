@@ -131,14 +131,20 @@ def test_framed_rows_are_the_records_framed_whatever_their_layouts(checksum, mon
     if checksum == "google-crc32c":
         monkeypatch.setattr(tfrecord, "_buffer_crc32c", None)
     columns = _columns(60, np.random.default_rng(7))
+    columns["index/time"] = np.where(np.arange(60) % 3 == 0, 300, 5)  # 2 bytes or 1, interleaved
+    columns["coord/time"][:] = 1
     columns["coord/time"][:20] = [[1, 300, 1, 1]] * 10 + [[300, 1, 1, 1]] * 10
     encoder = ExampleEncoder(FEATURES)
     rows = encoder.rows(columns)
-    assert len(rows.arrays) > 2 and sorted(np.concatenate(rows.samples).tolist()) == list(range(60))
+    assert len(rows.arrays) == 4 and min(len(samples) for samples in rows.samples) > 1  # layouts of many samples
+    assert sorted(np.concatenate(rows.samples).tolist()) == list(range(60))
     framed = [bytes(row) for row in rows.in_order()]
-    assert framed == [tfrecord.frame(record) for record in encoder.encode(columns)]
     assert rows.sizes().tolist() == [len(f) for f in framed]
-    assert list(tfrecord.read_records(io.BytesIO(b"".join(framed)))) == encoder.encode(columns)  # CRCs checked
+    records = list(tfrecord.read_records(io.BytesIO(b"".join(framed))))  # both CRCs checked
+    assert framed == [tfrecord.frame(record) for record in records]
+    for i, record in enumerate(records):  # each sample's own values, by protobuf's parser
+        assert tf.train.Example.FromString(record) == _reference_example(FEATURES, columns, i)
+    assert encoder.encode(columns) == records
     assert encoder.rows({name: column[:0] for name, column in columns.items()}).in_order() == []
 
 
@@ -154,11 +160,14 @@ def test_any_shape_round_trips_through_tensorflow(shape, n, data):
     ]
     floats = data.draw(hnp.arrays(np.float32, (n, *shape), elements=st.floats(width=32, allow_nan=False)))
     ints = data.draw(hnp.arrays(np.int64, (n, *shape)))
-    records = ExampleEncoder(features).encode({"x": floats, "i": ints})
+    encoder = ExampleEncoder(features)
+    records = encoder.encode({"x": floats, "i": ints})
     parsed = tf.io.parse_example(records, _spec(features))
     np.testing.assert_array_equal(parsed["x"].numpy(), floats)
     np.testing.assert_array_equal(parsed["i"].numpy(), ints)
     assert ExampleDecoder(features).decode(records[0]).keys() == {"x", "i"}
+    framed = encoder.rows({"x": floats, "i": ints})  # the records as written: in any layouts, each framed
+    assert [bytes(row) for row in framed.in_order()] == [tfrecord.frame(record) for record in records]
 
 
 def test_masks_are_a_byte_a_value_laid_out_without_their_values_and_parse_with_tensorflow():
