@@ -28,10 +28,14 @@ class CorruptRecordError(ValueError):
     """A TFRecord file whose framing or checksums are wrong."""
 
 
+def _masked(crc):
+    """TFRecord's mask of a CRC32C: an int, or a uint32 array element-wise (where the shifts wrap alike)."""
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
 def masked_crc(data: bytes) -> int:
     """TFRecord's masked CRC32C (hardware-accelerated by google-crc32c)."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return _masked(google_crc32c.value(data))
 
 
 def masked_crcs(rows: np.ndarray) -> np.ndarray:
@@ -41,7 +45,7 @@ def masked_crcs(rows: np.ndarray) -> np.ndarray:
         crcs = np.fromiter((crc(row, gil_release_mode=1) for row in rows), np.uint32, len(rows))
     else:
         crcs = np.fromiter((google_crc32c.value(row.tobytes()) for row in rows), np.uint32, len(rows))
-    return ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
+    return _masked(crcs)
 
 
 def frame_parts(record: bytes) -> tuple[bytes, bytes, bytes]:
