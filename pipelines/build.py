@@ -18,7 +18,14 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, dropped_line, report_failure, started_up
+from pipelines.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    configure_logging,
+    dropped_line,
+    report_failure,
+    started_up,
+)
 from pipelines.stopping import EXIT_CODES, StopOnSignal, exit_now, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
@@ -212,13 +219,7 @@ def _print_dry_run(plan: BuildPlan) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, beam_args = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    if not args.verbose:
-        # Beam logs worker failures as walls of text; the failure comes back as an exception,
-        # which is reported below in one line.
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    configure_logging(args.verbose)
     started = time.monotonic()
     reset_cancellation()  # a build before this one in the process may have been stopped or have failed
     # SIGTERM (timeout, Docker, Kubernetes, batch schedulers) stops a build as Ctrl-C does.

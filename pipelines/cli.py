@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import importlib.util
+import logging
 import re
 import sys
 import traceback
@@ -16,6 +17,31 @@ EXIT_FAILED = 1  # something went wrong that the message describes (or a check f
 EXIT_USER_ERROR = 2  # bad input or configuration: the message names it and the fix
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
+
+
+class _WithoutBeamsBigQueryNotice(logging.Filter):
+    """Drops what Beam logs on the root logger as it is imported without its GCP extras (the [build] install): that
+    BigQuery's client is missing, which no build uses (gs:// and Dataflow ask for the [gcp] extra in one line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and str(record.msg).startswith("apitools not found"))
+
+
+BEAMS_BIGQUERY_NOTICE = _WithoutBeamsBigQueryNotice()
+
+
+def configure_logging(verbose: bool) -> None:
+    """Warnings (everything with ``verbose``) on stderr, one line each; Beam's own only with ``verbose``.
+
+    Before Beam is imported: a root logger with a handler keeps Beam's import-time notice from configuring logging.
+    """
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().addFilter(BEAMS_BIGQUERY_NOTICE)
+    if not verbose:
+        # Beam logs worker failures as walls of text; the failure comes back as an exception,
+        # which is reported in one line.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
 
 
 def user_error_message(error: BaseException) -> str | None:
@@ -48,9 +74,10 @@ MAX_LINE = 500
 
 
 #: Modules an install without extras lacks (setup.py: the base install is the readers), and the extra with them.
-_BUILD_MODULES = "apache_beam xarray netCDF4 h5netcdf h5py cftime gcsfs zarr numcodecs pandas pydantic yaml regex"
+_BUILD_MODULES = "apache_beam xarray netCDF4 h5netcdf h5py cftime zarr numcodecs pandas pydantic yaml regex"
 _EXTRA_OF_MODULE = {
     **dict.fromkeys([*_BUILD_MODULES.split(), "matplotlib", "dask", "distributed"], "build"),
+    "gcsfs": "gcp",
     "tensorflow": "tf",
     "torch": "torch",
 }

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, dropped_line, report_failure
+from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, configure_logging, dropped_line, report_failure
 from schemas.errors import UserError
 
 if TYPE_CHECKING:
@@ -310,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    configure_logging(args.verbose)
     try:
         return run(args)
     except KeyboardInterrupt:

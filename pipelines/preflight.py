@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
 import uuid
 from pathlib import Path
 
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
     PipelineOptions,
@@ -98,6 +100,7 @@ def check_remote_setup(options: PipelineOptions, config: BuildConfig, shared_fil
             "--no_wait_until_finish: the build commits its output when the job ends, so the launcher waits for it; "
             "to keep your terminal, run the command in the background (nohup python -m pipelines.build ... &)"
         )
+    check_gcp_support(options, config)
     if is_local_runner(options):
         return
     runner = runner_name(options)
@@ -121,6 +124,32 @@ def check_remote_setup(options: PipelineOptions, config: BuildConfig, shared_fil
         _check_worker_requirements(options)
     if _can_reach_storage(options):
         _check_output_bucket(config.output.path)
+
+
+def check_gcp_support(options: PipelineOptions, config: BuildConfig) -> None:
+    """Refuse gs:// paths or the Dataflow runner in one line where the install leaves Google Cloud out ([build] alone).
+
+    gcsfs reads gs:// inputs; Beam's GCS filesystem writes gs:// outputs, and Beam's GCP extras run Dataflow.
+    """
+    cloud = options.view_as(GoogleCloudOptions)
+    paths = (config.output.path, *config.input.paths, cloud.temp_location, cloud.staging_location)
+    where = next((p for p in paths if p and p.startswith("gs://")), None)
+    if where is None and runner_name(options) == DATAFLOW_RUNNER:
+        where = f"--runner={DATAFLOW_RUNNER}"
+    if where is None or (importlib.util.find_spec("gcsfs") and _beam_reaches_gcs()):
+        return
+    raise UserError(
+        f"{where}: Google Cloud (gs:// paths, Dataflow) is not installed here; "
+        'install the [gcp] extra (pip install -e ".[gcp]")'
+    )
+
+
+def _beam_reaches_gcs() -> bool:
+    try:
+        FileSystems.get_filesystem("gs://bucket/")
+    except ValueError:  # Beam registers its GCS filesystem only where its GCP extras are installed
+        return False
+    return True
 
 
 def _check_paths_are_remote(config: BuildConfig, runner: str) -> None:

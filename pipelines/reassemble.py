@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from pipelines.cli import report_failure, started_up
+from pipelines.cli import configure_logging, report_failure, started_up
 from schemas.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -284,9 +284,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, beam_args = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    if not args.verbose:
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    configure_logging(args.verbose)
     started = time.monotonic()
     worker_output = io.StringIO()
     try:

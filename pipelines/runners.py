@@ -314,6 +314,8 @@ def make_runner(options: PipelineOptions):
 
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``).
 _WORKER_MODULE = BEAM_WORKER_MODULE.decode()
+#: ... run through pipelines.beam_worker (its command line still names Beam's module: pipelines.stopping finds it).
+_QUIET_WORKER = b"-m pipelines.beam_worker " + BEAM_WORKER_MODULE
 
 #: The period of the timed flush of Beam's in-process (multi_threading) workers: the longest it takes. Their
 #: output streams are flushed every second (Beam's default; 0 means that default) from a timer thread that does not
@@ -332,7 +334,8 @@ def _local_runner_class():
     A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers:
     each printed its own KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored
     (inherited across exec; Python then installs no KeyboardInterrupt handler), they keep quiet,
-    and this process stops them instead (pipelines.stopping). ``exec`` leaves no shell between.
+    and this process stops them instead (pipelines.stopping). ``exec`` leaves no shell between. They run
+    through pipelines.beam_worker, which keeps Beam's import-time notice of a [build] install off the terminal.
     Defined here because importing the FnApiRunner is only for local runs.
     """
     from apache_beam.portability import python_urns
@@ -354,7 +357,8 @@ def _local_runner_class():
                 # The payload is the command line run with ``sh -c``: only Beam's own worker's is changed.
                 ours = environment.urn == python_urns.SUBPROCESS_SDK and _WORKER_MODULE.encode() in environment.payload
                 if ours and os.name == "posix":
-                    environment.payload = b"trap '' INT TERM; exec " + environment.payload
+                    command = environment.payload.replace(b"-m " + BEAM_WORKER_MODULE, _QUIET_WORKER)
+                    environment.payload = b"trap '' INT TERM; exec " + command
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner

@@ -119,6 +119,12 @@ BUILD_ONLY = {"apache-beam", "xarray", "netcdf4", "h5py", "h5netcdf", "zarr", "p
 LAUNCHER_ONLY = {"dask", "distributed", "matplotlib", "build", "setuptools"}
 
 
+def _beam_extras(requirements, extra: str) -> set[str]:
+    """The extras of Beam itself that ``extra`` asks for."""
+    asked = [r for r in requirements if r.marker and r.marker.evaluate({"extra": extra}) and r.name == "apache-beam"]
+    return set().union(*(r.extras for r in asked))
+
+
 def test_each_install_asks_for_what_its_users_run(source, dists):
     """Readers install without Beam or xarray; workers without the launcher's packages; [build] and [test] with all."""
     sdist, wheel = dists
@@ -128,9 +134,12 @@ def test_each_install_asks_for_what_its_users_run(source, dists):
     assert _names(_requires_dist(pkg_info)) == _names(asked) == {"numpy", "fsspec", "google-crc32c"}
     worker = _names(asked, "worker")
     assert worker >= BUILD_ONLY and not worker & LAUNCHER_ONLY, worker
-    assert _names(asked, "build") == worker | LAUNCHER_ONLY
+    # A local build's Beam comes without its GCP extras; [gcp] adds them and gcsfs (gs://, Dataflow), as workers have.
+    assert _names(asked, "gcp") == {"apache-beam", "gcsfs"} and _beam_extras(asked, "gcp") == {"gcp"}
+    assert _names(asked, "build") | {"gcsfs"} == worker | LAUNCHER_ONLY and _beam_extras(asked, "build") == set()
+    assert _beam_extras(asked, "worker") == _beam_extras(asked, "dask") == _beam_extras(asked, "test") == {"gcp"}
     assert _names(asked, "dask") == worker | {"dask", "distributed"}
-    assert _names(asked, "build") | {"tensorflow-cpu", "pytest"} <= _names(asked, "test")
+    assert _names(asked, "build") | _names(asked, "gcp") | {"tensorflow-cpu", "pytest"} <= _names(asked, "test")
     assert _names(asked, "gcs") == {"gcsfs"} and _names(asked, "tf") == {"tensorflow-cpu"}
     assert _names(asked, "reassemble") == {"xarray", "cftime", "zarr", "netcdf4"} <= worker
     # worker-requirements.txt, sent with --setup_file (--requirements_file), is the worker extra line for line.
@@ -212,3 +221,44 @@ def test_a_build_without_the_build_extra_says_what_to_install(tmp_path):
     fix = 'install the [build] extra (pip install -e ".[build]")'
     assert result.stderr == f"error: apache_beam is not installed here; {fix}\n"
     assert not list(tmp_path.iterdir())  # no demo data written before it failed
+
+
+#: As if only [build] were installed (no [gcp] extra): gcsfs, and the Google Cloud clients Beam's GCP support imports
+#: (without apitools Beam logs a notice as it is imported). A sitecustomize module blocks them in every process the
+#: build starts, Beam's worker processes too.
+_WITHOUT_GCP = """
+import sys
+for name in ["gcsfs", "apitools", "google.cloud.storage"]:
+    sys.modules[name] = None
+"""
+
+
+def test_a_build_without_the_gcp_extra_builds_locally_quietly_and_refuses_gs_paths_in_one_line(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_WITHOUT_GCP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+
+    def build(*flags):
+        command = [sys.executable, "-m", "pipelines.build", "--quiet", *flags]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+
+    probe = subprocess.run([sys.executable, "-c", "import apache_beam"], capture_output=True, text=True, env=env)
+    assert "apitools not found" in probe.stderr  # Beam's notice, which the build keeps off the terminal
+    for flags in ([], ["--overwrite", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]):
+        result = build(*flags)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stderr == "", result.stderr  # nothing from Beam's import, in this process or its workers
+        assert result.stdout.startswith("No --config given")
+    fix = 'install the [gcp] extra (pip install -e ".[gcp]")'
+    for flags, named in (
+        (["--output", "gs://bucket/out"], "gs://bucket/out"),
+        (["--input", "gs://bucket/era5/*.nc", "--output", "out"], "gs://bucket/era5/*.nc"),
+        (["--output", "out", "--runner=DataflowRunner", "--project=p", "--region=r1"], "--runner=DataflowRunner"),
+    ):
+        result = build(*flags)
+        assert (result.returncode, result.stderr) == (
+            2,
+            f"error: {named}: Google Cloud (gs:// paths, Dataflow) is not installed here; {fix}\n",
+        ), flags
+    assert not (tmp_path / "out").exists()
