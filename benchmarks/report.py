@@ -233,12 +233,20 @@ def targets_section(targets: list[Target]) -> str:
     return "== targets ==\n" + table(("target", "measured", "limit", "result"), rows)
 
 
+def _install(host: dict) -> str:
+    gcp = host.get("beam_gcp")
+    if gcp is None:
+        return "install not recorded"
+    return "Beam with its GCP extras ([build,gcp] or [test])" if gcp else "Beam without its GCP extras ([build])"
+
+
 def header(results: dict) -> str:
     host = results["host"]
     load = ", ".join(f"{x:.2f}" for x in host["load_at_start"])
     quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["options"]["quick"] else ""
     return (
-        f"xarray-tfrecords benchmark{quick} -- {results['started']}, {host['cpus']} CPUs, load {load}; "
+        f"xarray-tfrecords benchmark{quick} -- {results['started']}, {host['cpus']} CPUs, load {load}, "
+        f"{_install(host)}; "
         f"MB = 1e6 bytes; RSS = peak of the summed RSS of each competitor's process tree (polled every 50 ms); "
         "load = 1-minute load average when the competitor started"
     ) + ("\n" + bytecode.note(results["bytecode"]) if "bytecode" in results else "")

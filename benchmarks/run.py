@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import filecmp
+import importlib.util
 import json
 import os
 import platform
@@ -393,6 +394,8 @@ def host_info() -> dict:
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        # Beam imports its GCP clients where they are installed: the [build] install leaves them out, [test] has them.
+        "beam_gcp": importlib.util.find_spec("gcsfs") is not None,
         "platform": platform.platform(),
         "load_at_start": os.getloadavg(),
         "versions": versions,
