@@ -23,7 +23,7 @@ READERS = [
     "google-crc32c>=1.6",  # the records' checksums, in C
 ]
 # A local build's Beam: without its GCP extras, which make importing Beam import BigQuery's and Cloud Storage's clients
-# too (~0.3 s of a local build's start, measured) and the install ~100 packages larger.
+# too (a third of Beam's import time, measured), and with gcsfs are 79 packages more to install.
 BEAM = "apache-beam>=2.77,<3"
 # What a build runs besides Beam, wherever it runs.
 BUILD = [
