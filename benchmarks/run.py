@@ -106,9 +106,11 @@ class Bench:
         return best
 
 
-def warm_page_cache(archive: Path) -> None:
-    """Read the inputs once, so every competitor starts with them in the page cache alike."""
-    for path in datasets.input_files(archive):
+def warm_page_cache(source: Path) -> None:
+    """Read the inputs once (an archive's NetCDF files, or a Zarr store's every file), so every competitor starts
+    with them in the page cache alike."""
+    store = source.suffix == ".zarr"
+    for path in sorted(p for p in source.rglob("*") if p.is_file()) if store else datasets.input_files(source):
         with open(path, "rb") as stream:
             while stream.read(1 << 24):
                 pass

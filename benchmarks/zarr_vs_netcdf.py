@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         result.parent.mkdir(parents=True, exist_ok=True)
         best = None
         for _ in range(args.rounds):
-            warm_page_cache(archive)
+            warm_page_cache(source)
             command = [sys.executable, "-m", "benchmarks.zarr_vs_netcdf", "--child-build", str(config), str(result)]
             measured = run_measured(command, str(REPO), env)
             if not measured.ok:
