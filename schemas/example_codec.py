@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from schemas.schema import Feature
-from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES, masked_crc, masked_crcs
+from schemas.tfrecord import FOOTER_BYTES, HEADER_BYTES, frame_header, masked_crcs
 
 FLOAT_LIST = 2
 INT64_LIST = 3
@@ -166,7 +166,7 @@ class ExampleEncoder:
         have records of one layout (a block's usually all do), and each part of a layout is one numpy copy
         into a column range of every row: constant headers broadcast, float payloads from the block.
         """
-        n = self._count(columns)
+        n = len(columns[self.features[0].name]) if self.features else 0
         if n == 0:  # e.g. a unit whose samples nan_policy: drop dropped every one of
             return RecordRows(0, (), ())
         varints = [varints_by_row(np.asarray(columns[f.name]).reshape(n, f.size)) for f in self._ints]
@@ -224,13 +224,9 @@ class ExampleEncoder:
             put(header)
             put(payload)
         if framed:
-            size = example.to_bytes(8, "little")
-            rows[:, :HEADER_BYTES] = np.frombuffer(size + masked_crc(size).to_bytes(4, "little"), np.uint8)
+            rows[:, :HEADER_BYTES] = np.frombuffer(frame_header(example), np.uint8)
             rows[:, at:] = masked_crcs(rows[:, HEADER_BYTES:at]).astype("<u4").view(np.uint8).reshape(m, 4)
         return rows
-
-    def _count(self, columns: Mapping[str, np.ndarray]) -> int:
-        return len(columns[self.features[0].name]) if self.features else 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,10 +48,15 @@ def masked_crcs(rows: np.ndarray) -> np.ndarray:
     return _masked(crcs)
 
 
+def frame_header(length: int) -> bytes:
+    """The TFRecord header of a record of ``length`` bytes: the length and its masked CRC32C."""
+    packed = _LENGTH.pack(length)
+    return packed + _CRC.pack(masked_crc(packed))
+
+
 def frame_parts(record: bytes) -> tuple[bytes, bytes, bytes]:
     """A record's TFRecord header, the record, and its footer (to write or join without a copy)."""
-    length = _LENGTH.pack(len(record))
-    return length + _CRC.pack(masked_crc(length)), record, _CRC.pack(masked_crc(record))
+    return frame_header(len(record)), record, _CRC.pack(masked_crc(record))
 
 
 def frame(record: bytes) -> bytes:
