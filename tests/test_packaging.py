@@ -234,7 +234,7 @@ for name in ["gcsfs", "apitools", "google.cloud.storage"]:
 """
 
 
-#: Builds in one process (each pays for importing Beam): the demo with worker processes, then three needing [gcp].
+#: Builds in one process (each pays for importing Beam): the demo with worker processes, then four needing [gcp].
 _BUILDS_WITHOUT_GCP = """
 import json, sys
 from pipelines.build import main
@@ -254,13 +254,14 @@ def test_a_build_without_the_gcp_extra_builds_locally_quietly_and_refuses_gs_pat
     refused = {
         "gs://bucket/out": ["--output", "gs://bucket/out"],
         "gs://bucket/era5/*.nc": ["--input", "gs://bucket/era5/*.nc", "--output", "out"],
+        "gs://bucket/era5.zarr": ["--input", "gs://bucket/era5.zarr", "--output", "out"],  # a Zarr store
         "--runner=DataflowRunner": ["--output", "out", "--runner=DataflowRunner", "--project=p", "--region=r1"],
     }
     demo = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     command = [sys.executable, "-c", _BUILDS_WITHOUT_GCP, json.dumps([demo, *refused.values()])]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == [0, 2, 2, 2], result.stdout
+    assert json.loads(result.stdout.splitlines()[-1]) == [0, 2, 2, 2, 2], result.stdout
     assert result.stdout.startswith("No --config given") and (tmp_path / "demo" / "patches" / "schema.json").exists()
     # Nothing else on stderr: no notice from Beam's import, in this process or in its worker processes.
     fix = 'install the [gcp] extra (pip install -e ".[gcp]")'
