@@ -19,6 +19,7 @@ from apache_beam.metrics import Metrics
 from planning.run.cancellation import writing
 from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
 from planning.run.progress import mark
+from planning.run.writeback import WRITEBACK
 from planning.specs import WriteSpec
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
@@ -67,6 +68,8 @@ class _WriteInPlaceFn(beam.DoFn):
         counts = np.bincount(shards, minlength=len(self._shard_starts))
         nbytes = np.bincount(shards, weights=framed, minlength=len(self._shard_starts)).astype(np.int64)
         written = {int(s): [int(counts[s]), int(nbytes[s])] for s in np.flatnonzero(counts)}
+        for shard, (_, size) in written.items():
+            WRITEBACK.wrote(self._spec.temporary_shard_path(shard), size)
         self._bytes.inc(wrote)
         self._records.inc(len(ids))
         mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(ids))

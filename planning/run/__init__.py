@@ -1,1 +1,1 @@
-"""What a run shares between driver and workers: contracts, names, manifest, progress, cancellation, variables."""
+"""What a run's driver and workers share: contracts, names, manifest, progress, cancellation, variables, writeback."""

@@ -18,6 +18,7 @@ import pytest
 
 from planning.config import parse_config
 from planning.plan import make_plan
+from planning.run.writeback import WRITEBACK
 from planning.specs import compile_specs
 from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas.errors import UserError
@@ -81,6 +82,26 @@ def test_blocks_in_any_order_write_the_same_shards_each_record_once(planned):
         for record in read_records(io.BytesIO(data))  # every CRC checked
     ]
     assert len(seen) == len(set(seen)) == plan.num_samples
+
+
+@pytest.mark.skipif(WRITEBACK._start is None, reason="no sync_file_range here (not Linux)")
+def test_writers_hand_their_shards_to_the_disk_as_they_go_and_write_the_same_bytes(planned, monkeypatch):
+    _, specs, blocks = planned
+    shards = []
+    for every in (2**62, 1):  # never handed, then after every block's bytes
+        monkeypatch.setattr(WRITEBACK, "every", every)
+        handed = WRITEBACK.handed
+        parts = _write(specs.write, blocks)
+        assert WRITEBACK.idle(timeout=60)
+        handed = WRITEBACK.handed - handed
+        results = list(commit_shards(add_counts(parts), specs.write))
+        # each block's shards, at most (one still waiting for its turn when a later block wrote to it is handed once)
+        assert handed == 0 if every > 1 else 0 < handed <= sum(len(part) for part in parts)
+        shards.append({r.file: (Path(specs.write.output) / r.file).read_bytes() for r in results})
+        for result in results:
+            (Path(specs.write.output) / result.file).unlink()
+            (Path(specs.write.output) / result.index).unlink()
+    assert shards[0] == shards[1]
 
 
 def test_a_shard_short_of_its_laid_out_records_is_not_committed(planned):

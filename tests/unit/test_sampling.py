@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planning.sampling import Axis, SampleGrid, Unit, UnitCost, Units, plan_units
+from planning.sampling import Axis, SampleGrid, Unit, UnitCost, Units, contiguous_copy, plan_units
 from schemas.errors import UserError
 
 
@@ -80,6 +80,29 @@ def test_units_cut_exactly_the_samples_of_the_whole_array(grid, budget, per_samp
             np.testing.assert_array_equal(sample, naive_sample(array, list(grid.axes), position))
         seen.extend(ids.tolist())
     assert sorted(seen) == list(range(grid.num_samples))
+
+
+@given(
+    dtype=st.sampled_from(["<f4", ">f4", "<f8", "<i8", "|b1", "<M8[ns]", "<c8", "|u1"]),
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_a_contiguous_copy_equals_numpys_for_every_view(dtype, shape, data):
+    """Strided, transposed, windowed and broadcast views of any dtype: the same values, C-contiguous, a copy (unless
+    the view was C-contiguous already, as numpy's)."""
+    base = np.arange(int(np.prod(shape)) * 3).reshape(*shape[:-1], shape[-1] * 3)
+    array = (base % 7 == 0) if dtype == "|b1" else base.astype(dtype)
+    view = array[..., :: data.draw(st.integers(1, 3))]
+    window = data.draw(st.integers(1, view.shape[-1]))
+    view = np.lib.stride_tricks.sliding_window_view(view, window, axis=view.ndim - 1)  # a contiguous last axis
+    order = data.draw(st.permutations(range(view.ndim - 1)))
+    view = view.transpose(*order, view.ndim - 1)
+    if data.draw(st.booleans()):
+        view = np.broadcast_to(view[None], (2, *view.shape))
+    copy = contiguous_copy(view)
+    assert copy.flags.c_contiguous and copy.dtype == view.dtype and copy.shape == view.shape
+    assert np.array_equal(copy, np.ascontiguousarray(view))
+    assert np.shares_memory(copy, array) == view.flags.c_contiguous
 
 
 def test_feature_shape_follows_the_variables_own_dim_order():

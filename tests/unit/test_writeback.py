@@ -1,0 +1,63 @@
+"""Background writeback: shard files handed to the disk as their bytes accumulate, never created or waited for."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from planning.run.writeback import Writeback
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+
+
+def test_a_file_is_handed_each_time_its_unhanded_bytes_reach_the_threshold(tmp_path):
+    writeback = Writeback(every=100)
+    shard, other = tmp_path / "shard", tmp_path / "other"
+    shard.write_bytes(b"x" * 300)
+    other.write_bytes(b"y" * 300)
+    handed = []
+    for path, nbytes in [(shard, 60), (other, 99), (shard, 60), (shard, 30), (shard, 99), (other, 1)]:
+        writeback.wrote(str(path), nbytes)
+        assert writeback.idle(timeout=30)
+        handed.append(writeback.handed)
+    # shard: 60+60 (handed), 30+99 (handed); other: 99+1 (handed)
+    assert handed == [0, 0, 1, 1, 2, 3]
+    assert shard.read_bytes() == b"x" * 300 and other.read_bytes() == b"y" * 300
+
+
+def test_a_file_gone_before_its_turn_is_not_created_and_fails_nothing(tmp_path):
+    writeback = Writeback(every=1)
+    gone = tmp_path / "removed-by-a-stopped-build"
+    writeback.wrote(str(gone), 10)
+    assert writeback.idle(timeout=30)
+    assert not gone.exists() and writeback.handed == 0
+    (tmp_path / "later").write_bytes(b"z")
+    writeback.wrote(str(tmp_path / "later"), 10)  # the thread still serves
+    assert writeback.idle(timeout=30) and writeback.handed == 1
+
+
+def test_nothing_is_handed_below_the_threshold_and_no_thread_starts(tmp_path):
+    writeback = Writeback(every=1000)
+    (tmp_path / "small").write_bytes(b"s")
+    writeback.wrote(str(tmp_path / "small"), 999)
+    assert writeback.idle(timeout=1) and writeback.handed == 0 and writeback._thread is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_starts_a_thread_of_its_own(tmp_path):
+    writeback = Writeback(every=1)
+    (tmp_path / "f").write_bytes(b"f")
+    writeback.wrote(str(tmp_path / "f"), 1)
+    assert writeback.idle(timeout=30) and writeback.handed == 1
+    child = os.fork()
+    if child == 0:  # the parent's thread did not come along: without a thread of its own, idle() would wait
+        code = 1
+        try:
+            writeback.wrote(str(tmp_path / "f"), 1)
+            code = 0 if writeback.idle(timeout=30) and writeback.handed == 1 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
