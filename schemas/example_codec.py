@@ -56,9 +56,14 @@ def varint_lengths(values: np.ndarray) -> np.ndarray:
     """Bytes each int64 value takes as a varint (negative values take 10, as their uint64)."""
     unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     nbytes = np.ones(unsigned.shape, dtype=np.int64)
-    for i in range(1, _MAX_VARINT_BYTES):
+    for i in range(1, _widest(unsigned)):  # (no value takes more bytes than the largest: positions take 1 to 3)
         nbytes += (unsigned >> np.uint64(7 * i)) != 0
     return nbytes
+
+
+def _widest(unsigned: np.ndarray) -> int:
+    """Bytes the largest of these uint64 values takes as a varint."""
+    return len(varint(int(unsigned.max()))) if unsigned.size else 1
 
 
 def varints_by_row(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,11 +72,12 @@ def varints_by_row(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return values.astype(np.uint8).reshape(-1), np.full(len(values), values.shape[1], dtype=np.int64)
     unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
     nbytes = varint_lengths(unsigned.view(np.int64))
-    groups = np.empty((*unsigned.shape, _MAX_VARINT_BYTES), dtype=np.uint8)  # each value's 10 possible bytes
-    for i in range(_MAX_VARINT_BYTES):
+    widest = int(nbytes.max()) if nbytes.size else 1
+    groups = np.empty((*unsigned.shape, widest), dtype=np.uint8)  # each value's bytes, up to the widest's
+    for i in range(widest):
         more = (nbytes > i + 1).astype(np.uint8) << 7
         groups[..., i] = ((unsigned >> np.uint64(7 * i)) & np.uint64(0x7F)).astype(np.uint8) | more
-    used = np.arange(_MAX_VARINT_BYTES) < nbytes[..., None]
+    used = np.arange(widest) < nbytes[..., None]
     return groups[used], nbytes.reshape(len(values), -1).sum(axis=1)
 
 
