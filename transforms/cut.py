@@ -1,7 +1,7 @@
 """CutSamples: read a unit's slab of the virtual dataset and cut it into a block of samples.
 
-A block (planning.run.contracts.Block) holds the unit's samples as an ``xr.Dataset`` with a
-leading ``sample`` dim, and per split how many samples were cut, dropped or filled for NaN.
+A block (planning.run.contracts.Block) holds the unit's samples (planning.run.contracts.Samples), each array with
+a leading ``sample`` dim, and per split how many samples were cut, dropped or filled for NaN.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
-import xarray as xr
 from apache_beam.metrics import Metrics
 
 from planning.aux_coords import cut_coordinates
@@ -36,7 +35,9 @@ from planning.run.contracts import (
     SPLIT,
     UNITS_DONE,
     Block,
+    Column,
     NonFinite,
+    Samples,
     UnitCounts,
 )
 from planning.run.variables import VariablePlan
@@ -235,15 +236,16 @@ def cut_slabs(spec: CutSpec, unit: Unit, slabs: Slabs) -> Block:
         data = {name: values[keep] for name, values in data.items()}
         labels = labels[keep]
     chosen = np.flatnonzero(in_split)[keep]
-    coords: dict[str, tuple] = {
-        SAMPLE_ID: (SAMPLE_DIM, grid.sample_ids(unit)[chosen]),
-        SPLIT: (SAMPLE_DIM, labels),
+    coords = {
+        SAMPLE_ID: Column((SAMPLE_DIM,), grid.sample_ids(unit)[chosen]),
+        SPLIT: Column((SAMPLE_DIM,), labels),
     }
     for name, (dims, values) in spec.positions.columns([where[chosen] for where in positions]).items():
-        coords[name] = ((SAMPLE_DIM, *dims), values)
-    coords.update(cut_coordinates(grid, spec.coords, unit, slabs.values, chosen))
-    data_vars = {v.name: ((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
-    return Block(unit.index, xr.Dataset(data_vars, coords), counts, filled)
+        coords[name] = Column((SAMPLE_DIM, *dims), values)
+    for name, (dims, values) in cut_coordinates(grid, spec.coords, unit, slabs.values, chosen).items():
+        coords[name] = Column(tuple(dims), values)
+    data_vars = {v.name: Column((SAMPLE_DIM, *v.feature.dims), data[v.name]) for v in spec.variables}
+    return Block(unit.index, Samples(data_vars, coords), counts, filled)
 
 
 def cut_unit(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Block:

@@ -22,15 +22,22 @@ def mark(directory: str | None, kind: str, index: int, piece: int = 0, pieces: i
     if directory is None:
         return
     with writing():
-        os.makedirs(directory, exist_ok=True)
         name = f"{kind}-{index:06d}" if pieces == 1 else f"{kind}-{index:06d}-{piece}"
         if pieces > 1:
             numbers["of"] = pieces
         path = os.path.join(directory, f"{name}.json")
         temporary = f"{path}.tmp"
-        with open(temporary, "w") as stream:
-            json.dump(numbers, stream)
+        try:
+            _write_text(temporary, json.dumps(numbers))
+        except FileNotFoundError:  # the run's first marker makes the folder (a makedirs each cost every unit time)
+            os.makedirs(directory, exist_ok=True)
+            _write_text(temporary, json.dumps(numbers))
         os.replace(temporary, path)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as stream:
+        stream.write(text)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -231,9 +231,7 @@ def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
 def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_zero():
     import types
 
-    import xarray as xr
-
-    from planning.run.contracts import Block
+    from planning.run.contracts import Block, Column, Samples
     from planning.run.variables import StackPlan
     from schemas.schema import Feature
     from transforms.encode import record_columns
@@ -241,7 +239,7 @@ def test_a_stacked_mask_joins_its_channels_masks_and_an_unfilled_channel_is_all_
     rng = np.random.default_rng(2)
     u, v = rng.normal(size=(3, 2, 4)).astype("f4"), rng.normal(size=(3, 2, 4)).astype("f4")
     filled_u = rng.random(u.shape) < 0.4  # v had no NaN in this block: no mask of its own
-    samples = xr.Dataset({"u": (("sample", "y", "x"), u), "v": (("sample", "y", "x"), v)})
+    samples = Samples({"u": Column(("sample", "y", "x"), u), "v": Column(("sample", "y", "x"), v)}, {})
     wind = Feature("wind", "float32", (2, 2, 4), ("channel", "y", "x"), "variable")
     mask = Feature("mask/wind", "int64", wind.shape, wind.dims, "mask", {"of": "wind"})
     spec = types.SimpleNamespace(stacks=(StackPlan(wind, ("u", "v"), 0),), features=(wind, mask))

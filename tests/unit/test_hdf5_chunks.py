@@ -65,7 +65,7 @@ def _build(plan):
     for unit in plan.units:
         slabs = read_unit(spec, plan.sources, unit)
         fetched, needed = fetched + slabs.chunks_fetched, needed + slabs.chunk_bytes
-        blocks += [b.samples for b in cut_pieces(spec, unit, slabs)]
+        blocks += [b.samples.to_dataset() for b in cut_pieces(spec, unit, slabs)]
     return xr.concat(blocks, "sample").sortby("sample_id"), fetched, needed
 
 

@@ -169,8 +169,8 @@ def test_each_chunk_is_fetched_once_whatever_the_budget_and_levels(tmp_path, key
         fetched, needed = fetched + slabs.bytes_read, needed + slabs.chunk_bytes
         blocks = list(cut_pieces(spec, unit, slabs))
         assert len(blocks) > 1 and [b.piece for b in blocks] == list(range(len(blocks)))
-        whole = cut_unit(spec, plan.sources, unit).samples
-        joined = xr.concat([b.samples for b in blocks], "sample").sortby(SAMPLE_ID)
+        whole = cut_unit(spec, plan.sources, unit).samples.to_dataset()
+        joined = xr.concat([b.samples.to_dataset() for b in blocks], "sample").sortby(SAMPLE_ID)
         xr.testing.assert_identical(joined, whole)
     counts = _fetched(keys_read)
     assert counts and set(counts.values()) == {2}  # once by the units' reads, once by the whole-unit checks
