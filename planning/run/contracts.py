@@ -89,8 +89,8 @@ class Samples:
     """A block's samples: each variable's and per-sample coordinate's array, with its dims.
 
     What the stages read of an ``xr.Dataset`` (``data_vars``, ``samples[name].values`` and ``.dims``), without
-    its cost: building a Dataset of a block took 1.7 ms of Python holding the GIL, a unit's worker thread
-    waiting on the other's (``to_dataset`` gives one, to inspect or compare).
+    its cost: building one for every block took 1.7 ms of Python, held under the GIL the other worker thread
+    waits for (``to_dataset`` gives one, to inspect or compare).
     """
 
     data_vars: dict[str, Column]
@@ -101,8 +101,8 @@ class Samples:
 
     @property
     def sizes(self) -> dict[str, int]:
-        first = next(iter(self.coords.values()), None) or next(iter(self.data_vars.values()))
-        return {SAMPLE_DIM: len(first.values)}
+        columns = (*self.coords.values(), *self.data_vars.values())
+        return {SAMPLE_DIM: len(columns[0].values)}
 
     @property
     def nbytes(self) -> int:
