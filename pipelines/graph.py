@@ -69,7 +69,7 @@ from schemas.urls import is_remote
 from transforms.cut import CutSamples
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output, finalize_output
-from transforms.in_place import check_disk_space
+from transforms.in_place import check_disk_space, reserve_shards
 from transforms.stats import ComputeStats
 from transforms.streamed import StreamBlocks
 from transforms.tendency import ComputeTendency, tendency_summary
@@ -232,6 +232,7 @@ def _run_build(
             specs = compile_specs(plan, lay_out(plan, write), urls)
             if specs.write.layout is not None:
                 check_disk_space(specs.write)
+                reserve_shards(specs.write)
             if local and fit_threads:
                 fit_local_threads(pipeline.options, _parallel_tasks(plan, specs))  # (Beam ran on a copy of options)
             for file, data in files.values():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import os
 import shutil
 
@@ -18,8 +19,8 @@ from apache_beam.metrics import Metrics
 
 from planning.run.cancellation import writing
 from planning.run.contracts import BYTES_WRITTEN, METRICS_NAMESPACE, RECORDS_WRITTEN, SAMPLE_ID, Block, ShardResult
+from planning.run.disk import WRITEBACK, reserve_space
 from planning.run.progress import mark
-from planning.run.writeback import WRITEBACK
 from planning.specs import WriteSpec
 from schemas.errors import UserError
 from schemas.example_codec import ExampleEncoder
@@ -104,10 +105,30 @@ def check_disk_space(spec: WriteSpec) -> None:
     folder = os.path.dirname(os.path.abspath(spec.temporary_shard_path(0)))
     needed, free = sum(spec.layout.bytes), shutil.disk_usage(folder).free  # (free: what a user may still write)
     if needed > free:
-        raise UserError(
-            f"{folder}: the shards need {_size(needed)} and the disk has {_size(free)} free; "
-            "free some space, or write the output elsewhere (--output)"
-        )
+        raise _no_room(folder, needed, free)
+
+
+def reserve_shards(spec: WriteSpec) -> None:
+    """Each shard's temporary file made its laid-out size, its blocks allocated, before any unit runs (where the
+    filesystem can: planning.run.disk); a disk that filled since check_disk_space is refused as it refuses it."""
+    with writing():  # not once a stopped build is removing the run's files
+        for shard, nbytes in enumerate(spec.layout.bytes):
+            path = spec.temporary_shard_path(shard)
+            try:
+                if nbytes and not reserve_space(path, nbytes):
+                    return  # this filesystem cannot: the writers fill sparse files, as before
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                folder = os.path.dirname(os.path.abspath(path))
+                raise _no_room(folder, sum(spec.layout.bytes), shutil.disk_usage(folder).free) from None
+
+
+def _no_room(folder: str, needed: int, free: int) -> UserError:
+    return UserError(
+        f"{folder}: the shards need {_size(needed)} and the disk has {_size(free)} free; "
+        "free some space, or write the output elsewhere (--output)"
+    )
 
 
 def _size(nbytes: int) -> str:

@@ -8,6 +8,7 @@ runner may choose.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import re
 import shutil
@@ -18,7 +19,7 @@ import pytest
 
 from planning.config import parse_config
 from planning.plan import make_plan
-from planning.run.writeback import WRITEBACK
+from planning.run.disk import WRITEBACK, reserve_space
 from planning.specs import compile_specs
 from planning.write_strategy import WritePlan, WriteStrategy, lay_out
 from schemas.errors import UserError
@@ -27,7 +28,7 @@ from schemas.record_decoder import ExampleDecoder
 from schemas.shard_index import index_lines, scan_index
 from schemas.tfrecord import read_records
 from transforms.cut import cut_unit
-from transforms.in_place import _WriteInPlaceFn, add_counts, check_disk_space, commit_shards
+from transforms.in_place import _WriteInPlaceFn, add_counts, check_disk_space, commit_shards, reserve_shards
 
 
 @pytest.fixture
@@ -102,6 +103,33 @@ def test_writers_hand_their_shards_to_the_disk_as_they_go_and_write_the_same_byt
             (Path(specs.write.output) / result.file).unlink()
             (Path(specs.write.output) / result.index).unlink()
     assert shards[0] == shards[1]
+
+
+def test_shards_reserved_at_their_laid_out_size_are_written_and_committed_alike(planned, tmp_path):
+    _, specs, blocks = planned
+    plain = list(commit_shards(add_counts(_write(specs.write, blocks)), specs.write))
+    shards = {r.file: (Path(specs.write.output) / r.file).read_bytes() for r in plain}
+    for result in plain:
+        (Path(specs.write.output) / result.file).unlink()
+    if not reserve_space(str(tmp_path / "probe"), 4096):
+        pytest.skip("this filesystem cannot allocate ahead (fallocate)")
+    reserve_shards(specs.write)
+    sizes = [Path(specs.write.temporary_shard_path(s)).stat() for s in range(len(specs.write.layout.bytes))]
+    assert [stat.st_size for stat in sizes] == list(specs.write.layout.bytes)
+    assert all(stat.st_blocks * 512 >= stat.st_size for stat in sizes)
+    reserved = list(commit_shards(add_counts(_write(specs.write, blocks)), specs.write))
+    assert {r.file: (Path(specs.write.output) / r.file).read_bytes() for r in reserved} == shards
+
+
+def test_a_disk_that_filled_since_the_space_check_is_refused_in_one_line(planned, monkeypatch):
+    _, specs, _ = planned
+
+    def no_room(path, nbytes):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr("transforms.in_place.reserve_space", no_room)
+    with pytest.raises(UserError, match=r"/out: the shards need .* free; free some space, or write the output"):
+        reserve_shards(specs.write)
 
 
 def test_a_shard_short_of_its_laid_out_records_is_not_committed(planned):

@@ -1,13 +1,15 @@
-"""Background writeback: shard files handed to the disk as their bytes accumulate, never created or waited for."""
+"""The disk under shards written in place: space reserved up front; files handed to the disk as their bytes
+accumulate, never created or waited for."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 import pytest
 
-from planning.run.writeback import Writeback
+from planning.run.disk import Writeback, reserve_space
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
 
@@ -61,3 +63,41 @@ def test_a_forked_child_starts_a_thread_of_its_own(tmp_path):
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_space_is_reserved_at_the_size_asked_without_truncating_what_is_there(tmp_path):
+    shard = tmp_path / "shard"
+    shard.write_bytes(b"written first")
+    if not reserve_space(str(shard), 10 * 2**20):
+        pytest.skip("this filesystem cannot allocate ahead (fallocate)")
+    assert shard.stat().st_size == 10 * 2**20 and shard.stat().st_blocks * 512 >= 10 * 2**20
+    assert shard.read_bytes()[:13] == b"written first" and not any(shard.read_bytes()[13:])
+    assert not reserve_space(str(tmp_path / "empty"), 0) and not (tmp_path / "empty").exists()
+
+
+def test_a_reservation_the_disk_has_no_room_for_raises_enospc_and_gives_back_what_it_took(tmp_path, monkeypatch):
+    """ext4 keeps the blocks it allocated before it ran out: they are given back. (The kernel's ENOSPC is stood in
+    for: a real one takes every free block of the disk, on a machine others share, until it is given back.)"""
+    import ctypes
+
+    from planning.run import disk
+
+    if disk._fallocate is None or not reserve_space(str(tmp_path / "probe"), 4096):
+        pytest.skip("this filesystem cannot allocate ahead (fallocate)")
+    real = disk._fallocate
+    calls = []
+
+    def runs_out(descriptor, mode, offset, length):
+        calls.append(mode)
+        if mode:  # giving back: the real call
+            return real(descriptor, mode, offset, length)
+        real(descriptor, 0, 0, 8 * 2**20)  # what ext4 had allocated when the disk filled
+        ctypes.set_errno(errno.ENOSPC)
+        return -1
+
+    monkeypatch.setattr(disk, "_fallocate", runs_out)
+    shard = tmp_path / "shard"
+    with pytest.raises(OSError) as raised:
+        reserve_space(str(shard), 64 * 2**20)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(shard)
+    assert shard.stat().st_size == 0 and shard.stat().st_blocks == 0 and len(calls) == 2
