@@ -1,5 +1,6 @@
-"""The disk under shards written in place: their space reserved before any unit runs, and their bytes handed to it
-while the build still computes (Linux; elsewhere neither, and the commit's fsync writes everything, as before).
+"""The disk under shards written in place: their space reserved up front, their bytes handed to it as they come.
+
+Both on Linux; elsewhere neither, and the commit's fsync writes everything, as before.
 
 Reserving (``reserve_space``, Linux's ``fallocate``): a shard's blocks are the build's from the start, so no other
 writer can fill the disk under it minutes in, and they lie in a few extents; records then land in blocks already
