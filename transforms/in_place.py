@@ -42,18 +42,13 @@ class _WriteInPlaceFn(beam.DoFn):
         self._record_ends = layout.record_ends()
         self._shard_starts = np.concatenate([[0], np.cumsum(layout.bytes, dtype=np.int64)[:-1]])
         self._files: dict[int, int] = {}
-        self._paths: dict[int, str] = {}
-
-    def _path(self, shard: int) -> str:
-        if shard not in self._paths:
-            self._paths[shard] = self._spec.temporary_shard_path(shard)
-        return self._paths[shard]
+        self._paths = [self._spec.temporary_shard_path(shard) for shard in range(len(layout.bytes))]
 
     def _file(self, shard: int) -> int:
         if shard not in self._files:
             # Every writer creates the shard it first writes to, never truncating it: writes land
             # at disjoint offsets, the file sparse until all have.
-            self._files[shard] = os.open(self._path(shard), os.O_WRONLY | os.O_CREAT, 0o666)
+            self._files[shard] = os.open(self._paths[shard], os.O_WRONLY | os.O_CREAT, 0o666)
         return self._files[shard]
 
     def process(self, block: Block):
@@ -76,7 +71,7 @@ class _WriteInPlaceFn(beam.DoFn):
         nbytes = np.bincount(shards, weights=framed, minlength=len(self._shard_starts)).astype(np.int64)
         written = {int(s): [int(counts[s]), int(nbytes[s])] for s in np.flatnonzero(counts)}
         for shard, (_, size) in written.items():
-            WRITEBACK.wrote(self._path(shard), size)
+            WRITEBACK.wrote(self._paths[shard], size)
         self._bytes.inc(wrote)
         self._records.inc(len(ids))
         mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=len(ids))

@@ -1,1 +1,1 @@
-"""What a run's driver and workers share: contracts, names, manifest, progress, cancellation, variables, writeback."""
+"""What a run's driver and workers share: contracts, names, manifest, progress, cancellation, variables, disk."""

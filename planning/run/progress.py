@@ -27,11 +27,12 @@ def mark(directory: str | None, kind: str, index: int, piece: int = 0, pieces: i
             numbers["of"] = pieces
         path = os.path.join(directory, f"{name}.json")
         temporary = f"{path}.tmp"
+        text = json.dumps(numbers)
         try:
-            _write_text(temporary, json.dumps(numbers))
+            _write_text(temporary, text)
         except FileNotFoundError:  # the run's first marker makes the folder (a makedirs each cost every unit time)
             os.makedirs(directory, exist_ok=True)
-            _write_text(temporary, json.dumps(numbers))
+            _write_text(temporary, text)
         os.replace(temporary, path)
 
 
