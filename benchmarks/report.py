@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks import bytecode
-from benchmarks.targets import Target, all_targets
+from benchmarks.targets import Target, all_targets, wall_ratio
 
 MB = 1e6
 _WRITE_HEADERS = (
@@ -68,6 +68,30 @@ def _identity_notes(section: dict) -> list[str]:
     ]
 
 
+def _round_notes(competitors: dict) -> list[str]:
+    """With --repeat: each competitor's walls by round, and the pipeline's ratios to the others by round."""
+    rounds = {name: row.get("walls", []) for name, row in competitors.items()}
+    if max((len(walls) for walls in rounds.values()), default=0) < 2:
+        return []
+    notes = [
+        "  walls by round (s; the table keeps each one's fastest): "
+        + "; ".join(
+            f"{competitors[name]['label']} " + ", ".join(f"{w:.2f}" for w in walls) for name, walls in rounds.items()
+        )
+    ]
+    pipeline = competitors.get("pipeline")
+    for name in ("floor", "io-limit"):
+        other = competitors.get(name)
+        if pipeline and other and pipeline["ok"] and other["ok"]:
+            ratios = [a / b for a, b in zip(pipeline["walls"], other["walls"])]
+            notes.append(
+                f"  pipeline / {other['label']} by round: "
+                + ", ".join(f"{r:.2f}" for r in ratios)
+                + f" (median {wall_ratio(pipeline, other):.2f}: the targets' ratio)"
+            )
+    return notes
+
+
 def scale_section(scale: str, section: dict) -> str:
     data = section["dataset"]
     per_sample = data["input_bytes"] / max(data["samples"], 1) / 1e3
@@ -80,6 +104,7 @@ def scale_section(scale: str, section: dict) -> str:
     rows = [_write_row(row, floor) for row in competitors.values()]
     notes = [f"  {row['label']}: {row['note']}" for row in competitors.values() if row.get("note")]
     notes += _identity_notes(section)
+    notes += _round_notes(competitors)
     phases = (floor or {}).get("details", {}).get("phases")
     if phases:
         notes.append("  floor phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))

@@ -121,3 +121,52 @@ def test_every_timed_run_starts_without_the_competitors_earlier_output(tmp_path,
     assert bench.run(["-c", check + f"; os.makedirs({str(output)!r})"], archive, output).ok
     assert seen.read_text() == "FalseFalse"  # the first found the old output gone, the second the first's
     assert archive.joinpath("a.nc").read_bytes() == b"inputs"  # the inputs are read, never removed
+
+
+def test_repeats_run_in_rounds_and_ratios_are_the_median_of_the_rounds(tmp_path, monkeypatch):
+    """--repeat N: every competitor once a round (a slow spell falls on all of a round), the fastest run kept,
+    the pipeline's ratios the median of its rounds'; a failed run is kept and not run again."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import datasets, report, run, targets
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "a.nc").write_bytes(b"x")
+    monkeypatch.setattr(datasets, "ensure_archive", lambda workdir, spec: archive)
+    scripted = {"floor": [4.0, 2.0, 3.0], "io-limit": [1.0, 2.0, 1.5], "pipeline": [1.5, 2.2, 1.8], "naive": [9.0]}
+    calls = []
+
+    def fake(name):
+        def runner(bench, spec, archive, *args):
+            assert bench.repeat == 1  # one run a call: the rounds are run_scale's
+            calls.append(name)
+            wall = scripted[name][sum(c == name for c in calls) - 1]
+            return {"label": name, "ok": name != "naive", "wall": wall, "peak_rss": 1, "samples": 1}
+
+        return runner
+
+    for name, attribute in (("floor", "run_floor"), ("io-limit", "run_io_limit"), ("naive", "run_naive")):
+        monkeypatch.setattr(run, attribute, fake(name))
+    monkeypatch.setattr(run, "run_pipeline", lambda bench, spec, archive, name: fake(name)(bench, spec, archive))
+    selected = frozenset({"floor", "io-limit", "pipeline", "naive"})
+    bench = run.Bench(tmp_path, quick=True, repeat=3, naive_files=1, timeout=60, selected=selected)
+    section = run.run_scale(bench, 1)
+
+    assert calls == ["floor", "io-limit", "pipeline", "naive"] + ["floor", "io-limit", "pipeline"] * 2
+    rows = section["competitors"]
+    assert {name: (row["wall"], row["walls"]) for name, row in rows.items()} == {
+        "floor": (2.0, [4.0, 2.0, 3.0]),
+        "io-limit": (1.0, [1.0, 2.0, 1.5]),
+        "pipeline": (1.5, [1.5, 2.2, 1.8]),
+        "naive": (9.0, [9.0]),
+    }
+    assert not rows["naive"]["ok"]
+    # by round 1.5, 1.1, 1.2: median 1.2, where the fastest over the fastest (1.5 / 1.0) pairs two spells
+    assert targets.wall_ratio(rows["pipeline"], rows["io-limit"]) == pytest.approx(1.2)
+    assert targets.wall_ratio(rows["pipeline"], rows["floor"]) == pytest.approx(0.6)  # 0.375, 1.1, 0.6
+    notes = "\n".join(report._round_notes(rows))
+    assert "pipeline / io-limit by round: 1.50, 1.10, 1.20 (median 1.20" in notes
+    assert "pipeline / floor by round: 0.38, 1.10, 0.60 (median 0.60" in notes
+    single = {name: dict(row, walls=row["walls"][:1]) for name, row in rows.items()}
+    assert targets.wall_ratio(single["pipeline"], single["io-limit"]) == 1.5  # one round: wall over wall
+    assert report._round_notes(single) == []
