@@ -280,11 +280,12 @@ def run_scale(bench: Bench, scale: int) -> dict:
             print(f"[{scale}x] {name}{f' (round {round_number + 1}/{rounds})' if rounds > 1 else ''} ...", flush=True)
             args = (name,) if runner is run_pipeline else ()
             row = runner(once, spec, archive, *args)
-            row["walls"] = competitors[name]["walls"] + [row["wall"]] if name in competitors else [row["wall"]]
-            if name not in competitors or not row["ok"] or row["wall"] < competitors[name]["wall"]:
-                competitors[name] = row
+            kept = competitors.get(name)
+            row["walls"] = (kept["walls"] if kept else []) + [row["wall"]]
+            if kept and row["ok"] and row["wall"] >= kept["wall"]:
+                kept["walls"] = row["walls"]
             else:
-                competitors[name]["walls"] = row["walls"]
+                competitors[name] = row
             print(f"[{scale}x] {name}: {row['wall']:.1f} s, {row['peak_rss'] / 1e6:,.0f} MB", flush=True)
     pipeline_out = bench.output(spec, "pipeline")
     section["identical_to_pipeline"] = {

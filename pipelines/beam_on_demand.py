@@ -63,7 +63,9 @@ class _DeferredLoader(importlib.abc.Loader):
         module.__class__ = _RunsOnFirstUse
 
 
-class _DeferringFinder(importlib.abc.MetaPathFinder):
+class OnFirstUseFinder(importlib.abc.MetaPathFinder):
+    """Makes the top-level modules ``names`` run on first use while it is on ``sys.meta_path``."""
+
     def __init__(self, names: tuple[str, ...]):
         self.names = frozenset(names)
 
@@ -77,11 +79,6 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def importing_on_first_use(names: tuple[str, ...]) -> _DeferringFinder:
-    """A finder that makes the top-level modules ``names`` run on first use, while it is on ``sys.meta_path``."""
-    return _DeferringFinder(names)
-
-
 def import_beam() -> None:
     """Import Beam's package with ON_FIRST_USE run on first use; nothing changes if Beam is already imported.
 
@@ -90,7 +87,7 @@ def import_beam() -> None:
     """
     if "apache_beam" in sys.modules:
         return
-    finder = importing_on_first_use(ON_FIRST_USE)
+    finder = OnFirstUseFinder(ON_FIRST_USE)
     sys.meta_path.insert(0, finder)
     try:
         import apache_beam  # noqa: F401

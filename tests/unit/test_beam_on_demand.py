@@ -58,8 +58,8 @@ def test_with_beams_gcp_clients_installed_the_clients_they_use_run_at_once_and_b
 _RACE = """
 import json, sys, threading
 sys.path.insert(0, sys.argv[1])
-from pipelines.beam_on_demand import importing_on_first_use
-finder = importing_on_first_use(("slowly_made",))
+from pipelines.beam_on_demand import OnFirstUseFinder
+finder = OnFirstUseFinder(("slowly_made",))
 sys.meta_path.insert(0, finder)
 import slowly_made
 sys.meta_path.remove(finder)
@@ -101,8 +101,8 @@ def test_threads_reading_a_deferred_module_at_once_wait_for_its_single_run(tmp_p
 _FAILING = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from pipelines.beam_on_demand import importing_on_first_use
-finder = importing_on_first_use(("breaks_on_use", "not_there"))
+from pipelines.beam_on_demand import OnFirstUseFinder
+finder = OnFirstUseFinder(("breaks_on_use", "not_there"))
 sys.meta_path.insert(0, finder)
 import breaks_on_use
 try:
