@@ -266,7 +266,13 @@ def test_runs_beyond_the_open_file_limit_merge_in_several_passes(tmp_path):
 
 
 def _write_traced(spec, paths) -> tuple[int, BufferLedger]:
-    """Write shard 0 under tracemalloc; its peak above the baseline, and the writer's own ledger."""
+    """Write shard 0 under tracemalloc; its peak above the baseline, and the writer's own ledger.
+
+    A first, untraced write makes what a process makes once (lazy imports, caches: ~20 KB, varying
+    by a few KB from one process to the next, which left the traced write 0.98-1.00x the budget):
+    not the writer's to hold. The traced write replaces its shard.
+    """
+    write_shard(spec, 0, paths)
     ledger = BufferLedger()
     tracemalloc.start()
     try:
