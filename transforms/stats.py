@@ -43,37 +43,48 @@ class Moments:
         left out of every moment and counted in ``filled_count``.
         """
 
-        def flat(array: np.ndarray) -> np.ndarray:
+        def flat(array: np.ndarray, dtype=None) -> np.ndarray:
             array = np.moveaxis(np.asarray(array), list(keep_axes), list(range(len(keep_axes))))
+            if dtype is not None:  # a copy in the moved axes' order: the reshape copies nothing more
+                array = array.astype(dtype, order="C")
             return array.reshape((*array.shape[: len(keep_axes)], -1))
 
-        x = flat(values)
-        none = np.zeros(x.shape[:-1], dtype=np.int64)
-        if x.shape[-1] == 0:
-            zeros = np.zeros(x.shape[:-1])
+        # One float64 copy, then every pass in place over it: numpy's float32 -> float64 reductions
+        # (sum with dtype=, einsum) cast in buffers at each call, and took 1.8x the time (a block's
+        # variable of 196 samples x 27 x 9 x 9: 0.74 ms against 0.40).
+        work = flat(values, np.float64)
+        rows, n = work.shape[:-1], work.shape[-1]
+        none = np.zeros(rows, dtype=np.int64)
+        if n == 0:
+            zeros = np.zeros(rows)
             return cls(none, zeros, zeros, zeros + np.inf, zeros - np.inf, none, none, none)
         filled_count, mask = none, None
         if filled is not None and filled.any():
             mask = flat(filled)
             filled_count = mask.sum(axis=-1)
-        # Reductions with `where=` are several times slower than over a float32 copy with the
-        # filled values set to what leaves each reduction unchanged.
-        total = np.sum(x if mask is None else np.where(mask, x.dtype.type(0), x), axis=-1, dtype=np.float64)
+        if mask is None and not keep_axes:  # (over the values as they are: half the bytes of the copy's)
+            low, high = np.float64(np.min(values)), np.float64(np.max(values))
+        elif mask is None:
+            low, high = work.min(axis=-1), work.max(axis=-1)
+        else:  # a filled value, as each pass's identity, leaves the pass's result unchanged
+            np.putmask(work, mask, np.inf)
+            low = work.min(axis=-1)
+            np.putmask(work, mask, -np.inf)
+            high = work.max(axis=-1)
+            np.putmask(work, mask, 0.0)
+        total = work.sum(axis=-1)
         if np.isfinite(total).all():
-            # Every real value is finite (a NaN or inf would make its row's sum non-finite): one
-            # pass for the sum, one for the centred squares, without a float64 copy of the block.
-            count = np.full(x.shape[:-1], x.shape[-1], dtype=np.int64) - filled_count
+            # Every real value is finite (a NaN or inf would make its row's sum non-finite): the
+            # centred squares, summed, in the same copy.
+            count = np.full(rows, n, dtype=np.int64) - filled_count
             mean = total / np.maximum(count, 1)  # 0 where every value was filled
-            centred = x - mean[..., None]
+            work -= mean[..., None]
             if mask is not None:
-                np.putmask(centred, mask, 0.0)
-            m2 = np.einsum("...i,...i->...", centred, centred)
-            if mask is None:
-                low, high = x.min(axis=-1).astype(np.float64), x.max(axis=-1).astype(np.float64)
-            else:
-                low = np.where(mask, np.inf, x).min(axis=-1, initial=np.inf)
-                high = np.where(mask, -np.inf, x).max(axis=-1, initial=-np.inf)
-            return cls(count, mean, m2, low.astype(np.float64), high.astype(np.float64), none, none, filled_count)
+                np.putmask(work, mask, 0.0)
+            np.square(work, out=work)
+            return cls(count, mean, work.sum(axis=-1), low, high, none, none, filled_count)
+        del work
+        x = flat(values)
         if mask is not None:
             x = x.astype(np.float64)
             x[mask] = np.nan

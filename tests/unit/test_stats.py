@@ -115,3 +115,33 @@ def test_a_stored_nan_beside_filled_values_is_still_a_nan():
     m = Moments.of(values, filled=filled).to_json()
     assert (m["count"], m["nan_count"], m["inf_count"], m["filled_count"]) == (2, 1, 1, 1)
     assert m["mean"] == 2.0
+
+
+def test_integer_values_and_kept_axes_anywhere_equal_numpy():
+    rng = np.random.default_rng(7)
+    counts = rng.integers(-(2**40), 2**40, (11, 3, 4, 2), dtype=np.int64)  # an int64 variable, beyond float32
+    for keep in ([], [1], [3], [1, 3]):
+        result = Moments.of(counts, keep)
+        others = tuple(a for a in range(4) if a not in keep)
+        exact = counts.astype(np.float64)
+        np.testing.assert_allclose(result.mean, exact.mean(axis=others), rtol=1e-12)
+        np.testing.assert_allclose(result.variance, exact.var(axis=others), rtol=1e-9)
+        np.testing.assert_array_equal(result.minimum, exact.min(axis=others))
+        np.testing.assert_array_equal(result.maximum, exact.max(axis=others))
+
+
+def test_a_level_filled_throughout_has_no_moments_and_leaves_the_others_exact():
+    rng = np.random.default_rng(8)
+    values = rng.normal(280.0, 3.0, (5, 3, 4)).astype(np.float32)
+    filled = np.zeros(values.shape, dtype=bool)
+    filled[:, 1] = True  # every value of level 1 was NaN, and filled
+    filled[0, 2, :2] = True
+    values[filled] = -999.0  # the fill value: no moment may see it
+    result = Moments.of(values, [1], filled).to_json(["level"])
+    assert result["count"] == [20, 0, 18] and result["filled_count"] == [0, 20, 2]
+    assert result["mean"][1] is None and result["min"][1] is None and result["max"][1] is None
+    real = np.where(filled, np.nan, values.astype(np.float64))
+    for level in (0, 2):
+        np.testing.assert_allclose(result["mean"][level], np.nanmean(real[:, level]), rtol=1e-12)
+        np.testing.assert_allclose(result["variance"][level], np.nanvar(real[:, level]), rtol=1e-9)
+        assert (result["min"][level], result["max"][level]) == (np.nanmin(real[:, level]), np.nanmax(real[:, level]))
