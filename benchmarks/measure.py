@@ -1,4 +1,4 @@
-"""Running one competitor in its own process: wall time and the peak RSS of its whole process tree.
+"""Running one competitor in its own process: wall time, CPU time and the peak RSS of its whole process tree.
 
 Under ``XTF_BENCH_SMOKE=1`` (the benchmarks' smoke tests) a ``python -m MODULE ...`` (or ``-c``) competitor is
 forked from one warmed interpreter (multiprocessing's fork server, Beam and xarray imported once)
@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import multiprocessing
 import os
+import resource
 import runpy
 import subprocess
 import sys
@@ -41,6 +42,8 @@ class Measurement:
     output_tail: str
     load_before: float
     load_after: float
+    #: CPU seconds (user, system) of the competitor's process tree: the processes it waited for; none forked warm
+    cpu: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ok(self) -> bool:
@@ -181,6 +184,8 @@ def run_measured(
     # the parent by a moment would otherwise hold communicate() open.
     with tempfile.NamedTemporaryFile() as log:
         load_before = os.getloadavg()[0]
+        # (this process's own threads start no process; a warm child's CPU is its fork server's, and reads as 0)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         warm = _warm_target(command, ("-m", "-c"))
         process = _WarmChild(warm, cwd, env, log.name, log.name) if warm else _Popen(command, cwd, env, log)
@@ -194,7 +199,9 @@ def run_measured(
         peak = sampler.stop()
         log.seek(0)
         output = log.read().decode(errors="replace")
-    return Measurement(wall, peak, returncode, output[-_OUTPUT_TAIL_CHARS:], load_before, os.getloadavg()[0])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - children.ru_utime, after.ru_stime - children.ru_stime)
+    return Measurement(wall, peak, returncode, output[-_OUTPUT_TAIL_CHARS:], load_before, os.getloadavg()[0], cpu)
 
 
 def run_captured(

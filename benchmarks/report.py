@@ -68,6 +68,15 @@ def _identity_notes(section: dict) -> list[str]:
     ]
 
 
+def _cpu_notes(competitors: dict) -> list[str]:
+    """The CPU time of each competitor's kept run: what a wall ratio is made of on 2 cores (the I/O limit's is
+    nearly all the kernel's, which the pipeline pays as well; its own work can only overlap it)."""
+    spent = {row["label"]: row["cpu"] for row in competitors.values() if row["ok"] and sum(row.get("cpu") or ()) > 0}
+    if not spent:  # (runs forked warm, in smoke tests, are not counted)
+        return []
+    return ["  CPU s, user + system: " + "; ".join(f"{label} {u:.1f} + {s:.1f}" for label, (u, s) in spent.items())]
+
+
 def _round_notes(competitors: dict) -> list[str]:
     """With --repeat: each competitor's walls by round, and the pipeline's ratios to the others by round."""
     rounds = {name: row.get("walls", []) for name, row in competitors.items()}
@@ -104,6 +113,7 @@ def scale_section(scale: str, section: dict) -> str:
     rows = [_write_row(row, floor) for row in competitors.values()]
     notes = [f"  {row['label']}: {row['note']}" for row in competitors.values() if row.get("note")]
     notes += _identity_notes(section)
+    notes += _cpu_notes(competitors)
     notes += _round_notes(competitors)
     phases = (floor or {}).get("details", {}).get("phases")
     if phases:

@@ -131,6 +131,7 @@ def summary(label: str, measurement: Measurement, samples: int, nbytes: int, **e
         "samples_per_second": samples / wall if wall else None,
         "mb_per_second": nbytes / 1e6 / wall if wall else None,
         "peak_rss": measurement.peak_rss_bytes,
+        "cpu": list(measurement.cpu),  # (user, system) seconds
         "load": [measurement.load_before, measurement.load_after],
         "note": "",
     }

@@ -170,3 +170,29 @@ def test_repeats_run_in_rounds_and_ratios_are_the_median_of_the_rounds(tmp_path,
     single = {name: dict(row, walls=row["walls"][:1]) for name, row in rows.items()}
     assert targets.wall_ratio(single["pipeline"], single["io-limit"]) == 1.5  # one round: wall over wall
     assert report._round_notes(single) == []
+
+
+def test_a_competitors_cpu_time_is_its_whole_trees_and_printed_beside_its_row(tmp_path, monkeypatch):
+    """The CPU a run measures is every process of its tree that was waited for: a child spinning 0.3 s of its own
+    CPU in a grandchild is counted; a sleeping one is not."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import report
+    from benchmarks.measure import run_measured
+
+    spin = "import time\nwhile time.process_time() < 0.3: pass"  # at least 0.3 s of its own CPU, whatever the machine
+    in_grandchild = f"import subprocess, sys; subprocess.run([sys.executable, '-S', '-c', {spin!r}], check=True)"
+    # (-S: not a `python -m/-c` command, which smoke runs fork warm from a server whose CPU is not the run's)
+    busy = run_measured([sys.executable, "-S", "-c", in_grandchild], str(tmp_path))
+    idle = run_measured([sys.executable, "-S", "-c", "import time; time.sleep(0.3)"], str(tmp_path))
+    assert busy.ok and idle.ok
+    assert sum(busy.cpu) >= 0.3 > sum(idle.cpu)
+    rows = {
+        "io-limit": {"label": "I/O limit", "ok": True, "cpu": [0.04, 3.01]},
+        "pipeline": {"label": "pipeline", "ok": True, "cpu": list(busy.cpu)},
+        "naive": {"label": "naive", "ok": False, "cpu": [1.0, 1.0]},  # failed: its CPU means nothing
+    }
+    [note] = report._cpu_notes(rows)
+    assert note.startswith("  CPU s, user + system: I/O limit 0.0 + 3.0; pipeline ") and "naive" not in note
+    assert report._cpu_notes({"pipeline": dict(rows["pipeline"], cpu=[0.0, 0.0])}) == []  # forked warm: uncounted
