@@ -302,4 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
-    sys.exit(main())
+    code = main()
+    from pipelines.stopping import exit_quickly
+
+    exit_quickly(code)
