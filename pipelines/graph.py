@@ -205,6 +205,7 @@ def _run_build(
         streamed = is_dask_runner(options)
         outline = STREAMED_OUTLINE if streamed else OUTLINE
         write = choose_write_strategy(plan, work, groups_in_memory=is_dask_runner(options))
+        write = dataclasses.replace(write, progress_shown=progress is not None)
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
             specs = compile_specs(plan, write, urls)

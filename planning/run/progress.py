@@ -4,7 +4,8 @@ Beam's local runner reports metrics only when the pipeline ends (the Dask runner
 so the live progress line reads these instead. Workers that share the output's filesystem
 (threads, processes, or a cluster with --shared_filesystem) all write to one directory; a
 retried unit rewrites its own marker, so nothing is counted twice. Runs whose workers share no
-filesystem get no directory and report through Beam counters (Dataflow's UI) instead.
+filesystem get no directory and report through Beam counters (Dataflow's UI) instead; nor do runs
+that show no line (--quiet): nothing would read them.
 """
 
 from __future__ import annotations

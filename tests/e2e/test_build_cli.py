@@ -402,3 +402,25 @@ def test_two_outputs_load_side_by_side_in_one_process(patches, small_archive, tm
 def test_an_output_path_with_spaces_is_written_and_read_back(small_archive, tmp_path):
     output = build(patch_config([small_archive / "*.nc"], tmp_path / "my outputs" / "run 1"), tmp_path)
     assert load_schema(str(output)).num_records() == 12 * 2 * 2
+
+
+def test_progress_markers_are_written_only_for_a_progress_line_to_read(small_archive, tmp_path, monkeypatch):
+    """A marker file for each unit and shard is what the live line sums up; with --quiet nothing reads them."""
+    from planning.run import progress
+
+    written = []
+    write_marker = progress._write_text
+    monkeypatch.setattr(progress, "_write_text", lambda path, text: (written.append(path), write_marker(path, text)))
+    config = patch_config([small_archive / "*.nc"], tmp_path / "quiet")
+    build(config, tmp_path, "--quiet")
+    assert written == []
+    config["output"]["path"] = str(tmp_path / "shown")
+    build(config, tmp_path)
+    schema = load_schema(str(tmp_path / "shown"))
+    units = [path for path in written if os.path.basename(path).startswith("unit-")]
+    assert len(units) >= 2 and len(written) == len(units) + len(schema.splits["data"])  # and one for each shard
+    assert filecmp.cmp(
+        tmp_path / "quiet" / schema.splits["data"][0].file,
+        tmp_path / "shown" / schema.splits["data"][0].file,
+        shallow=False,
+    )
