@@ -79,7 +79,8 @@ def exit_quickly(code: int) -> None:
     sees of an exit still happens: the atexit handlers run (weakref finalizers, logging's
     flush, multiprocessing's joins among them) and the standard streams are flushed. Where a thread
     that the interpreter would wait for still runs, or this interpreter has no hook to run the
-    handlers, the interpreter's exit is taken instead.
+    handlers, the interpreter's exit is taken instead. A program that runs the build's module in its own
+    process (runpy) gets no SystemExit back: its atexit handlers are where it sees the end.
     """
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
     waited_for = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
