@@ -50,6 +50,7 @@ from pipelines.runners import (
     unit_ranges,
     with_runner_defaults,
 )
+from pipelines.state_sampling import sample_often
 from pipelines.stopping import RunCleanup, clean_up_on_stop, remove_at_exit, remove_now, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.formats.dask_on_demand import defer_dask
@@ -172,6 +173,7 @@ def _run_build(
     use_anonymous_credentials_for_emulator()
     defer_dask()
     look_once_per_dofn()
+    sample_often()  # (a local run's workers are threads of this process)
     check_remote_setup(options, config, shared_filesystem)
     pipeline = _validated_pipeline(options)
     FileSystems.set_options(options)
