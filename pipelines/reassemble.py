@@ -236,6 +236,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     import fsspec
 
     from pipelines.runners import RunOptions, make_runner, with_runner_defaults
+    from pipelines.state_sampling import sample_often
     from planning.formats.dask_on_demand import defer_dask
     from planning.run.cancellation import allow_writes, cancel_writes
     from schemas.reassembly import import_xarray
@@ -244,6 +245,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     xr = import_xarray()
     started_up()
     defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
+    sample_often()  # (a local run's workers are threads of this process)
     map_large_arrays()
     allow_writes()  # an earlier run in this process may have failed and refused its threads' writes
     kind = _destination(args.to, args.overwrite)
