@@ -83,12 +83,9 @@ class Moments:
                 np.putmask(work, mask, 0.0)
             np.square(work, out=work)
             return cls(count, mean, work.sum(axis=-1), low, high, none, none, filled_count)
-        del work
-        x = flat(values)
+        x = work  # the values in float64 still, but where filled (0 there since the extremes)
         if mask is not None:
-            x = x.astype(np.float64)
             x[mask] = np.nan
-        x = x.astype(np.float64, copy=False)
         finite = np.isfinite(x)
         nan = np.isnan(x)
         count = finite.sum(axis=-1)
