@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import logging
 import os
-import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -43,7 +42,7 @@ from pipelines.runners import (
     is_local_runner,
     load_runner_options,
     local_threads_chosen,
-    make_runner,
+    new_pipeline,
     runner_context,
     runner_name,
     submission_temp_dir,
@@ -51,7 +50,7 @@ from pipelines.runners import (
     with_runner_defaults,
 )
 from pipelines.state_sampling import sample_often
-from pipelines.stopping import RunCleanup, clean_up_on_stop, remove_at_exit, remove_now, watch_job, watched_job
+from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
 from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
@@ -175,7 +174,7 @@ def _run_build(
     look_once_per_dofn()
     sample_often()  # (a local run's workers are threads of this process)
     check_remote_setup(options, config, shared_filesystem)
-    pipeline = _validated_pipeline(options)
+    pipeline = new_pipeline(options)
     FileSystems.set_options(options)
     dry_run = is_dry_run(options)
     local = is_local_runner(options)
@@ -342,21 +341,3 @@ def _checked_graph_size(pipeline: beam.Pipeline, options: PipelineOptions) -> in
             "build fewer variables or features at a time (one config each), or use another runner"
         )
     return size
-
-
-def _validated_pipeline(options: PipelineOptions) -> beam.Pipeline:
-    """The pipeline object; Beam validates the options here, before any planning or submission.
-
-    Beam makes it a folder in the system's temp directory that only its ``run`` removes: a run
-    refused, stopped or dry ends without one, so the folder goes when the object does (or at exit).
-    """
-    try:
-        pipeline = beam.Pipeline(runner=make_runner(options), options=options)
-        remove_at_exit(pipeline.local_tempdir)  # (a stopped build ends with os._exit: no finalizer runs)
-        weakref.finalize(pipeline, remove_now, pipeline.local_tempdir)
-        return pipeline
-    except ValueError as error:
-        problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-        if not problems:
-            raise
-        raise UserError(f"Beam options: {'; '.join(problems)}") from None

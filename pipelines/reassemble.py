@@ -235,7 +235,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     import apache_beam as beam
     import fsspec
 
-    from pipelines.runners import RunOptions, make_runner, with_runner_defaults
+    from pipelines.runners import RunOptions, new_pipeline, with_runner_defaults
     from pipelines.state_sampling import sample_often
     from planning.formats.dask_on_demand import defer_dask
     from planning.run.cancellation import allow_writes, cancel_writes
@@ -258,7 +258,7 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
         plan, files = make_plan(args, store, work)
         write_template(plan, files)
         options = RunOptions(with_runner_defaults(beam_args))
-        pipeline = beam.Pipeline(runner=make_runner(options), options=options)
+        pipeline = new_pipeline(options)
         _ = pipeline | "Files" >> beam.Create(files) | "Reassemble" >> Reassemble(plan)
         marker = posixpath.join(work, DONE_DIR)
         with ChunkProgress(marker, plan.num_chunks, progress) if progress else contextlib.nullcontext():

@@ -11,8 +11,10 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
+from apache_beam import Pipeline
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -21,7 +23,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from pipelines.stopping import BEAM_WORKER_MODULE
+from pipelines.stopping import BEAM_WORKER_MODULE, remove_at_exit, remove_now
 from schemas.errors import UserError
 from transforms.units import DEFAULT_RANGES
 
@@ -310,6 +312,24 @@ def make_runner(options: PipelineOptions):
     if is_local_runner(options):
         return _local_runner_class()()
     return options.view_as(StandardOptions).runner
+
+
+def new_pipeline(options: PipelineOptions) -> Pipeline:
+    """The pipeline object; Beam validates the options here, before any planning or submission.
+
+    Beam makes it a folder in the system's temp directory that only its ``run`` removes: a run
+    refused, failed, stopped or dry ends without one, so the folder goes when the object does (or at exit).
+    """
+    try:
+        pipeline = Pipeline(runner=make_runner(options), options=options)
+    except ValueError as error:
+        problems = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        if not problems:
+            raise
+        raise UserError(f"Beam options: {'; '.join(problems)}") from None
+    remove_at_exit(pipeline.local_tempdir)  # (a stopped build ends with os._exit: no finalizer runs)
+    weakref.finalize(pipeline, remove_now, pipeline.local_tempdir)
+    return pipeline
 
 
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``).

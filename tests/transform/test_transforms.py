@@ -15,6 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.graph import build_pipeline
 from pipelines.output import prepare_output
+from pipelines.runners import RunOptions, new_pipeline
 from planning.config import parse_config
 from planning.plan import make_plan
 from planning.run.contracts import SAMPLE_ID
@@ -220,7 +221,7 @@ def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
     write = lay_out(plan, WritePlan(strategy, "chosen", str(tmp_path / "work")))
     counts = {}
     for streamed in (True, False):
-        pipeline = beam.Pipeline()
+        pipeline = new_pipeline(RunOptions([]))  # (not run: its temp folder goes with it)
         build_pipeline(pipeline, plan.units, compile_specs(plan, write), ranges=3, stream_blocks=streamed)
         # (but the Reshuffle's, which Beam's DaskRunner replaces with nothing)
         counts[streamed] = [label for label in _group_by_keys(pipeline) if not label.startswith("SpreadUnits/")]

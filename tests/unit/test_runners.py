@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
+import tempfile
+from pathlib import Path
 
+import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -132,3 +136,20 @@ def test_the_local_runners_threads_send_whole_elements_however_long_they_take_to
             | beam.MapTuple(lambda key, values: (key, sorted(v.number for v in values)))
         )
         assert_that(grouped, equal_to([(0, [0, 2, 4, 6, 8, 10]), (1, [1, 3, 5, 7, 9, 11])]))
+
+
+def test_a_pipeline_made_and_never_run_leaves_no_folder_in_the_temp_directory(tmp_path, monkeypatch):
+    """Beam makes a folder in the system's temp directory for every pipeline and only its run removes it: a build
+    or reassembly refused, failed or dry before its run would leave one behind each time."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pipeline = runners.new_pipeline(runners.RunOptions([]))
+    folder = Path(pipeline.local_tempdir)
+    assert folder.parent == tmp_path and folder.is_dir()
+    del pipeline
+    gc.collect()  # (a pipeline holds cycles: its transforms name it)
+    assert not folder.exists()
+    beams_own = beam.Pipeline()  # the control: what Beam leaves
+    left = Path(beams_own.local_tempdir)
+    del beams_own
+    gc.collect()
+    assert left.is_dir()
