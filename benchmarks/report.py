@@ -96,7 +96,8 @@ def _round_notes(competitors: dict) -> list[str]:
             notes.append(
                 f"  pipeline / {other['label']} by round: "
                 + ", ".join(f"{r:.2f}" for r in ratios)
-                + f" (median {wall_ratio(pipeline, other):.2f}: the targets' ratio)"
+                + f" (median {wall_ratio(pipeline, other):.2f}: the targets' ratio;"
+                + f" fastest / fastest {min(pipeline['walls']) / min(other['walls']):.2f})"
             )
     return notes
 

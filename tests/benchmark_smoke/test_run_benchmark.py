@@ -167,6 +167,9 @@ def test_repeats_run_in_rounds_and_ratios_are_the_median_of_the_rounds(tmp_path,
     notes = "\n".join(report._round_notes(rows))
     assert "pipeline / io-limit by round: 1.50, 1.10, 1.20 (median 1.20" in notes
     assert "pipeline / floor by round: 0.38, 1.10, 0.60 (median 0.60" in notes
+    # ... and beside it, the fastest over the fastest: the two ways of reading noisy rounds, side by side
+    assert "(median 1.20: the targets' ratio; fastest / fastest 1.50)" in notes
+    assert "(median 0.60: the targets' ratio; fastest / fastest 0.75)" in notes
     single = {name: dict(row, walls=row["walls"][:1]) for name, row in rows.items()}
     assert targets.wall_ratio(single["pipeline"], single["io-limit"]) == 1.5  # one round: wall over wall
     assert report._round_notes(single) == []
