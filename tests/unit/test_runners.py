@@ -146,7 +146,7 @@ def test_a_pipeline_made_and_never_run_leaves_no_folder_in_the_temp_directory(tm
     folder = Path(pipeline.local_tempdir)
     assert folder.parent == tmp_path and folder.is_dir()
     del pipeline
-    gc.collect()  # (a pipeline holds cycles: its transforms name it)
+    gc.collect()  # (as a built pipeline, in reference cycles, would need)
     assert not folder.exists()
     beams_own = beam.Pipeline()  # the control: what Beam leaves
     left = Path(beams_own.local_tempdir)
