@@ -48,8 +48,15 @@ from transforms.units import load_run_file
 
 
 def to_record_dtype(values: np.ndarray, variable: VariablePlan, unit: Unit, allow_overflow: bool = False) -> np.ndarray:
-    """Cast to what the record holds; float values too large for float32 are an error, not inf."""
+    """Cast to what the record holds; values the record's type cannot hold are an error, not inf or a wrapped number."""
     if variable.feature.dtype == "int64":
+        if values.dtype.kind == "u" and values.size and values.max() > np.iinfo(np.int64).max:
+            beyond = values > np.iinfo(np.int64).max
+            raise UserError(
+                f"variable {variable.name!r}: {int(beyond.sum())} value(s) exceed int64's range (largest "
+                f"{int(values.max())}) in unit {unit.index}; tf.Example stores int64: store the variable as "
+                "float (e.g. cast it in input.preprocess) or drop it from variables"
+            )
         return values.astype(np.int64)
     if values.dtype == np.float32:
         return values

@@ -281,6 +281,20 @@ def test_float64_beyond_float32_fails_unless_allowed(tmp_path, capsys):
     assert stats["inf_count"] == 1 and stats["max"] == 1.0
 
 
+def test_uint64_beyond_int64_fails_instead_of_wrapping(tmp_path, capsys):
+    """tf.Example holds int64: a uint64 of 2**63 + 5 cast as it is would be stored, and summarised, as -2**63 + 5."""
+    counts = np.ones((2, 12, 10), dtype=np.uint64)
+    counts[1, 3, 4] = 2**63 + 5
+    make_file(tmp_path / "big.nc", "2020-01-01", 2, variables=(), n=(("time", "lat", "lon"), counts))
+    config = config_for([tmp_path / "big.nc"], tmp_path / "o")
+    config["variables"] = ["n"]
+    assert_fails(config, tmp_path, capsys, "'n'", "1 value(s) exceed int64's range", str(2**63 + 5))
+    counts[1, 3, 4] = 2**63 - 1  # the largest an int64 holds: stored as it is
+    make_file(tmp_path / "big.nc", "2020-01-01", 2, variables=(), n=(("time", "lat", "lon"), counts))
+    assert run(config, tmp_path, capsys)[0] == 0
+    assert load_stats(config["output"]["path"])["variables"]["n"]["max"] == float(2**63 - 1)
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
