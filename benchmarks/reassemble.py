@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -53,7 +54,8 @@ def measure(workdir: Path, scale: int, quick: bool, chunk_mb: float) -> dict:
     if not build.ok:
         raise SystemExit(f"build failed (exit {build.returncode}): {build.output_tail}")
     to = workdir / "out" / f"{spec.name}-reassembled.zarr"
-    command = [python, "-m", "pipelines.reassemble", str(output), "--to", str(to), "--overwrite", "--quiet"]
+    shutil.rmtree(to, ignore_errors=True)  # the benchmark's own, maybe from a release whose stores carry no mark
+    command = [python, "-m", "pipelines.reassemble", str(output), "--to", str(to), "--quiet"]
     reassembly = run_measured([*command, "--chunk_mb", str(chunk_mb)], str(REPO))
     if not reassembly.ok:
         raise SystemExit(f"reassembly failed (exit {reassembly.returncode}): {reassembly.output_tail}")

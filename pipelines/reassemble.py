@@ -74,11 +74,29 @@ def _destination(to: str, overwrite: bool) -> str:
     if fs.exists(path):
         if not overwrite:
             raise UserError(f"--to: {to} exists; remove it, or pass --overwrite to replace it")
-        looks_ours = fs.isfile(path) if kind == "nc" else fs.exists(posixpath.join(path, ".zgroup"))
-        if not looks_ours:
-            raise UserError(f"--to: {to} exists and is not a {kind} {'file' if kind == 'nc' else 'store'}; remove it")
+        if not _reassembled(to, kind):
+            raise UserError(
+                f"--to: {to} exists and no reassembly wrote it (it has no {REASSEMBLED_FROM!r} attribute): "
+                "--overwrite replaces only a reassembly's output; move it away, or choose another --to"
+            )
         fs.rm(path, recursive=kind == "zarr")
     return kind
+
+
+#: The global attribute a reassembly's output carries (the output it came from): only such a --to is replaced.
+REASSEMBLED_FROM = "xarray_tfrecords_reassembled_from"
+
+
+def _reassembled(to: str, kind: str) -> bool:
+    """Whether ``to`` is a NetCDF file or Zarr store a reassembly wrote: anything else there (a user's data, the
+    output's own inputs) is never removed."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(to, engine="zarr" if kind == "zarr" else None, decode_cf=False) as dataset:
+            return isinstance(dataset.attrs.get(REASSEMBLED_FROM), str)
+    except Exception:  # unreadable as what its name says: not one this tool wrote
+        return False
 
 
 #: The file that says a folder is a reassembly's working folder: only such a folder is ever removed.
@@ -175,7 +193,7 @@ def write_template(plan, files: list[str]) -> None:
         encoding[name] = {"chunks": sizes}
         if variable.dtype.kind in "iu":  # no fill value: integers (coverage) read back as integers
             encoding[name]["_FillValue"] = None
-    template = finished(xr.Dataset({}, coords, sample.attrs))
+    template = finished(xr.Dataset({}, coords, {**sample.attrs, REASSEMBLED_FROM: plan.output}))
     template.to_zarr(plan.store, mode="w", zarr_format=2, consolidated=False)
     memory = zarr.storage.MemoryStore()
     step = template.isel({plan.chunk_dim: slice(0, 1)}).assign(data)

@@ -7,6 +7,7 @@ covers must be NaN with coverage 0; every other cell must equal the source as st
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -428,6 +429,41 @@ def test_a_folder_beside_to_that_no_reassembly_made_is_never_removed(overlapping
     fix = "free some space, or write the output elsewhere (--to)"
     assert code == 1 and err == f"error: {tmp_path / 'full.nc'}: no space left on device; {fix}\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("full")) == []
+
+
+@pytest.mark.parametrize("suffix", ["nc", "zarr"])
+def test_overwrite_replaces_only_what_a_reassembly_wrote(overlapping, era5, tmp_path, suffix, capsys):
+    """--overwrite removes --to only where a reassembly wrote it: a user's NetCDF file or Zarr store of that name
+    (here the output's own input, and a text file) stays as it was, and the command says so in one line."""
+    base = [str(overlapping), "--split", "valid"]
+    ours = tmp_path / f"ours.{suffix}"
+    assert reassemble_cli(*base, "--to", str(ours), capsys=capsys)[0] == 0
+    assert reassemble_cli(*base, "--to", str(ours), "--overwrite", capsys=capsys)[0] == 0  # a rerun replaces it
+    source = sorted(era5.glob("era5_*.nc"))[0]
+    if suffix == "nc":
+        theirs = [tmp_path / "input.nc", tmp_path / "notes.nc"]
+        shutil.copyfile(source, theirs[0])
+        theirs[1].write_text("my notes")
+    else:
+        theirs = [tmp_path / "input.zarr", tmp_path / "empty.zarr"]
+        xr.open_dataset(source).to_zarr(theirs[0])
+        theirs[1].mkdir()
+    before = {
+        path: sorted((p.relative_to(path), p.stat().st_size) for p in path.rglob("*"))
+        if path.is_dir()
+        else path.read_bytes()
+        for path in theirs
+    }
+    for path in theirs:
+        code, err = reassemble_cli(*base, "--to", str(path), "--overwrite", capsys=capsys)
+        assert code == 2 and err.count("\n") == 1 and "exists and no reassembly wrote it" in err, err
+    after = {
+        path: sorted((p.relative_to(path), p.stat().st_size) for p in path.rglob("*"))
+        if path.is_dir()
+        else path.read_bytes()
+        for path in theirs
+    }
+    assert after == before
 
 
 def test_the_command_line_refuses_bad_predictions_in_one_line(overlapping, tmp_path, capsys):
