@@ -209,7 +209,8 @@ def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
             "with --overwrite, then --append adds to it"
         )
     check_config(schema.config, config, json_default)  # (keys added since it was built mean their defaults)
-    entries = generations.loads(record, record_path, int(schema.sources.get("generations", 1)))
+    committed = int(schema.sources.get("generations", 1))
+    entries = generations.loads(record, record_path, committed, schema.sources.get(generations.DIGEST_KEY))
     return schema, held_of(entries, record_path)
 
 

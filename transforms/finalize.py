@@ -417,7 +417,8 @@ def _earlier(spec: FinalizeSpec) -> tuple[Schema | None, list[dict]]:
             f"output: {spec.output} holds {committed.sources.get('generations', 1)} generation(s), not the "
             f"{spec.generation} this append was planned on (another build committed meanwhile); run --append again"
         )
-    return committed, generations.loads(read_bytes(source).decode(), source, spec.generation)
+    recorded = committed.sources.get(generations.DIGEST_KEY)
+    return committed, generations.loads(read_bytes(source).decode(), source, spec.generation, recorded)
 
 
 def _summaries(entry: dict) -> dict[str, SplitSummary]:
@@ -474,7 +475,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     if committed is not None:
         shards = {name: (*committed.splits.get(name, ()), *shards[name]) for name in shards}
         counts = _summed(committed.counts, counts)
-    sources = {**spec.schema.sources, "generations": len(entries)}
+    sources = {**spec.schema.sources, "generations": len(entries), generations.DIGEST_KEY: generations.digest(entries)}
     sample = dict(spec.schema.sample)
     if committed is not None and "num_samples" in sample:
         sample["num_samples"] += committed.sample.get("num_samples", 0)  # (planned: those of every generation)

@@ -97,8 +97,21 @@ def dumps(entries: Sequence[dict]) -> str:
     return json.dumps({"format": FORMAT, "generations": list(entries)}, indent=1) + "\n"
 
 
-def loads(text: str, source: str, committed: int) -> list[dict]:
-    """The first ``committed`` generations recorded in ``text`` (later ones: an append that never committed)."""
+#: schema.json's ``sources`` key for the digest of the committed generations' record (``digest``).
+DIGEST_KEY = "generations_sha256"
+
+
+def digest(entries: Sequence[dict]) -> str:
+    """The digest of these generations' record, as ``dumps`` writes it: schema.json keeps the committed ones'."""
+    return hashlib.sha256(dumps(entries).encode()).hexdigest()
+
+
+def loads(text: str, source: str, committed: int, recorded: str | None = None) -> list[dict]:
+    """The first ``committed`` generations recorded in ``text`` (later ones: an append that never committed).
+
+    ``recorded``: their digest, as schema.json holds it since outputs record one: the statistics an append merges
+    with its own come from this file, so an edit that keeps it well-formed must still be refused.
+    """
     try:
         document = json.loads(text)
         entries = document["generations"] if document.get("format") == FORMAT else None
@@ -113,6 +126,11 @@ def loads(text: str, source: str, committed: int) -> list[dict]:
         raise UserError(
             f"output: {source} is not a generations record of this tool for its {committed} generation(s); "
             "it was edited or lost: rebuild the output with --overwrite"
+        )
+    if recorded is not None and digest(entries[:committed]) != recorded:
+        raise UserError(
+            f"output: {source} is not what the output's last commit recorded (its digest differs from schema.json's "
+            f"{DIGEST_KEY}); it was edited: rebuild the output with --overwrite"
         )
     return entries[:committed]
 

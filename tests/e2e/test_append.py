@@ -302,9 +302,27 @@ def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(ge
     document = json.loads((output / "schema.json").read_text())
     for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
         del document["config"][section][key]
+    del document["sources"]["generations_sha256"]  # (recorded since 2026-12-03)
     (output / "schema.json").write_text(json.dumps(document, indent=1))
     assert _build(_config(archive, output), tmp_path, "--append") == 0
     assert load_schema(str(output)).sources["generations"] == 2
+
+
+def test_statistics_edited_in_generations_json_are_refused_and_change_nothing(generation0, archive, tmp_path, capsys):
+    """An append merges its statistics with those generations.json holds: an edit that keeps the file well-formed
+    (a count 500x, a mean above the maximum) would make stats.json and the parser's normalisation wrong."""
+    output, _ = generation0
+    path = output / "generations.json"
+    document = json.loads(path.read_text())
+    split = next(iter(document["generations"][0]["splits"].values()))
+    moments = next(iter(split["moments"].values()))
+    moments["count"] = np.asarray(moments["count"]) * 500
+    moments["count"], moments["mean"] = moments["count"].tolist(), 1000.0
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    before = _hashes(output)
+    line = _refused(_config(archive, output), tmp_path, capsys)
+    assert "generations.json is not what the output's last commit recorded" in line, line
+    assert _hashes(output) == before
 
 
 def test_an_output_without_generations_is_refused(generation0, archive, tmp_path, capsys):
