@@ -113,6 +113,32 @@ def _delete(output: str, names: list[str]) -> None:
         remove_tree(join(output, name), inside=output)
 
 
+def _foreign_at_top(path: str) -> list[str]:
+    """A local directory without a record of a build (no manifest, no schema.json): its entries no build could have
+    written, from its own listing. Such a folder (a home directory, a disk's root) is refused without walking what
+    is under it, which could take minutes; an output's own files are walked whole, as ``_files`` does."""
+    if is_remote(path) or not os.path.isdir(path) or os.path.islink(path):
+        return []
+    with os.scandir(path) as entries:
+        top = sorted(entries, key=lambda entry: entry.name)
+    if any(entry.name in (MANIFEST_FILE, SCHEMA_FILE) for entry in top):
+        return []
+
+    def nonempty(entry: os.DirEntry) -> bool:
+        try:
+            with os.scandir(entry.path) as inside:
+                return next(inside, None) is not None
+        except OSError:  # unreadable: not a build's either
+            return True
+
+    return [
+        entry.name + ("/" if entry.is_dir(follow_symlinks=False) else "")
+        for entry in top
+        if entry.is_symlink()
+        or (nonempty(entry) if entry.is_dir(follow_symlinks=False) else not _ours(path, entry.name, None))
+    ]
+
+
 def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
     """Refuse an existing output unless ``overwrite``; remove what earlier builds wrote; record ``manifest``.
 
@@ -123,9 +149,11 @@ def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
     """
     if _is_file(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
-    files, links = _files(path)
-    record = _record(path, files)
-    foreign = [name for name in files if name in links or not _ours(path, name, record)]
+    foreign = _foreign_at_top(path)
+    if not foreign:
+        files, links = _files(path)
+        record = _record(path, files)
+        foreign = [name for name in files if name in links or not _ours(path, name, record)]
     if foreign:
         named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
         raise UserError(
