@@ -217,7 +217,14 @@ def _make_directories(path: str) -> list[str]:
         parent = os.path.dirname(parent)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
-    os.makedirs(path, exist_ok=True)
+    if missing and not os.path.isdir(parent):
+        raise UserError(f"output: {path}: {parent} is a file, not a folder; choose an output path inside a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise UserError(
+            f"output: cannot create {path} ({error.strerror or error}); choose a folder you can write to"
+        ) from None
     return missing
 
 

@@ -91,6 +91,10 @@ def test_a_path_that_does_not_exist(tmp_path, capsys):
 def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
     (tmp_path / "o").write_text("x")
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "is an existing file")
+    # ... or lies under one (NotADirectoryError from the folder's creation, before)
+    inside = tmp_path / "o" / "new" / "out"
+    line = assert_fails(config_for([archive / "*.nc"], inside), tmp_path, capsys, f"{tmp_path / 'o'} is a file")
+    assert "not a folder" in line and (tmp_path / "o").read_text() == "x"
 
 
 def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
