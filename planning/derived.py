@@ -69,8 +69,23 @@ def _returned(preprocess: Preprocess, dataset: xr.Dataset) -> dict[str, Variable
         dims = tuple(d for d in preprocess.dims if d in array.dims)
         dims += tuple(d for d in array.dims if d not in dims)
         dtype = str(array.dtype)
-        out[str(name)] = VariableInfo(str(name), dims, dtype, dtype, json_attrs(array.variable))
+        attrs = json_attrs(array.variable)
+        for key, value in attrs.items():
+            if not _json_ready(value):
+                raise UserError(
+                    f"input.preprocess {preprocess.path}: output {name!r} has attribute {key!r} of type "
+                    f"{type(value).__name__}, which schema.json cannot hold; make it text or numbers in the "
+                    "function (e.g. str(value)), or drop it"
+                )
+        out[str(name)] = VariableInfo(str(name), dims, dtype, dtype, attrs)
     return out
+
+
+def _json_ready(value) -> bool:
+    """Whether an attribute's value is what JSON holds: text, a number, a bool, None, or a list of them."""
+    if isinstance(value, (list, tuple)):
+        return all(_json_ready(v) for v in value)
+    return value is None or isinstance(value, (str, bool, int, float))
 
 
 def _choose(config: BuildConfig, path: str, returned: dict[str, VariableInfo]) -> list[VariableInfo]:

@@ -110,6 +110,15 @@ def overflows_late(ds: xr.Dataset) -> xr.Dataset:
     return xr.Dataset({"t_scaled": scaled, "u": ds.u.where(ds.lat > -60)})
 
 
+def stamped(ds: xr.Dataset) -> xr.Dataset:
+    """t with an attribute JSON cannot hold (a pandas Timestamp): schema.json could not be written at the end."""
+    import pandas as pd
+
+    out = xr.Dataset({"t": ds.t})
+    out.t.attrs["created"] = pd.Timestamp("2020-01-01")
+    return out
+
+
 def overflows(ds: xr.Dataset) -> xr.Dataset:
     """t x 1e300 computed in float32, then cast: inf everywhere, though float64 could hold it."""
     return xr.Dataset({"t_big": (ds.t * 1e300).astype("float64"), "u": ds.u})
