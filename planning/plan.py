@@ -187,7 +187,7 @@ def plan_tendency(
             "remove stats.tendency, or select more steps"
         )
     chosen = next((s for s in splits if s.name == reference), None) or SplitPlan(DEFAULT_SPLIT, 0, steps)
-    pairs = ~irregular_steps(dataset.concat_values)
+    pairs = ~irregular_steps(*dataset.coordinate(concat_dim))
     starts = np.arange(steps - 1)
     members = None
     if config.split_dim == concat_dim:
@@ -407,8 +407,8 @@ def make_plan(
 def _check_backfill(config: BuildConfig, grid: SampleGrid, dataset: SelectedDataset, kept: HeldRange) -> None:
     """Steps added before the held ones must join them without a gap and keep the samples' stride."""
     dim = config.input.concat_dim
-    values = dataset.concat_values
-    if irregular_steps(values)[kept.start - 1]:  # (the typical step is the whole input's)
+    values, attrs = dataset.coordinate(dim)
+    if irregular_steps(values, attrs)[kept.start - 1]:  # (the typical step is the whole input's)
         raise UserError(
             f"input: its {dim} steps before the output's first ({format_value(values[kept.start])}) end at "
             f"{format_value(values[kept.start - 1])}, not one step before it; --append adds earlier steps only "

@@ -117,12 +117,17 @@ def position_labels(axis: Axis, splits: list[SplitPlan]) -> np.ndarray:
     return label
 
 
-def gap_positions(config: BuildConfig, axis: Axis, values: np.ndarray, files: list[SourceFile]) -> np.ndarray:
-    """Per position along the concat dim: whether its samples would join steps across a gap in the data."""
+def gap_positions(
+    config: BuildConfig, axis: Axis, values: np.ndarray, files: list[SourceFile], attrs: dict | None = None
+) -> np.ndarray:
+    """Per position along the concat dim: whether its samples would join steps across a gap in the data.
+
+    ``attrs``: the concat coordinate's (the units and calendar of times kept as numbers).
+    """
     if axis.span == 1:
         return np.zeros(axis.count, dtype=bool)
     starts = np.arange(axis.count) * axis.stride
-    irregular = irregular_steps(values)
+    irregular = irregular_steps(values, attrs)
     crossings = np.concatenate(([0], np.cumsum(irregular)))
     across_gap = crossings[starts + axis.span - 1] - crossings[starts] > 0
     if across_gap.any() and config.input.gaps == "error":
@@ -189,7 +194,8 @@ def assign_splits(
         raise UserError(f"splits: {split_dim!r} is kept whole in every sample, so it cannot be split")
     across_gap, cut_before, held_samples = None, None, 0
     if concat_dim in grid_dims:
-        across_gap = gap_positions(config, grid.axis(concat_dim), dataset.concat_values, files)
+        values, attrs = dataset.coordinate(concat_dim)
+        across_gap = gap_positions(config, grid.axis(concat_dim), values, files, attrs)
         if appending:
             cut_before = held_positions(grid.axis(concat_dim), held)
             held_samples = int(cut_before.sum()) * (grid.num_samples // grid.axis(concat_dim).count)

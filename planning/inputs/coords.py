@@ -69,18 +69,70 @@ def _numeric(values: np.ndarray) -> np.ndarray | None:
     return None if converted is None else converted[0].astype(np.float64)
 
 
-def irregular_steps(values: np.ndarray) -> np.ndarray:
+#: Seconds in one unit of stored times ("<unit> since ..."), for times kept as numbers (input.decode_times: false).
+_UNIT_SECONDS = {
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1.0),
+    **dict.fromkeys(("minutes", "minute", "mins", "min"), 60.0),
+    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), 3600.0),
+    **dict.fromkeys(("days", "day", "d"), 86400.0),
+    **dict.fromkeys(("weeks", "week"), 604800.0),
+}
+#: Per calendar, in days: its shortest and longest month, its shortest and longest year (others: the standard's).
+_CALENDAR_DAYS = {
+    "360_day": (30, 30, 360, 360),
+    **dict.fromkeys(("noleap", "365_day"), (28, 31, 365, 365)),
+    **dict.fromkeys(("all_leap", "366_day"), (29, 31, 366, 366)),
+}
+_STANDARD_DAYS = (28, 31, 365, 366)  # standard, gregorian, proleptic_gregorian, julian
+_DAY = 86400.0
+
+
+def _time_scale(values: np.ndarray, attrs: dict[str, Any] | None) -> tuple[float, str | None] | None:
+    """For times, the seconds in one unit of ``_numeric(values)`` and their calendar; None: not times (or months)."""
+    if values.dtype.kind == "M" or is_cftime(values):
+        return 1.0, time_calendar(values)  # (_numeric gives seconds since 1970)
+    if attrs and is_time(attrs):
+        unit = str(attrs["units"]).lower().split(" since ")[0].strip()
+        seconds = _UNIT_SECONDS.get(unit)  # (months/years since: numbers a fixed step apart)
+        return None if seconds is None else (seconds, attrs.get("calendar"))
+    return None
+
+
+def irregular_steps(values: np.ndarray, attrs: dict[str, Any] | None = None) -> np.ndarray:
     """Per consecutive pair of steps, True where the step is not the typical one.
 
-    Typical = the median step; a step over 1.5x (a gap) or under 0.5x of it is irregular.
-    The tolerance lets calendar months (28 to 31 days) count as regular.
+    Typical = the median step (the lower middle one: a step the data has). A step is regular
+    when it equals it, within float rounding (and, for times, a second); so a 6-hourly series
+    with a 9 h, 4 h or 7 h step, or a daily one with a missing day, has an irregular step.
+    Calendar months and years vary in length: where the typical step is one (times whose
+    typical step lies within the calendar's month lengths, or year lengths), any step within
+    that calendar's range is regular: 28-31 days (noleap, 365_day too; all_leap 29-31; 360_day
+    30), years 365-366 days (noleap 365, all_leap 366, 360_day 360). ``attrs``: the
+    coordinate's, for times kept as numbers (input.decode_times: false): their units and calendar.
     """
     numeric = _numeric(values)
     if numeric is None or len(numeric) < 2:
         return np.zeros(max(len(values) - 1, 0), dtype=bool)
     diffs = np.diff(numeric)
-    typical = np.median(diffs)
-    return (diffs > 1.5 * typical) | (diffs < 0.5 * typical)
+    finite = np.sort(diffs[np.isfinite(diffs)])
+    if not len(finite):
+        return np.zeros(len(diffs), dtype=bool)
+    typical = finite[(len(finite) - 1) // 2]
+    scale = _time_scale(values, attrs)
+    # Float rounding: of each value (a few units in the last place of the largest) and of the step itself.
+    slack = 4 * np.finfo(np.float32 if values.dtype == np.float32 else np.float64).eps * np.nanmax(np.abs(numeric))
+    slack = max(slack if values.dtype.kind == "f" else 0.0, 1e-6 * abs(typical))
+    if scale is not None:
+        slack = max(slack, 1.0 / scale[0])  # times: a second (cftime dates are rounded to seconds)
+    regular = np.abs(diffs - typical) <= slack
+    if scale is not None:
+        shortest_month, longest_month, shortest_year, longest_year = _CALENDAR_DAYS.get(scale[1], _STANDARD_DAYS)
+        unit_days = scale[0] / _DAY
+        for shortest, longest in ((shortest_month, longest_month), (shortest_year, longest_year)):
+            low, high = shortest / unit_days - slack, longest / unit_days + slack
+            if low <= typical <= high:  # calendar months (or years): as long as the calendar makes them
+                regular |= (diffs >= low) & (diffs <= high)
+    return ~regular
 
 
 def json_scalar(value: np.ndarray):

@@ -241,6 +241,23 @@ def test_a_gap_inside_a_pair_is_an_error_or_skipped(archive, tmp_path, capsys):
     assert np.all(np.diff(records["coord/time"], axis=1) == 6 * 3600)  # every pair is one step apart
 
 
+@pytest.mark.parametrize("start", ["2020-01-02T03", "2020-01-01T22"])  # a 9 h or a 4 h step after a.nc
+def test_a_file_shifted_off_the_six_hourly_steps_is_a_gap(tmp_path, capsys, start):
+    make_file(tmp_path / "a.nc", "2020-01-01T00", 4)
+    make_file(tmp_path / "b.nc", start, 4)
+    pairs = config_for([tmp_path / "*.nc"], tmp_path / "o", window={"lat": 4, "lon": 5}, offsets={"time": [0, 1]})
+    pairs["stats"] = {"tendency": True}
+    assert_fails(pairs, tmp_path, capsys, "between", "a.nc", "b.nc", "input.gaps: skip")
+    pairs["input"]["gaps"] = "skip"
+    assert run(pairs, tmp_path, capsys)[0] == 0
+    schema = load_schema(pairs["output"]["path"])
+    assert schema.counts["samples_dropped_at_gaps"] == 3 * 2  # the pair (a's last step, b's first)
+    from helpers import read_all_records
+
+    records = read_all_records(Path(pairs["output"]["path"]), schema)
+    assert np.all(np.diff(records["coord/time"], axis=1) == 6 * 3600)
+
+
 def test_every_sample_crossing_a_gap_leaves_nothing_to_write(tmp_path, capsys):
     make_file(tmp_path / "a.nc", "2020-01-01", 1)
     make_file(tmp_path / "b.nc", "2020-01-05", 1)
