@@ -77,13 +77,15 @@ _UNIT_SECONDS = {
     **dict.fromkeys(("days", "day", "d"), 86400.0),
     **dict.fromkeys(("weeks", "week"), 604800.0),
 }
-#: Per calendar, in days: its shortest and longest month, its shortest and longest year (others: the standard's).
-_CALENDAR_DAYS = {
-    "360_day": (30, 30, 360, 360),
-    **dict.fromkeys(("noleap", "365_day"), (28, 31, 365, 365)),
-    **dict.fromkeys(("all_leap", "366_day"), (29, 31, 366, 366)),
+#: Per calendar, the periods of calendar products, each as its shortest and longest length in days: pentads (73 a
+#: year), dekads (1-10, 11-20, 21 to the month's end), half months, months, seasons (DJF, MAM, ...), years.
+_CALENDAR_PERIODS = {
+    "360_day": ((5, 5), (10, 10), (15, 15), (30, 30), (90, 90), (360, 360)),
+    **dict.fromkeys(("noleap", "365_day"), ((5, 5), (8, 11), (13, 16), (28, 31), (90, 92), (365, 365))),
+    **dict.fromkeys(("all_leap", "366_day"), ((5, 6), (9, 11), (14, 16), (29, 31), (91, 92), (366, 366))),
 }
-_STANDARD_DAYS = (28, 31, 365, 366)  # standard, gregorian, proleptic_gregorian, julian
+#: standard, gregorian, proleptic_gregorian, julian (and any other calendar)
+_STANDARD_PERIODS = ((5, 6), (8, 11), (13, 16), (28, 31), (90, 92), (365, 366))
 _DAY = 86400.0
 
 
@@ -104,11 +106,12 @@ def irregular_steps(values: np.ndarray, attrs: dict[str, Any] | None = None) -> 
     Typical = the median step (the lower middle one: a step the data has). A step is regular
     when it equals it, within float rounding (and, for times, a second); so a 6-hourly series
     with a 9 h, 4 h or 7 h step, or a daily one with a missing day, has an irregular step.
-    Calendar months and years vary in length: where the typical step is one (times whose
-    typical step lies within the calendar's month lengths, or year lengths), any step within
-    that calendar's range is regular: 28-31 days (noleap, 365_day too; all_leap 29-31; 360_day
-    30), years 365-366 days (noleap 365, all_leap 366, 360_day 360). ``attrs``: the
-    coordinate's, for times kept as numbers (input.decode_times: false): their units and calendar.
+    Calendar periods vary in length: where the typical step is one (times whose typical step
+    lies within the lengths the calendar gives a pentad, a dekad, a half month, a month, a
+    season or a year), any step within that range is regular: months 28-31 days (all_leap
+    29-31; 360_day 30), dekads 8-11, years 365-366 (noleap 365, 360_day 360), ... (the
+    table above). ``attrs``: the coordinate's, for times kept as numbers (input.decode_times:
+    false): their units and calendar.
     """
     numeric = _numeric(values)
     if numeric is None or len(numeric) < 2:
@@ -126,11 +129,10 @@ def irregular_steps(values: np.ndarray, attrs: dict[str, Any] | None = None) -> 
         slack = max(slack, 1.0 / scale[0])  # times: a second (cftime dates are rounded to seconds)
     regular = np.abs(diffs - typical) <= slack
     if scale is not None:
-        shortest_month, longest_month, shortest_year, longest_year = _CALENDAR_DAYS.get(scale[1], _STANDARD_DAYS)
         unit_days = scale[0] / _DAY
-        for shortest, longest in ((shortest_month, longest_month), (shortest_year, longest_year)):
+        for shortest, longest in _CALENDAR_PERIODS.get(scale[1], _STANDARD_PERIODS):
             low, high = shortest / unit_days - slack, longest / unit_days + slack
-            if low <= typical <= high:  # calendar months (or years): as long as the calendar makes them
+            if low <= typical <= high:  # a calendar period: as long as the calendar makes each
                 regular |= (diffs >= low) & (diffs <= high)
     return ~regular
 

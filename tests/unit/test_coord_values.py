@@ -113,3 +113,19 @@ def test_times_kept_as_numbers_use_their_units_and_calendar():
     hours = np.concatenate([np.arange(8) * 6.0, 48 + 3 + np.arange(8) * 6.0])
     assert np.flatnonzero(irregular_steps(hours, {"units": "hours since 2000-01-01"})).tolist() == [7]
     assert not irregular_steps(np.arange(24.0) + 1200, {"units": "months since 1800-1-1"}).any()
+
+
+def test_dekads_pentads_and_seasons_are_regular_and_a_missing_one_is_a_gap():
+    """Calendar products: dekads (1st, 11th, 21st: 8 to 11 days), pentads (73 a year: one of 6 days in a leap
+    year), seasons (DJF, MAM, ...: 90 to 92 days). A missing one is still a gap, as a week off by a day is."""
+    months = np.arange("2000-01", "2003-01", dtype="datetime64[M]")
+    dekads = (months[:, None] + np.array([0, 10, 20]).astype("timedelta64[D]")).reshape(-1).astype("datetime64[ns]")
+    assert not irregular_steps(dekads).any()
+    assert np.flatnonzero(irregular_steps(np.delete(dekads, 7))).tolist() == [6]
+    pentads = np.concatenate(
+        [np.datetime64(f"{y}-01-01") + np.arange(73) * np.timedelta64(5, "D") for y in (2000, 2001)]
+    ).astype("datetime64[ns]")  # 2000's last pentad is 6 days long (its 29 February)
+    assert not irregular_steps(pentads).any()
+    seasons = np.array([f"{y}-{m:02d}-01" for y in (2000, 2001, 2002) for m in (3, 6, 9, 12)], dtype="datetime64[ns]")
+    assert not irregular_steps(seasons).any()
+    assert np.flatnonzero(irregular_steps(np.delete(seasons, 5))).tolist() == [4]
