@@ -43,7 +43,7 @@ def load_function(path: str):
     module_name, _, name = path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as error:  # ImportError, or anything the module raises (a sys.exit too)
+    except (Exception, SystemExit, GeneratorExit) as error:  # ImportError, or what the module raises (sys.exit too)
         raise UserError(
             f"input.preprocess: cannot import {module_name!r} for {path} ({_reason(error)}); make the module "
             "importable here and on every worker (README: Derived variables)"
@@ -65,7 +65,7 @@ def call(path: str, dataset: xr.Dataset, where: str) -> xr.Dataset:
         out = function(dataset)
     except UserError:
         raise
-    except (Exception, SystemExit) as error:  # a sys.exit in it must not end the build or a worker silently
+    except (Exception, SystemExit, GeneratorExit) as error:  # (a sys.exit in it must not end a build or worker)
         raise UserError(f"input.preprocess: {path} raised {_reason(error)} on {where}; fix the function") from error
     if not isinstance(out, xr.Dataset):
         hint = " (a DataArray: return da.to_dataset(name=...))" if isinstance(out, xr.DataArray) else ""

@@ -110,6 +110,11 @@ def overflows_late(ds: xr.Dataset) -> xr.Dataset:
     return xr.Dataset({"t_scaled": scaled, "u": ds.u.where(ds.lat > -60)})
 
 
+def closes(ds: xr.Dataset) -> xr.Dataset:
+    """Raises what is no Exception but ends a generator (BaseException, as SystemExit is)."""
+    raise GeneratorExit("done here")
+
+
 def stamped(ds: xr.Dataset) -> xr.Dataset:
     """t with an attribute JSON cannot hold (a pandas Timestamp): schema.json could not be written at the end."""
     import pandas as pd

@@ -214,6 +214,7 @@ def fails(tmp_path: Path, capsys, config: dict) -> str:
         ("wind_speed", {"preprocess_inputs": ["u", "speed"]}, "input.preprocess_inputs: 'speed' is not a data"),
         ("wind_speed", {"preprocess_inputs": ["u"]}, "raised AttributeError: 'Dataset' object has no attribute 'v'"),
         ("stamped", {}, "output 't' has attribute 'created' of type Timestamp, which schema.json cannot hold"),
+        ("closes", {}, "preprocess_examples:closes raised GeneratorExit: done here on a slab at the start"),
     ],
 )
 def test_a_bad_function_fails_at_planning_in_one_line(small_archive, tmp_path, capsys, function, extra, expected):
