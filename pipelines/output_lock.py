@@ -219,12 +219,7 @@ def _make_directories(path: str) -> list[str]:
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
     if missing and not os.path.isdir(parent):
         raise UserError(f"output: {path}: {parent} is a file, not a folder; choose an output path inside a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as error:
-        raise UserError(
-            f"output: cannot create {path} ({error.strerror or error}); choose a folder you can write to"
-        ) from None
+    os.makedirs(path, exist_ok=True)  # (its other errors, a read-only disk, ...: one line each, as any OSError)
     return missing
 
 
