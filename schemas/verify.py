@@ -156,12 +156,9 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
     started = time.monotonic()
     path = str(path).rstrip("/") or "/"
     try:
-        schema = load_schema(path)
-    except (ValueError, KeyError, TypeError) as error:  # a schema.json edited or damaged (JSON errors included)
-        problem = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
-        raise VerifyError(
-            f"{posixpath.join(path, SCHEMA_FILE)}: not a valid schema ({problem}); build the output again"
-        ) from None
+        schema = load_schema(path)  # (refuses a damaged schema.json, and shard names outside the output)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
     files = list_files(path)
     _check_listing(path, schema, files)
     _check_shapes(path, schema)
