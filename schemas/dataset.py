@@ -10,9 +10,11 @@ import fsspec
 
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE, STATS_FILE, Schema, SchemaError
+from schemas.urls import check_regular_file
 
 
 def _read_text(url: str) -> str:
+    check_regular_file(url)  # a FIFO in schema.json's place would block the read for ever
     with fsspec.open(url, "r") as stream:
         return stream.read()
 

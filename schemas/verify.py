@@ -17,6 +17,7 @@ from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
+from schemas.urls import check_regular_file
 
 
 class VerifyError(UserError):
@@ -64,6 +65,9 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
                     raise VerifyError(
                         f"{posixpath.join(path, name)}: missing, but {SCHEMA_FILE} lists it; build the output again"
                     )
+                if name is not None:
+                    _check_regular(posixpath.join(path, name))
+    _check_regular(posixpath.join(path, STATS_FILE))
     # Shards of a later generation than those committed are an append under way, or one that was killed
     # (its rerun removes them): not part of this output yet, which is whole without them.
     committed = int(schema.sources.get("generations", 1))
@@ -77,6 +81,14 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
             f"{posixpath.join(path, extra[0])}: shard file not listed in {SCHEMA_FILE} "
             f"({len(extra)} such file(s)); delete it or build the output again with --overwrite"
         )
+
+
+def _check_regular(url: str) -> None:
+    """A VerifyError where a file the output lists is a FIFO, a device, ... (which reading would block on)."""
+    try:
+        check_regular_file(url)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
 
 
 def _check_declared_totals(path: str, schema: Schema) -> None:

@@ -1,11 +1,14 @@
-"""Hostile outputs: a schema.json that names files outside the output or is malformed.
+"""Hostile outputs: a schema.json that names files outside the output or is malformed, a FIFO in a file's place.
 
 Every reader (Reader, RandomAccessSource, verify_output) refuses them in one line naming the file at fault.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -78,6 +81,44 @@ def test_a_shard_name_outside_the_output_is_refused(outputs, reader, key, name):
     assert message.startswith(f"{this / 'schema.json'}: ")
     assert f"splits.data.shards[0].{key}: {name!r} is not the name of a file in the output's folder" in message
     assert message.endswith("build the output again")
+
+
+@contextlib.contextmanager
+def _no_hang(seconds: int = 20):
+    """A TimeoutError instead of blocking for ever (the signal's handler raising ends a blocked open)."""
+
+    def hung(*_):
+        raise TimeoutError(f"blocked for {seconds} s: the FIFO was opened")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(
+    ("reader", "victim"),
+    [
+        ("Reader", "data-00001-of-00002.tfrecord"),
+        ("RandomAccessSource", "data-00001-of-00002.tfrecord"),
+        ("RandomAccessSource", "data-00001-of-00002.tfrecord.tfindex"),
+        ("verify_output", "data-00001-of-00002.tfrecord"),
+        ("verify_output", "data-00001-of-00002.tfrecord.tfindex"),
+        ("verify_output", "stats.json"),
+        ("Reader", "schema.json"),
+        ("verify_output", "schema.json"),
+    ],
+)
+def test_a_fifo_in_a_files_place_is_refused_not_waited_on(outputs, reader, victim):
+    this, _ = outputs
+    (this / victim).unlink()
+    os.mkfifo(this / victim)
+    with _no_hang():
+        message = _refused(READS[reader], this)
+    assert message == f"{this / victim}: not a regular file (a FIFO); build the output again"
 
 
 def _deep_nest(output: Path) -> str:
