@@ -19,6 +19,15 @@ from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
 from schemas.urls import check_regular_file
 
+#: The endings that already tell the user what to do: a message ending so gets no second fix.
+_FIXES = ("rebuild the output", "build the output again")
+
+
+def with_fix(message: str, fix: str) -> str:
+    """``message`` ending with ``fix``, unless it already ends with a fix (an index's errors say "rebuild the
+    output" themselves): one fix a line, not "...; rebuild the output; build the output again"."""
+    return message if message.endswith(_FIXES) else f"{message}; {fix}"
+
 
 class VerifyError(UserError):
     """An output that is not what its schema.json says; the message names the file and the problem."""
@@ -208,7 +217,7 @@ def _check_index(reader: Reader, shard, sizes: np.ndarray) -> None:
         with fsspec.open(name, "rb") as stream:
             index = ShardIndex.parse(stream.read(), name, shard.records, shard.bytes)
     except CorruptRecordError as error:
-        raise VerifyError(f"{error}; build the output again") from None
+        raise VerifyError(with_fix(str(error), "build the output again")) from None
     if len(sizes) != len(index.sizes):
         raise VerifyError(
             f"{reader.url(shard)}: {len(sizes)} records, {SCHEMA_FILE} says {shard.records}; build the output again"
@@ -237,5 +246,5 @@ def _read_shard(reader: Reader, shard) -> tuple[int, np.ndarray]:
     try:
         found = sum(batch_length(block) for block in reader.decode_records(shard, noted(reader.iter_records(shard))))
     except CorruptRecordError as error:
-        raise VerifyError(f"{error}; the shard is damaged: build the output again") from None
+        raise VerifyError(with_fix(str(error), "the shard is damaged: build the output again")) from None
     return found, np.array(lengths, dtype=np.int64) + FRAMING_BYTES

@@ -174,3 +174,18 @@ def test_a_malformed_schema_json_is_one_line_naming_it(outputs, reader, damage):
     message = _refused(READS[reader], this)
     assert message.startswith(f"{this / 'schema.json'}: not a valid schema ({problem}"), message
     assert message.endswith("; build the output again")
+
+
+def test_verify_says_the_fix_once_for_a_damaged_index(outputs):
+    this, _ = outputs
+    (this / "data-00000-of-00002.tfrecord.tfindex").write_text("not an index\n")
+    message = _refused(READS["verify_output"], this)
+    index = this / "data-00000-of-00002.tfrecord.tfindex"
+    assert message == f"{index}: not an index (lines of two whole numbers); rebuild the output"
+
+
+def test_verify_output_is_exported_by_schemas():
+    import schemas
+
+    assert schemas.verify_output is verify_output and schemas.VerifyError is VerifyError
+    assert {"verify_output", "VerifyError"} <= set(schemas.__all__)
