@@ -121,6 +121,20 @@ def test_a_fifo_in_a_files_place_is_refused_not_waited_on(outputs, reader, victi
     assert message == f"{this / victim}: not a regular file (a FIFO); build the output again"
 
 
+def test_load_dataset_refuses_a_fifo_in_a_shards_place(outputs):
+    """TensorFlow's reader would block on it as the numpy readers would."""
+    from schemas.dataset import load_dataset
+
+    this, _ = outputs
+    shard = this / "data-00001-of-00002.tfrecord"
+    shard.unlink()
+    os.mkfifo(shard)
+    # Refused as the pipeline is made: iterating would block inside tf.data, where no signal can end the wait.
+    with pytest.raises(ValueError) as caught:
+        load_dataset(str(this), "data", batch_size=4)
+    assert str(caught.value) == f"{shard}: not a regular file; build the output again"
+
+
 def _deep_nest(output: Path) -> str:
     (output / "schema.json").write_text("[" * 100_000 + "]" * 100_000)
     return "JSON nested too deeply to be a schema"
