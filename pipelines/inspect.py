@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         from schemas.tfrecord import CorruptRecordError
 
         if isinstance(error, CorruptRecordError):  # met while plotting; --verify reports it the same way
-            print(f"error: {error}; the shard is damaged: build the output again", file=sys.stderr)
+            from schemas.verify import with_fix
+
+            print(f"error: {with_fix(str(error), 'the shard is damaged: build the output again')}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
         return report_failure(error, args.verbose, subject=args.output)
 

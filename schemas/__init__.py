@@ -23,6 +23,8 @@ _EXPORTS = {
     "shuffled_stream": "schemas.stream",
     "reassemble": "schemas.reassembly",
     "Reassembly": "schemas.reassembly",
+    "verify_output": "schemas.verify",
+    "VerifyError": "schemas.verify",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,24 +9,36 @@ from typing import Any
 import fsspec
 
 from schemas.errors import UserError
-from schemas.schema import SCHEMA_FILE, STATS_FILE, Schema
+from schemas.schema import SCHEMA_FILE, STATS_FILE, Schema, SchemaError
+from schemas.urls import check_regular_file
 
 
 def _read_text(url: str) -> str:
+    check_regular_file(url)  # a FIFO in schema.json's place would block the read for ever
     with fsspec.open(url, "r") as stream:
         return stream.read()
 
 
 def load_schema(path: str) -> Schema:
-    """The schema of a complete output (local path or any fsspec URL)."""
+    """The schema of a complete output (local path or any fsspec URL).
+
+    Every reader loads it here, so a schema.json that is damaged or edited (not JSON, wrong types, shard
+    names outside the output) is refused here, in one line naming the file and the entry at fault.
+    """
     url = posixpath.join(str(path), SCHEMA_FILE)
     try:
-        return Schema.loads(_read_text(url))
+        text = _read_text(url)
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(
             f"{path}: no {SCHEMA_FILE}, so this is not a complete xarray-tfrecords output "
             "(a run that failed or is still running leaves none); build it again"
         ) from None
+    except UnicodeDecodeError:
+        raise UserError(f"{url}: not a valid schema (not UTF-8 text); build the output again") from None
+    try:
+        return Schema.loads(text)
+    except SchemaError as error:
+        raise UserError(f"{url}: not a valid schema ({error}); build the output again") from None
 
 
 def load_stats(path: str) -> dict[str, Any]:

@@ -52,7 +52,19 @@ def shard_paths(schema, data_dir, split):
     splits = schema["splits"]
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
-    return [os.path.join(data_dir, shard["file"]) for shard in splits[split]["shards"]]
+    return [_shard_path(data_dir, shard["file"]) for shard in splits[split]["shards"]]
+
+
+def _shard_path(data_dir, name):
+    """Where a shard named in the schema is; refused where the name leaves the output's folder, or where a local
+    path is not a regular file (TensorFlow would read a FIFO's writer's bytes, or block on it for ever)."""
+    if name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
+        raise ValueError(f"schema.json: shard {name!r} is not the name of a file in the output's folder; rebuild it")
+    path = os.path.join(data_dir, name)
+    local = path.removeprefix("file://")
+    if "://" not in local and os.path.exists(local) and not os.path.isfile(local):  # (isfile: stat's S_ISREG)
+        raise ValueError(f"{path}: not a regular file; build the output again")
+    return path
 
 
 def _unpack(parsed, per_record):

@@ -28,7 +28,7 @@ from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.shard_index import ShardIndex, index_name, load_index
 from schemas.tfrecord import CorruptRecordError, check_frame
-from schemas.urls import is_remote
+from schemas.urls import check_regular_file, is_remote
 
 Sample = dict[str, np.ndarray]
 
@@ -142,6 +142,7 @@ class RandomAccessSource:
     def _read_local(self, number: int, offsets: list[int], sizes: list[int]) -> list[bytes]:
         fd = self._files.get(number)
         if fd is None:
+            check_regular_file(self._url(self.shards[number]))  # a FIFO would block the open for ever
             try:
                 fd = os.open(self._url(self.shards[number]), os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:

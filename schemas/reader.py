@@ -27,7 +27,7 @@ from schemas.errors import UserError
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.tfrecord import CorruptRecordError, read_records
-from schemas.urls import is_remote
+from schemas.urls import check_regular_file, is_remote
 
 #: Records decoded together: large enough to amortise numpy calls, small enough for any memory.
 DEFAULT_CHUNK = 256
@@ -47,6 +47,7 @@ def open_shard(url: str, compression: str | None):
     """A binary stream of a shard's TFRecord bytes (decompressed), via fsspec."""
     if compression not in _COMPRESSION:
         raise UserError(f"{url}: compression {compression!r} is not supported (only gzip or none); update the reader")
+    check_regular_file(url)  # a FIFO in a shard's place would block the read for ever
     try:
         stream = fsspec.open(url, "rb", compression=_COMPRESSION[compression]).open()
         # Records are read in order, a few bytes at a time: ask a remote filesystem for big

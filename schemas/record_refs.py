@@ -26,6 +26,7 @@ from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema
 from schemas.shard_index import ShardIndex, load_index
 from schemas.tfrecord import HEADER_BYTES, CorruptRecordError, read_frame_at
+from schemas.urls import check_regular_file
 
 #: The arrays a reference is made of (beside the sample's index/<dim> keys).
 REF_SHARD, REF_OFFSET, REF_SIZE, REF_SLOT = "ref/shard", "ref/offset", "ref/size", "ref/slot"
@@ -111,6 +112,7 @@ class ReferencedRecords:
     def _fd(self, number: int) -> int:
         fd = self._files.get(number)
         if fd is None:
+            check_regular_file(self.url(number))  # a FIFO would block the open for ever
             try:
                 fd = os.open(self.url(number), os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import posixpath
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -23,6 +24,58 @@ RecordDtype = Literal["float32", "int64"]
 #: (or stack) of the same shape, named in ``source["of"]``, was NaN and filled, else 0 (config nan_mask);
 #: time_feature: the sin or cos of a step's progress through its year or day (config sample.time_features).
 FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask", "time_feature"]
+#: The most values one record can hold: a tf.train.Example is a protocol buffer, under 2 GiB, so this many
+#: 4-byte values at most; a schema.json saying more is damaged (and would make readers allocate without end).
+MAX_RECORD_VALUES = 2**31 // 4
+
+
+class SchemaError(ValueError):
+    """A schema (schema.json's JSON) that is malformed: the message names the entry and what is wrong with it.
+
+    ``schemas.dataset.load_schema`` adds the file and the fix.
+    """
+
+
+def _expect(value: Any, kind: type, where: str, what: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no int), else SchemaError naming the entry ``where``."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SchemaError(f"{where}: {_shown(value)} is not {what}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    """``value`` if it is a whole number of 0 or more (a record count, a size), else SchemaError."""
+    if _expect(value, int, where, "a whole number") < 0:
+        raise SchemaError(f"{where}: {value} is negative")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value for a one-line message: short however big a damaged schema.json makes it."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def plain_file_name(name: Any) -> bool:
+    """True for the name of a file directly in the output folder: no folder, no ``..``, not absolute.
+
+    Readers join the names schema.json lists to the output's path: any other name would read
+    another output's shards, or any file on the machine, as this output's.
+    """
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(character in name for character in "/\\\0")
+        and not posixpath.isabs(name)
+    )
+
+
+def _file_name(value: Any, where: str) -> str:
+    if not plain_file_name(value):
+        raise SchemaError(f"{where}: {_shown(value)} is not the name of a file in the output's folder")
+    return value
+
+
 #: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
 RECORD_COUNT = "record/count"
 
@@ -41,9 +94,9 @@ class Feature:
 
     def __post_init__(self):
         if self.dtype not in ("float32", "int64"):
-            raise ValueError(f"feature {self.name!r}: dtype {self.dtype!r} is not float32 or int64")
+            raise SchemaError(f"feature {self.name!r}: dtype {self.dtype!r} is not float32 or int64")
         if len(self.shape) != len(self.dims):
-            raise ValueError(f"feature {self.name!r}: shape {self.shape} does not match dims {self.dims}")
+            raise SchemaError(f"feature {self.name!r}: shape {self.shape} does not match dims {self.dims}")
 
     @property
     def size(self) -> int:
@@ -61,14 +114,26 @@ class Feature:
         }
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Feature:
+    def from_json(cls, obj: dict[str, Any], where: str = "feature") -> Feature:
+        """The feature ``obj`` describes, its types and sizes checked (SchemaError names ``where``)."""
+        _expect(obj, dict, where, "an object")
+        for key in ("name", "dtype", "role"):
+            _expect(obj.get(key), str, f"{where}.{key}", "a string")
+        shape = _expect(obj.get("shape"), list, f"{where}.shape", "a list")
+        for size in shape:
+            _count(size, f"{where}.shape")
+        dims = _expect(obj.get("dims"), list, f"{where}.dims", "a list")
+        for dim in dims:
+            _expect(dim, str, f"{where}.dims", "a list of strings")
+        if math.prod(shape) > MAX_RECORD_VALUES:
+            raise SchemaError(f"{where}.shape: {shape} is {math.prod(shape):,} values, more than a record can hold")
         return cls(
             name=obj["name"],
             dtype=obj["dtype"],
-            shape=tuple(obj["shape"]),
-            dims=tuple(obj["dims"]),
+            shape=tuple(shape),
+            dims=tuple(dims),
             role=obj["role"],
-            source=obj.get("source", {}),
+            source=_expect(obj.get("source", {}), dict, f"{where}.source", "an object"),
         )
 
 
@@ -119,6 +184,24 @@ class Shard:
     def __post_init__(self):
         if self.examples is None:
             object.__setattr__(self, "examples", self.records)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> Shard:
+        """The shard ``obj`` describes, its names and counts checked (SchemaError names ``where``)."""
+        _expect(obj, dict, where, "an object")
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(obj) - fields)
+        if unknown:
+            raise SchemaError(f"{where}: unknown key {unknown[0]!r}")
+        _file_name(obj.get("file"), f"{where}.file")
+        if obj.get("index") is not None:
+            _file_name(obj["index"], f"{where}.index")
+        for key in ("records", "bytes"):
+            _count(obj.get(key), f"{where}.{key}")
+        for key in ("examples", "generation"):
+            if obj.get(key) is not None:
+                _count(obj[key], f"{where}.{key}")
+        return cls(**obj)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,24 +295,62 @@ class Schema:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Schema:
+        """The schema ``obj`` (schema.json's JSON) describes; SchemaError (naming the entry) where it is malformed.
+
+        The types and ranges are checked here, where every reader loads it, so that a damaged schema.json is
+        one line naming what is wrong rather than a TypeError deep in a reader.
+        """
+        _expect(obj, dict, "schema", "an object")
         if obj.get("format") != FORMAT:
-            raise ValueError(f"not an {FORMAT} schema (format: {obj.get('format')!r})")
+            raise SchemaError(f"not an {FORMAT} schema (format: {_shown(obj.get('format'))})")
+        features = _expect(obj.get("features"), list, "features", "a list")
+        per_record = _count(obj.get("examples_per_record", 1), "examples_per_record")
+        if not 1 <= per_record <= MAX_RECORD_VALUES:
+            raise SchemaError(f"examples_per_record: {per_record} is not between 1 and {MAX_RECORD_VALUES}")
+        parsed = tuple(Feature.from_json(f, f"features[{i}]") for i, f in enumerate(features))
+        for feature in parsed:
+            if feature.size * per_record > MAX_RECORD_VALUES:
+                raise SchemaError(f"features: {feature.name!r} packed {per_record} to a record is more than one holds")
+        compression = obj.get("compression")
+        if compression is not None:
+            _expect(compression, str, "compression", "a string or null")
+        fields = {key: _expect(obj.get(key, {}), dict, key, "an object") for key in _OBJECT_KEYS}
         return cls(
-            features=tuple(Feature.from_json(f) for f in obj["features"]),
-            splits={name: tuple(Shard(**s) for s in split["shards"]) for name, split in obj.get("splits", {}).items()},
-            compression=obj.get("compression"),
-            examples_per_record=obj.get("examples_per_record", 1),
-            sample=obj.get("sample", {}),
-            coords=obj.get("coords", {}),
-            scalar_coords=tuple(obj.get("scalar_coords", [])),
-            grid=obj.get("grid", {}),
-            sources=obj.get("sources", {}),
-            counts=obj.get("counts", {}),
-            seed=obj.get("seed", 0),
-            config=obj.get("config", {}),
-            created_by=obj.get("created_by", ""),
+            features=parsed,
+            splits=_splits_from_json(_expect(obj.get("splits", {}), dict, "splits", "an object")),
+            compression=compression,
+            examples_per_record=per_record,
+            scalar_coords=tuple(_expect(obj.get("scalar_coords", []), list, "scalar_coords", "a list")),
+            seed=_expect(obj.get("seed", 0), int, "seed", "a whole number"),
+            created_by=_expect(obj.get("created_by", ""), str, "created_by", "a string"),
+            **fields,
         )
 
     @classmethod
     def loads(cls, text: str) -> Schema:
-        return cls.from_json(json.loads(text))
+        """The schema in schema.json's text; SchemaError where it is not JSON, too deeply nested, or malformed."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise SchemaError(f"not JSON ({error})") from None
+        except RecursionError:  # a nest of thousands of [ or {: no schema is nested more than a few levels
+            raise SchemaError("JSON nested too deeply to be a schema") from None
+        return cls.from_json(obj)
+
+
+#: The schema's entries that are JSON objects, held as dicts.
+_OBJECT_KEYS = ("sample", "coords", "grid", "sources", "counts", "config")
+
+
+def _splits_from_json(splits: dict[str, Any]) -> dict[str, tuple[Shard, ...]]:
+    """Each split's shards; its ``records`` and ``examples`` totals, where stated, checked to be counts."""
+    out = {}
+    for name, split in splits.items():
+        where = f"splits.{name}"
+        _expect(split, dict, where, "an object")
+        for key in ("records", "examples"):
+            if key in split:
+                _count(split[key], f"{where}.{key}")
+        shards = _expect(split.get("shards"), list, f"{where}.shards", "a list")
+        out[name] = tuple(Shard.from_json(shard, f"{where}.shards[{i}]") for i, shard in enumerate(shards))
+    return out

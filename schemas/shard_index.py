@@ -79,6 +79,9 @@ def load_index(url: str, records: int, shard_bytes: int, read_at=None) -> ShardI
     walking the shard's headers through ``read_at(offset, size) -> bytes`` (without it: FileNotFoundError)."""
     import fsspec
 
+    from schemas.urls import check_regular_file
+
+    check_regular_file(index_name(url))  # a FIFO in the index's place would block the read for ever
     try:
         with fsspec.open(index_name(url), "rb") as stream:
             data = stream.read()

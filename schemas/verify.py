@@ -17,6 +17,16 @@ from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
+from schemas.urls import check_regular_file
+
+#: The endings that already tell the user what to do: a message ending so gets no second fix.
+_FIXES = ("rebuild the output", "build the output again")
+
+
+def with_fix(message: str, fix: str) -> str:
+    """``message`` ending with ``fix``, unless it already ends with a fix (an index's errors say "rebuild the
+    output" themselves): one fix a line, not "...; rebuild the output; build the output again"."""
+    return message if message.endswith(_FIXES) else f"{message}; {fix}"
 
 
 class VerifyError(UserError):
@@ -64,6 +74,9 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
                     raise VerifyError(
                         f"{posixpath.join(path, name)}: missing, but {SCHEMA_FILE} lists it; build the output again"
                     )
+                if name is not None:
+                    _check_regular(posixpath.join(path, name))
+    _check_regular(posixpath.join(path, STATS_FILE))
     # Shards of a later generation than those committed are an append under way, or one that was killed
     # (its rerun removes them): not part of this output yet, which is whole without them.
     committed = int(schema.sources.get("generations", 1))
@@ -77,6 +90,14 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
             f"{posixpath.join(path, extra[0])}: shard file not listed in {SCHEMA_FILE} "
             f"({len(extra)} such file(s)); delete it or build the output again with --overwrite"
         )
+
+
+def _check_regular(url: str) -> None:
+    """A VerifyError where a file the output lists is a FIFO, a device, ... (which reading would block on)."""
+    try:
+        check_regular_file(url)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
 
 
 def _check_declared_totals(path: str, schema: Schema) -> None:
@@ -156,12 +177,9 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
     started = time.monotonic()
     path = str(path).rstrip("/") or "/"
     try:
-        schema = load_schema(path)
-    except (ValueError, KeyError, TypeError) as error:  # a schema.json edited or damaged (JSON errors included)
-        problem = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
-        raise VerifyError(
-            f"{posixpath.join(path, SCHEMA_FILE)}: not a valid schema ({problem}); build the output again"
-        ) from None
+        schema = load_schema(path)  # (refuses a damaged schema.json, and shard names outside the output)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
     files = list_files(path)
     _check_listing(path, schema, files)
     _check_shapes(path, schema)
@@ -199,7 +217,7 @@ def _check_index(reader: Reader, shard, sizes: np.ndarray) -> None:
         with fsspec.open(name, "rb") as stream:
             index = ShardIndex.parse(stream.read(), name, shard.records, shard.bytes)
     except CorruptRecordError as error:
-        raise VerifyError(f"{error}; build the output again") from None
+        raise VerifyError(with_fix(str(error), "build the output again")) from None
     if len(sizes) != len(index.sizes):
         raise VerifyError(
             f"{reader.url(shard)}: {len(sizes)} records, {SCHEMA_FILE} says {shard.records}; build the output again"
@@ -228,5 +246,5 @@ def _read_shard(reader: Reader, shard) -> tuple[int, np.ndarray]:
     try:
         found = sum(batch_length(block) for block in reader.decode_records(shard, noted(reader.iter_records(shard))))
     except CorruptRecordError as error:
-        raise VerifyError(f"{error}; the shard is damaged: build the output again") from None
+        raise VerifyError(with_fix(str(error), "the shard is damaged: build the output again")) from None
     return found, np.array(lengths, dtype=np.int64) + FRAMING_BYTES

@@ -17,7 +17,7 @@ import xarray as xr
 
 from planning.formats.netcdf3 import expected_size
 from schemas.errors import UserError
-from schemas.urls import is_remote
+from schemas.urls import is_remote, special_kind
 
 logger = logging.getLogger(__name__)
 
@@ -54,20 +54,11 @@ def _local_version(status: os.stat_result) -> str:
     return f"mtime_ns={status.st_mtime_ns};ino={status.st_ino};ctime_ns={status.st_ctime_ns}"
 
 
-#: What a path that is neither a file nor a directory is, for the message that refuses it.
-_SPECIAL = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
 def _refuse_special(path: str, mode: int) -> None:
     """Refuse a FIFO, socket or device among the inputs, from its stat alone: opening a FIFO blocks forever."""
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+    kind = special_kind(mode)
+    if kind is None:
         return
-    kind = next((name for test, name in _SPECIAL if test(mode)), "a special file")
     raise UserError(
         f"input: {path} is not a regular file ({kind}); remove it from input.paths or narrow the glob to the data files"
     )
