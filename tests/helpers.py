@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
 import uuid
 import warnings
@@ -185,3 +187,20 @@ def run_benchmark(module: str, *arguments: str, timeout: float = 600) -> str:
     result = run_warm([sys.executable, "-m", module, *arguments], cwd=repo, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int, what: str):
+    """A TimeoutError ("``what``") after ``seconds`` instead of blocking for ever: the alarm's handler raising ends
+    a blocked call (an open of a FIFO, a wait on a hung cluster) in the main thread."""
+
+    def expired(*_):
+        raise TimeoutError(what)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -25,6 +25,7 @@ from planning.plan import make_plan
 from schemas import load_schema
 
 from conftest import BUCKET
+from helpers import time_limit
 
 #: Seconds one test may take before it fails: a hung cluster must fail CI, not hang it.
 TIME_LIMIT = 300
@@ -52,17 +53,9 @@ def client(dask_cluster):
 
 
 @pytest.fixture(autouse=True)
-def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError(f"the test took more than {TIME_LIMIT} s: is the Dask cluster hung?")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TIME_LIMIT)
-    try:
+def limited_time():
+    with time_limit(TIME_LIMIT, f"the test took more than {TIME_LIMIT} s: is the Dask cluster hung?"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)

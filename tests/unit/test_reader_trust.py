@@ -5,10 +5,8 @@ Every reader (Reader, RandomAccessSource, verify_output) refuses them in one lin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,8 @@ from schemas.errors import UserError
 from schemas.random_access import RandomAccessSource
 from schemas.reader import Reader
 from schemas.verify import VerifyError, verify_output
+
+from helpers import time_limit
 
 
 def _output(directory: Path) -> Path:
@@ -83,20 +83,9 @@ def test_a_shard_name_outside_the_output_is_refused(outputs, reader, key, name):
     assert message.endswith("build the output again")
 
 
-@contextlib.contextmanager
 def _no_hang(seconds: int = 20):
-    """A TimeoutError instead of blocking for ever (the signal's handler raising ends a blocked open)."""
-
-    def hung(*_):
-        raise TimeoutError(f"blocked for {seconds} s: the FIFO was opened")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    """A TimeoutError instead of blocking for ever (the alarm's handler raising ends a blocked open)."""
+    return time_limit(seconds, f"blocked for {seconds} s: the FIFO was opened")
 
 
 @pytest.mark.parametrize(
