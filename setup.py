@@ -1,5 +1,7 @@
 """Installs xarray-tfrecords: the pipelines, transforms, planning and schemas packages (shipped to Beam workers too)."""
 
+from pathlib import Path
+
 from setuptools import setup
 
 # Ranges: what the tool works with, so it fits into an existing Pangeo, PyTorch or JAX environment.
@@ -56,12 +58,32 @@ LAUNCHER = [
 # --runner=DaskRunner (Beam's runner on a dask.distributed cluster: HPC or cloud): the launcher and
 # the cluster's workers run them. They release together (constraints.txt pins both to one version).
 DASK = ["dask>=2025.1", "distributed>=2025.1"]
+# The documentation site (mkdocs build --strict in CI; the API reference from the docstrings).
+DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.27"]
 
 setup(
     name="xarray-tfrecords",
     version="0.1.0",
     description="NetCDF archives -> fully shuffled, sharded TFRecords with schema, parser and stats (Apache Beam)",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: POSIX :: Linux",
+        "Operating System :: MacOS",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: Scientific/Engineering :: Atmospheric Science",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    keywords=["xarray", "netcdf", "zarr", "tfrecord", "apache-beam", "climate", "weather", "machine-learning"],
     python_requires=">=3.11,<3.14",
+    entry_points={"console_scripts": ["xarray-tfrecords = pipelines.console:main"]},
     packages=[
         "pipelines",
         "transforms",
@@ -88,7 +110,9 @@ setup(
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
         # (pip install torch --index-url https://download.pytorch.org/whl/cpu) to avoid the CUDA wheels.
         "torch": ["torch>=2.4"],
+        "docs": DOCS,
         "test": [
+            *DOCS,
             *WORKER,
             *DASK,
             *LAUNCHER,

@@ -1,6 +1,6 @@
 """The build on a Dask cluster against the local runner, on one archive (``python -m benchmarks.dask_vs_local``).
 
-A LocalCluster of single-threaded worker processes (Dask's statistical profiler off, as the README
+A LocalCluster of single-threaded worker processes (Dask's statistical profiler off, as the docs
 advises for a cluster that builds; ``--worker-profiler`` keeps it) is started once and warmed with one
 untimed build (its workers import Beam and xarray once, as a long-lived HPC cluster's would).
 Then builds alternate, each ``python -m pipelines.build`` in its own process: the local default
@@ -65,7 +65,7 @@ def compare(
     """One row per unit budget: each runner's wall times (alternating builds), their medians' ratio, the Dask tasks
     per unit and whether every shard is byte-identical. One LocalCluster serves every budget.
 
-    ``worker_profiler``: keep Dask's statistical profiler on in the workers; off by default, as the README
+    ``worker_profiler``: keep Dask's statistical profiler on in the workers; off by default, as the docs
     advises for a cluster that builds (it takes the worker's GIL 100 times a second).
     """
     import dask

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from benchmarks import bytecode
 from benchmarks.targets import Target, all_targets, wall_ratio
@@ -288,8 +289,33 @@ def header(results: dict) -> str:
     ) + ("\n" + bytecode.note(results["bytecode"]) if "bytecode" in results else "")
 
 
-def render(results: dict) -> str:
-    sections = [header(results)]
+def docs_header(results: dict) -> str:
+    host = results["host"]
+    return (
+        f"{host['cpus']} CPUs, {_install(host)}; MB = 1e6 bytes; RSS = peak of the summed RSS of each competitor's "
+        "process tree (polled every 50 ms)"
+    )
+
+
+#: Where the docs hold the current table (docs/performance.md).
+MARKDOWN_START, MARKDOWN_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+
+
+def markdown(results: dict, command: str) -> str:
+    """The report as the docs' current table: the command that made it, then the report in a fenced block."""
+    return f"Written by `{command}`:\n\n```text\n{render(results, for_docs=True)}\n```\n"
+
+
+def write_markdown(path: Path, results: dict, command: str) -> None:
+    """Replace the table between the benchmark markers of ``path`` (a docs page) with this run's."""
+    from pipelines.config_reference import replace_between
+
+    path.write_text(replace_between(path.read_text(), MARKDOWN_START, MARKDOWN_END, markdown(results, command)))
+
+
+def render(results: dict, *, for_docs: bool = False) -> str:
+    """The report as printed; ``for_docs``: without the run's date and load (the docs speak of no run's day)."""
+    sections = [docs_header(results) if for_docs else header(results)]
     sections += [scale_section(scale, section) for scale, section in results["scales"].items()]
     for build in (fixed_costs_section, read_section, scaling_section):
         text = build(results)

@@ -438,6 +438,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--naive-files", type=int, default=4, help="files the naive peer converts (then scaled)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a competitor is stopped")
     parser.add_argument("--json", help="results file (default: <workdir>/results-<scales>.json)")
+    parser.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="also write the report as the current table of this docs page, between its benchmark markers "
+        "(e.g. docs/performance.md)",
+    )
     parser.add_argument("--keep-outputs", action="store_true", help="keep the pipeline's outputs in the workdir")
     return parser.parse_args(argv)
 
@@ -503,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json) if args.json else workdir / f"results-{'-'.join(map(str, scales))}x{suffix}.json"
     path.write_text(json.dumps(results, indent=2, default=str))
     print(f"\nResults: {path}")
+    if args.markdown:
+        command = " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])])
+        report.write_markdown(Path(args.markdown), results, command)
+        print(f"Written into {args.markdown}")
     return 1 if results["failed"] else 0
 
 

@@ -1,8 +1,8 @@
 """Zarr reads at ARCO-ERA5's real chunking (benchmarks.scale's ``zarr`` part): bytes fetched per stored byte.
 
 A store of 2 steps shaped as ARCO-ERA5 (37 levels x 721 x 1440, one step of a variable per chunk,
-the whole globe in it; the README's variables: four on levels and one at the surface, 1.2 GB) is
-written once into the work directory, then built with the README's 32x32 patches, all levels and
+the whole globe in it; the docs' variables: four on levels and one at the surface, 1.2 GB) is
+written once into the work directory, then built with the docs' 32x32 patches, all levels and
 the 3 selected levels, each ``python -m pipelines.build`` in its own process: the bytes it
 fetched against the stored bytes of the chunks it needed (its summary line), and its peak RSS.
 The same for a NetCDF-4 copy of the store chunked alike (one file, a step of a variable per

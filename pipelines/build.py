@@ -47,7 +47,7 @@ def make_parser() -> argparse.ArgumentParser:
             "Without --config, runs the built-in demo. Unknown flags go to Beam (e.g. --runner)."
         ),
     )
-    parser.add_argument("--config", help="YAML build config (see configs/ and the README)")
+    parser.add_argument("--config", help="YAML build config (see configs/ and docs/reference/config.md)")
     parser.add_argument("--input", nargs="+", metavar="GLOB", help="input files or globs (overrides input.paths)")
     parser.add_argument("--output", help="output directory (overrides output.path)")
     parser.add_argument("--seed", type=int, help="shuffle seed (overrides shuffle.seed)")

@@ -1,7 +1,7 @@
 """The config reference in Markdown, generated from the config model (``python -m pipelines.config_reference``).
 
-The README embeds this output between markers; a test regenerates it and compares, so the
-reference cannot drift from the code. ``--write README.md`` updates the README in place.
+The docs embed this output between markers (docs/reference/config.md); a test regenerates it and compares, so
+the reference cannot drift from the code. ``--write docs/reference/config.md`` updates it in place.
 """
 
 from __future__ import annotations
@@ -99,16 +99,27 @@ def config_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def embed(readme: str) -> str:
-    """The README text with its reference section replaced by the generated one."""
-    before, rest = readme.split(START, 1)
-    _, after = rest.split(END, 1)
-    return f"{before}{START}\n{config_reference()}{END}{after}"
+def replace_between(text: str, start: str, end: str, body: str) -> str:
+    """``text`` with what stands between the markers ``start`` and ``end`` replaced by ``body``.
+
+    Raises:
+        ValueError: a marker is missing.
+    """
+    if start not in text or end not in text.split(start, 1)[1]:
+        raise ValueError(f"the text has no section between {start} and {end}")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    return f"{before}{start}\n{body}{end}{after}"
+
+
+def embed(page: str) -> str:
+    """The page's text with its reference section replaced by the generated one."""
+    return replace_between(page, START, END, config_reference())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.config_reference", description=__doc__)
-    parser.add_argument("--write", metavar="README", help="replace the reference section of this file")
+    parser.add_argument("--write", metavar="PAGE", help="replace the reference section of this file")
     args = parser.parse_args(argv)
     if args.write:
         path = Path(args.write)

@@ -4,7 +4,7 @@ invariants) with the demo config, and a stand-in for ERA-Interim's ``eraint_uvz.
 The fields are smooth, with realistic magnitudes and units (temperature in K, wind in m/s,
 specific humidity in kg/kg, geopotential in m**2 s**-2), so statistics, pictures and
 normalisation look like they would on real reanalysis data. The benchmark uses the same
-generator at larger sizes; the README's walkthrough and the tests use the stand-in where the
+generator at larger sizes; the docs' walkthrough and the tests use the stand-in where the
 real file is not at hand (``python -m pipelines.demo --eraint-standin data/eraint_uvz.nc``).
 """
 
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.demo",
         description=(
             "Write demo data. --eraint-standin PATH: a generated stand-in for ERA-Interim's eraint_uvz.nc "
-            "(xarray's tutorial file: same layout, packing and quirks, synthetic values), for the README's "
+            "(xarray's tutorial file: same layout, packing and quirks, synthetic values), for the docs' "
             "walkthrough offline."
         ),
     )

@@ -94,7 +94,7 @@ def build_pipeline(
     ranges: int = DEFAULT_RANGES,
     stream_blocks: bool = False,
 ) -> beam.PCollection:
-    """Wire the stages (DESIGN.md, data flow); returns the PCollection of the committed schema.
+    """Wire the stages (docs/design.md, the data flow); returns the PCollection of the committed schema.
 
     ``units``: the plan's (the graph holds ``ranges`` ranges of their numbers, and the units
     themselves only without ``specs.units_file``), or a list of units, which the graph holds.

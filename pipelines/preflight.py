@@ -316,7 +316,7 @@ def _check_dask_scheduler(options: PipelineOptions) -> None:
     if not (dask.address or dask.scheduler_file):
         raise UserError(
             "DaskRunner needs the cluster's scheduler: --dask_client_address=tcp://HOST:PORT "
-            "(or --dask_scheduler_file=FILE); see the README, Running on a Dask cluster"
+            "(or --dask_scheduler_file=FILE); see docs/guides/dask.md"
         )
     where = dask.address or dask.scheduler_file
     timeout = {"timeout": dask.timeout} if dask.timeout is not None else {}

@@ -174,7 +174,7 @@ def write_template(plan, files: list[str]) -> None:
     probe.check_key({k: v[0] for k, v in one.items() if k.startswith("index/")})
     # The sample's dataset gives each variable's dims, dtype and attributes: on one cell of the chunked dim the
     # sample covers (not a whole chunk of cells), unless an integer variable comes back whole there, which on
-    # its chunk it might not (then it is float64: README, "dtypes").
+    # its chunk it might not (then it is float64: docs/guides/reassembly.md, "dtypes").
     axis = probe.checked_axis(plan.chunk_dim)
     cell = int(one[axis.index_name].reshape(-1)[0]) + axis.origin - axis.first + int(axis.local_cells().min())
     sample = plan.assembly((cell, cell + 1)).add_all([one]).dataset()

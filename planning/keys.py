@@ -1,6 +1,6 @@
 """Shuffle keys: a seeded bijective hash of each sample's id, which also picks its shard.
 
-Sorting a shard by key is the shuffle (DESIGN.md, decision 2). Keys depend only on the seed
+Sorting a shard by key is the shuffle (docs/design.md, decision 2). Keys depend only on the seed
 and the sample's position, never on content, order of processing or ``random``: a retried or
 rebalanced worker computes the same keys, so the output is byte-identical on any runner.
 Every step of the hash is a bijection on 64-bit integers, so distinct ids get distinct keys.

@@ -46,7 +46,7 @@ def load_function(path: str):
     except (Exception, SystemExit, GeneratorExit) as error:  # ImportError, or what the module raises (sys.exit too)
         raise UserError(
             f"input.preprocess: cannot import {module_name!r} for {path} ({_reason(error)}); make the module "
-            "importable here and on every worker (README: Derived variables)"
+            "importable here and on every worker (docs/guides/derived.md)"
         ) from error
     found = module
     for part in name.split("."):

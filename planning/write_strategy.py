@@ -70,7 +70,7 @@ def choose_write_strategy(plan: BuildPlan, work_dir: str | None, groups_in_memor
                               written once; no sort stage.
     ``BUCKET_FILES``          workers share a filesystem, otherwise. The local runner holds every
                               grouped value in memory, so bulk bytes must not ride its
-                              GroupByKey (DESIGN.md, decision 3); shard writers read the files.
+                              GroupByKey (docs/design.md, decision 3); shard writers read the files.
                               Without a shared filesystem on a runner whose GroupByKey holds
                               a key's values in memory (Beam's DaskRunner): bucket files
                               under the output's own ``_tmp/<run>/`` (a URL every worker

@@ -1,6 +1,6 @@
 """The tf.train.Example wire format for a schema: the compiled encoder and the wire-format primitives.
 
-No TensorFlow here (DESIGN.md, decision 1). Every float feature has a fixed length, so its
+No TensorFlow here (docs/design.md, decision 1). Every float feature has a fixed length, so its
 protobuf headers are the same bytes in every record: they are computed once per schema, and a
 block's records are the rows of one uint8 array per layout, each header and payload copied into
 its columns of every row at once. int64 values are varints of varying length, encoded for a

@@ -43,7 +43,7 @@ SLOWEST_MODULES = [
     "tests/e2e/test_build_cli.py",
     "tests/benchmark_smoke/test_scale_graph_dask_benchmark.py",
     "tests/transform/test_shard_writer.py",
-    "tests/e2e/test_readme.py",
+    "tests/e2e/test_docs.py",
     "tests/e2e/test_append.py",
     "tests/e2e/test_bad_input.py",
     "tests/e2e/test_zarr.py",

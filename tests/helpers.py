@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import signal
 import sys
 import uuid
@@ -204,3 +205,19 @@ def time_limit(seconds: int, what: str):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+#: The user docs whose code blocks the tests run: the README and every page of the site.
+_REPO = Path(__file__).resolve().parents[1]
+DOC_PAGES = (_REPO / "README.md", *sorted((_REPO / "docs").rglob("*.md")))
+
+
+def doc_block(marker: str) -> str:
+    """The code block the docs mark ``<!-- marker -->`` (the README's or a page's): exactly one must carry it."""
+    found = [
+        (page, match.group(1))
+        for page in DOC_PAGES
+        for match in re.finditer(rf"<!-- {re.escape(marker)} -->\n```\w*\n(.*?)```", page.read_text(), re.S)
+    ]
+    assert len(found) == 1, f"{len(found)} blocks of the docs are marked {marker}: {[str(p) for p, _ in found]}"
+    return found[0][1]

@@ -4,7 +4,7 @@ Each sample's key picks its shard within its split. A bucket carries framed tf.E
 records, or raw sample rows when samples are packed several to a record (packing must wait for
 the shard's sort). With a bucket directory (local runners) a bucket is written to a file and
 only its path travels through the GroupByKey; otherwise the bytes do, as a distributed
-runner's shuffle is built for it (DESIGN.md, decision 3).
+runner's shuffle is built for it (docs/design.md, decision 3).
 """
 
 from __future__ import annotations

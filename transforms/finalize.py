@@ -1,6 +1,6 @@
 """Finalize: check the counts, then write stats.json, parser.py and, last, schema.json.
 
-schema.json is the output's commit marker (DESIGN.md, decision 5): it is written only after
+schema.json is the output's commit marker (docs/design.md, decision 5): it is written only after
 every shard is in place and each split's written samples equal the samples cut less those
 dropped for NaN, so a reader that finds it finds a complete dataset.
 """

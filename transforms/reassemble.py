@@ -6,7 +6,7 @@
     arrays in turn, places them and writes that variable's part of the chunk as one Zarr region (its own
     Zarr chunks) before it reads the next.
 
-Only paths ride the GroupByKey (the local runner holds every grouped value in memory: DESIGN.md,
+Only paths ride the GroupByKey (the local runner holds every grouped value in memory: docs/design.md,
 decision 3). A scan holds one batch and PENDING_BYTES of samples; a process's chunk tasks hold about one
 chunk's values between them (_HELD), so a worker holds one chunk, its halo, and a batch, whatever its
 threads. Every stage takes what it needs from the plan it is given: no state on the driver.

@@ -508,7 +508,7 @@ def format_validation_error(error: pydantic.ValidationError, source: str) -> str
     for item in error.errors():
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (check its spelling and the config reference in the README)"
+            message = "unknown key (check its spelling and the config reference, docs/reference/config.md)"
         elif item["type"] == "missing":
             message = "required key is missing"
         elif "input" in item and not isinstance(item["input"], dict):

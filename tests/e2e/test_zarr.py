@@ -20,7 +20,7 @@ from planning.plan import make_plan
 from schemas import load_schema, load_stats
 
 from conftest import BUCKET, REPO
-from helpers import expected_feature, read_all_records, refused
+from helpers import doc_block, expected_feature, read_all_records, refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
@@ -313,15 +313,9 @@ def test_the_other_features_build_the_same_from_a_store_as_from_files(inputs, tm
     assert list(schema.splits) == ["train", "valid"]
 
 
-def _readme_block(marker: str) -> str:
-    match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert match, f"README has no block marked {marker}"
-    return match.group(1)
-
-
 def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
-    """The README's ARCO-ERA5 config, on the test's store (ARCO's names and layout) and without its date splits."""
-    config = yaml.safe_load(_readme_block("zarr:config"))
+    """The docs' ARCO-ERA5 config, on the test's store (ARCO's names and layout) and without its date splits."""
+    config = yaml.safe_load(doc_block("zarr:config"))
     assert config["input"]["paths"].startswith("gs://gcp-public-data-arco-era5/")
     config["input"]["paths"] = str(inputs["v3"])
     config["sample"]["window"] = {"latitude": 4, "longitude": 4}  # the test's grid is 10 x 18
@@ -333,11 +327,11 @@ def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):
 
 
 def test_the_readme_dataflow_command_builds_its_graph(inputs, gcs, staged_once, tmp_path, capsys):
-    """The README's Dataflow command line, dry run against the storage emulator."""
-    command = _readme_block("zarr:dataflow").replace("\\\n", " ").split()
+    """The docs' Dataflow command line, dry run against the storage emulator."""
+    command = doc_block("zarr:dataflow").replace("\\\n", " ").split()
     assert command[:4] == ["python", "-m", "pipelines.build", "--config"]
     gcs.put(str(inputs["v3"]), f"{BUCKET}/readme/arco.zarr", recursive=True)
-    config = yaml.safe_load(_readme_block("zarr:config"))
+    config = yaml.safe_load(doc_block("zarr:config"))
     config["input"]["paths"] = f"gs://{BUCKET}/readme/arco.zarr"
     config["sample"]["window"] = {"latitude": 4, "longitude": 4}
     config["splits"] = {

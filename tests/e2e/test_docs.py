@@ -1,4 +1,4 @@
-"""The README stays true: its walkthrough runs as written, its config reference matches the code."""
+"""The docs stay true: the walkthrough runs as written, the generated references match the code, links resolve."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import yaml
 
 from pipelines.build import main
@@ -15,20 +17,29 @@ from pipelines.config_reference import END, START, config_reference
 from schemas import load_schema
 
 from conftest import REPO
-from helpers import run_warm
+from helpers import DOC_PAGES, doc_block, run_warm
 
-README = (REPO / "README.md").read_text()
+_block = doc_block
 
 
-def _block(marker: str) -> str:
-    match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", README, re.S)
-    assert match, f"README has no block marked {marker}"
-    return match.group(1)
+def _embedded(page: str, start: str, end: str) -> str:
+    return (REPO / page).read_text().split(start, 1)[1].split(end, 1)[0]
 
 
 def test_config_reference_is_generated_from_the_config_model():
-    embedded = README.split(START, 1)[1].split(END, 1)[0]
-    assert embedded.strip() == config_reference().strip(), "run: python -m pipelines.config_reference --write README.md"
+    embedded = _embedded("docs/reference/config.md", START, END)
+    assert embedded.strip() == config_reference().strip(), (
+        "run: python -m pipelines.config_reference --write docs/reference/config.md"
+    )
+
+
+def test_cli_reference_is_generated_from_the_commands_parsers():
+    from pipelines import cli_reference
+
+    embedded = _embedded("docs/reference/cli.md", cli_reference.START, cli_reference.END)
+    assert embedded.strip() == cli_reference.cli_reference().strip(), (
+        "run: python -m pipelines.cli_reference --write docs/reference/cli.md"
+    )
 
 
 def test_walkthrough_runs_as_written(tmp_path, sample_file):
@@ -46,7 +57,7 @@ def test_walkthrough_runs_as_written(tmp_path, sample_file):
     assert (tmp_path / "erainterim.png").stat().st_size > 50_000
     schema = load_schema(output)  # "1,378 patches each: 26 x 53 per month"
     assert {name: schema.num_examples(name) for name in schema.splits} == {"train": 1378, "valid": 1378}
-    # Then the README's two ways to read an output with TensorFlow, on this one (its first split).
+    # Then the docs' two ways to read an output with TensorFlow, on this one (its first split).
     reading = _block("reading:tensorflow").replace("out/patches", output).replace('"data"', '"train"')
     script = tmp_path / "walkthrough.py"
     script.write_text(_block("walkthrough:python").replace("out/erainterim", output) + reading + "\nprint('trained')\n")
@@ -144,14 +155,14 @@ def test_walkthrough_download_puts_the_file_where_the_config_reads_it(tmp_path, 
     config = (REPO / "configs" / "erainterim_patches.yaml").read_text()
     assert 'paths: "data/eraint_uvz.nc"' in config
     assert (checkout / "data" / "eraint_uvz.nc").read_bytes() == source.read_bytes()
-    assert 'input: {paths: "data/eraint_uvz.nc"' in README  # the config as the README shows it
+    assert 'input: {paths: "data/eraint_uvz.nc"' in (REPO / "docs" / "getting-started.md").read_text()  # as shown
 
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"  # CCSM annual means 1890-1999, 64 x 128: counts in noleap, says none
 
 
 def _example_config(marker: str, tmp_path) -> dict:
-    """The README's config block, its relative paths under tmp_path, with an output there."""
+    """The docs' config block, its relative paths under tmp_path, with an output there."""
     config = yaml.safe_load(_block(marker))
     config["input"]["paths"] = str(tmp_path / config["input"]["paths"])
     return config | {"output": {"path": str(tmp_path / "out")}}
@@ -186,7 +197,7 @@ def test_calendar_example_is_true_on_the_file_it_names(tmp_path, sample_file, ca
 def test_ensemble_example_is_true_on_the_files_it_names(tmp_path, sample_file, capsys):
     cesm = tmp_path / "data" / "cesm"
     cesm.mkdir(parents=True)
-    for member in (57, 59, 60, 63):  # the members the README names
+    for member in (57, 59, 60, 63):  # the members the docs name
         shutil.copy(sample_file(TREFHT), cesm / TREFHT.replace(".57.", f".{member}."))
     out = _run(_example_config("ensembles:config", tmp_path), tmp_path, capsys, "--dry_run=True")
     plan = out.splitlines()[1]
@@ -223,7 +234,7 @@ def test_roles_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file
 
 
 def test_reassembly_examples_run_as_written(tmp_path):
-    """The README's reassembly blocks, on a small output with a valid split: source + 1 comes back."""
+    """The docs' reassembly blocks, on a small output with a valid split: source + 1 comes back."""
     import numpy as np
     import xarray as xr
 
@@ -258,3 +269,100 @@ def test_reassembly_examples_run_as_written(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with xr.open_zarr(tmp_path / "valid.zarr") as ds:
         np.testing.assert_array_equal(ds["t"].values, stored)
+
+
+def _code_blocks(language: str) -> list[tuple[Path, str]]:
+    """Every ``language`` code block of the README and the docs' pages, with its page."""
+    return [
+        (page, match.group(1))
+        for page in DOC_PAGES
+        for match in re.finditer(rf"^```{language}\n(.*?)^```", page.read_text(), re.S | re.M)
+    ]
+
+
+def test_every_yaml_block_of_the_docs_is_a_valid_config():
+    """A config a page shows (whole, or the keys it is about) passes the config model as written."""
+    from planning.config.loading import parse_config
+
+    blocks = _code_blocks("yaml")
+    assert len(blocks) >= 10
+    for page, text in blocks:
+        data = yaml.safe_load(text)
+        base = {"input": {"paths": "data/*.nc"}, "output": {"path": "out/x"}}
+        for key, value in data.items():  # a fragment's keys over a minimal config
+            base[key] = {**base[key], **value} if key in ("input", "output") else value
+        try:
+            parse_config(base, source=str(page.relative_to(REPO)))
+        except Exception as error:
+            where = page.relative_to(REPO)
+            raise AssertionError(f"{where}: a yaml block is not a valid config: {error}\n{text}") from None
+
+
+def test_every_python_block_of_the_docs_is_valid_python():
+    import ast
+
+    blocks = _code_blocks("python")
+    assert len(blocks) >= 8
+    for page, text in blocks:
+        ast.parse(text, filename=str(page.relative_to(REPO)))
+
+
+def test_every_command_the_docs_show_exists():
+    """`python -m X` in a shell block names a module of the project (or of the benchmarks)."""
+    import importlib.util
+
+    modules = {
+        match.group(1)
+        for _, text in _code_blocks("bash")
+        for match in re.finditer(r"python -m ((?:pipelines|benchmarks)\.\w+)", text)
+    }
+    assert {"pipelines.build", "pipelines.inspect", "pipelines.reassemble", "benchmarks.run"} <= modules
+    for module in modules:
+        assert importlib.util.find_spec(module), f"the docs run python -m {module}, which does not exist"
+
+
+def test_relative_links_of_the_readme_and_guides_resolve():
+    """What mkdocs checks on the site, for the files it does not build: README.md and CONTRIBUTING.md."""
+    for name in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / name).read_text()
+        links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+        local = [link for link in links if "://" not in link]
+        assert local, name
+        for link in local:
+            assert (REPO / link).exists(), f"{name} links to {link}, which is not in the repository"
+
+
+def test_the_readme_is_short_and_its_quick_start_is_two_commands():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    quick_start = text.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].split() for line in quick_start.strip().splitlines()]
+    assert commands == [
+        ["pip", "install", "-c", "constraints.txt", "-e", '".[build]"', "&&", "python", "-m", "pipelines.build"],
+        ["pip", "install", "-c", "constraints.txt", "-e", '".[test]"', "&&", "pytest"],
+    ]
+
+
+#: A run log in user docs: when a run was made (a date with its clock time, "measured" on a day, a date alone in
+#: brackets), load averages, clock times. Dates as data (`2000-02-30` in 360_day) are not runs.
+RUN_LOG = re.compile(
+    r"\b20\d\d-\d\d-\d\d(?: \d\d:\d\d| evening| morning| at load)|measured (?:on )?20\d\d|\(20\d\d-\d\d-\d\d\)"
+    r"|\bload (?:average )?~?\d|(?<!:)\b\d\d:\d\d\b(?!:)"
+)
+
+
+def test_the_user_docs_hold_no_run_log():
+    for page in (REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").rglob("*.md")):
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            assert not RUN_LOG.search(line), f"{page.relative_to(REPO)}:{number}: {line}"
+
+
+def test_the_console_script_runs_each_command(capsys):
+    from pipelines import console
+
+    with pytest.raises(SystemExit) as exit_:
+        console.main(["inspect", "--help"])
+    assert exit_.value.code == 0 and "usage: python -m pipelines.inspect" in capsys.readouterr().out
+    assert console.main(["nonsense"]) == 2
+    assert "'nonsense' is not a command" in capsys.readouterr().err
+    assert console.main([]) == 2
