@@ -366,3 +366,83 @@ def test_the_console_script_runs_each_command(capsys):
     assert console.main(["nonsense"]) == 2
     assert "'nonsense' is not a command" in capsys.readouterr().err
     assert console.main([]) == 2
+
+
+#: Python blocks of the docs that no test can run here, each with why (a cluster to start, a hub to ask).
+NOT_RUN = {
+    "from dask_jobqueue import SLURMCluster": "starts SLURM jobs",
+    "from dask_gateway import Gateway": "asks a dask-gateway hub for a cluster",
+}
+#: Blocks that other tests run, on outputs of their own (the walkthrough's, a split named valid).
+RUN_ELSEWHERE = ("walkthrough:python", "reading:tensorflow", "reassemble:python")
+
+RUN_BLOCKS = """
+import json, os, sys, traceback
+failures = []
+for where, code in json.load(open(sys.argv[1])):
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__docs__"})
+    except Exception:
+        failures.append(where + ":\\n" + traceback.format_exc(limit=3))
+print(json.dumps(failures))
+"""
+
+
+@pytest.fixture(scope="module")
+def docs_folder(tmp_path_factory) -> Path:
+    """A folder where the outputs the docs' blocks name exist: the demo's as demo/patches and out/patches, and the
+    demo split by time as out/my_patches (train and valid)."""
+    folder = tmp_path_factory.mktemp("docs")
+    result = run_warm([sys.executable, "-m", "pipelines.build", "--quiet"], cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (folder / "out").mkdir()
+    (folder / "out" / "patches").symlink_to(folder / "demo" / "patches")
+    config = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    config["input"]["paths"] = str(folder / "demo" / "era5" / "*.nc")
+    config["splits"] = {"train": {"time": [None, "2020-01-01T06"]}, "valid": {"time": ["2020-01-01T12", None]}}
+    config["output"] = {"path": str(folder / "out" / "my_patches")}
+    (folder / "split.yaml").write_text(yaml.safe_dump(config))
+    result = run_warm([sys.executable, "-m", "pipelines.build", "--config", "split.yaml", "--quiet"], cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def _python_blocks(with_torch: bool) -> list[tuple[str, str]]:
+    """The docs' python blocks that no other test runs and that can run here: with or without PyTorch."""
+    marked_elsewhere = {doc_block(marker) for marker in RUN_ELSEWHERE}
+    blocks = []
+    for page, code in _code_blocks("python"):
+        if code in marked_elsewhere or any(code.startswith(start) for start in NOT_RUN):
+            continue
+        if ("import torch" in code or "from torch" in code) == with_torch:
+            blocks.append((str(page.relative_to(REPO)), code))
+    return blocks
+
+
+def _run_blocks(blocks: list[tuple[str, str]], folder: Path, tmp_path: Path) -> None:
+    """Each block in turn, in one fresh interpreter, in ``folder``, as a user would paste it; every failure named."""
+    import json
+
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    script = tmp_path / "run_blocks.py"
+    script.write_text(RUN_BLOCKS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(script), str(tmp_path / "blocks.json")]
+    result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not failures, "\n".join(failures)
+
+
+def test_every_python_block_of_the_docs_runs(docs_folder, tmp_path):
+    blocks = _python_blocks(with_torch=False)
+    assert len(blocks) >= 6
+    _run_blocks(blocks, docs_folder, tmp_path)
+
+
+@pytest.mark.torch
+def test_the_docs_pytorch_blocks_run(docs_folder, tmp_path):
+    pytest.importorskip("torch")
+    blocks = _python_blocks(with_torch=True)
+    assert blocks
+    _run_blocks(blocks, docs_folder, tmp_path)
