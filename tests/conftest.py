@@ -63,9 +63,21 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+#: The marker each folder's tests carry (`pytest -m unit`, `-m "not e2e"`): what kind of test it is.
+FOLDER_MARKERS = {"unit": "unit", "transform": "transform", "e2e": "e2e", "benchmark_smoke": "benchmark"}
+
+
 def pytest_collection_modifyitems(items):
-    """The slowest modules first (SLOWEST_MODULES), each module's tests in their own order."""
+    """Each test marked by its folder's kind, the slowest modules also `slow`; the slowest modules first
+    (SLOWEST_MODULES), each module's tests in their own order."""
     rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        folder = module.split("/")[1] if module.count("/") >= 2 else None
+        if folder in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[folder])
+        if module in rank:
+            item.add_marker("slow")
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
