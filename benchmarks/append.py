@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.datasets import ensure_archive, input_files, patches, write_config
 from benchmarks.measure import run_captured
-from benchmarks.run import REPO
+from benchmarks.outputs import REPO
 
 METADATA = ("schema.json", "stats.json", "parser.py", "generations.json", "_manifest.json", "_inventory.json")
 #: The child's last stdout line starts with this, then its counters as JSON.

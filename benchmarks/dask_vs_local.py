@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks import datasets
 from benchmarks.measure import run_measured
-from benchmarks.run import REPO, input_bytes, same_shards, warm_page_cache
+from benchmarks.outputs import REPO, input_bytes, same_shards, warm_page_cache
 from benchmarks.targets import MAX_DASK_OVER_LOCAL, MAX_DASK_TASKS_PER_UNIT, Target
 
 DEFAULT_FILES = 12  # a quarter of the 1x patches set: ~200 MB, 4,704 samples

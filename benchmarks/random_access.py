@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.report import table
+from benchmarks.tables import table
 from schemas.example_codec import ExampleEncoder
 from schemas.random_access import RandomAccessSource
 from schemas.schema import Feature, Schema, Shard

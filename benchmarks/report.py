@@ -6,7 +6,17 @@ import statistics
 from pathlib import Path
 
 from benchmarks import bytecode
-from benchmarks.targets import Target, all_targets, wall_ratio
+from benchmarks.tables import table
+from benchmarks.targets import (
+    MAX_DEMO_SECONDS,
+    MAX_HELP_SECONDS,
+    MAX_WRITER_RSS_OVER_BUDGET,
+    MIN_PARSER_VS_EXPERT,
+    Target,
+    scale_targets,
+    scaling_targets,
+    wall_ratio,
+)
 
 MB = 1e6
 _WRITE_HEADERS = (
@@ -20,17 +30,8 @@ _WRITE_HEADERS = (
     "RSS/floor",
     "load",
 )
-
-
-def table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
-    """Columns aligned: the first to the left, numbers to the right."""
-    widths = [max(len(str(r[i])) for r in [list(headers), *rows]) for i in range(len(headers))]
-
-    def line(cells) -> str:
-        first = str(cells[0]).ljust(widths[0])
-        return "  ".join([first, *(str(c).rjust(w) for c, w in zip(cells[1:], widths[1:]))]).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+#: The docs' table leaves the load column out: the docs speak of the tool, not of the machine's state that day.
+_DOCS_WRITE_HEADERS = _WRITE_HEADERS[:-1]
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -103,7 +104,7 @@ def _round_notes(competitors: dict) -> list[str]:
     return notes
 
 
-def scale_section(scale: str, section: dict) -> str:
+def scale_section(scale: str, section: dict, *, with_load: bool = True) -> str:
     data = section["dataset"]
     per_sample = data["input_bytes"] / max(data["samples"], 1) / 1e3
     title = (
@@ -112,7 +113,7 @@ def scale_section(scale: str, section: dict) -> str:
     )
     competitors = section["competitors"]
     floor = competitors.get("floor")
-    rows = [_write_row(row, floor) for row in competitors.values()]
+    rows = [_write_row(row, floor)[: None if with_load else -1] for row in competitors.values()]
     notes = [f"  {row['label']}: {row['note']}" for row in competitors.values() if row.get("note")]
     notes += _identity_notes(section)
     notes += _cpu_notes(competitors)
@@ -120,7 +121,8 @@ def scale_section(scale: str, section: dict) -> str:
     phases = (floor or {}).get("details", {}).get("phases")
     if phases:
         notes.append("  floor phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
-    parts = [title, table(_WRITE_HEADERS, rows) if rows else "(no write-side competitor selected)"]
+    headers = _WRITE_HEADERS if with_load else _DOCS_WRITE_HEADERS
+    parts = [title, table(headers, rows) if rows else "(no write-side competitor selected)"]
     return "\n".join(parts + notes)
 
 
@@ -261,6 +263,33 @@ def scaling_section(results: dict) -> str | None:
     return "== scaling ==\n" + table(headers, rows) + "\n" + note
 
 
+def all_targets(results: dict) -> list[Target]:
+    """Every target the results have a measurement for, the many-files benchmark's included."""
+    targets = [t for scale in results["scales"] for t in scale_targets(results, scale)]
+    targets += scaling_targets(results)
+    small = results.get("read_small")
+    if small is not None:
+        targets.append(
+            Target("parser / expert examples/s (point series)", small.get("ratio"), MIN_PARSER_VS_EXPERT, False)
+        )
+    writer = results.get("shard_writer")
+    for case in (writer or {}).get("cases", {}):
+        row = writer["cases"][case]["stream"]
+        over = (row["peak_rss"] - writer["baseline_rss"]) / (writer["budget_mb"] * 1e6) if row["ok"] else None
+        targets.append(Target(f"shard writer RSS / budget ({case})", over, MAX_WRITER_RSS_OVER_BUDGET, True))
+    if "many_files" in results:
+        from benchmarks.scale import targets as many_files_targets
+
+        targets += many_files_targets(results["many_files"])
+    demo = results.get("demo")
+    if demo is not None:
+        targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
+    help_run = results.get("help")
+    if help_run is not None:
+        targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))
+    return targets
+
+
 def targets_section(targets: list[Target]) -> str:
     rows = []
     for target in targets:
@@ -316,7 +345,7 @@ def write_markdown(path: Path, results: dict, command: str) -> None:
 def render(results: dict, *, for_docs: bool = False) -> str:
     """The report as printed; ``for_docs``: without the run's date and load (the docs speak of no run's day)."""
     sections = [docs_header(results) if for_docs else header(results)]
-    sections += [scale_section(scale, section) for scale, section in results["scales"].items()]
+    sections += [scale_section(scale, section, with_load=not for_docs) for scale, section in results["scales"].items()]
     for build in (fixed_costs_section, read_section, scaling_section):
         text = build(results)
         if text:
@@ -328,7 +357,7 @@ def render(results: dict, *, for_docs: bool = False) -> str:
     if "many_files" in results:
         from benchmarks.scale import render as many_files_section
 
-        sections.append(many_files_section(results["many_files"]))
+        sections.append(many_files_section(results["many_files"], for_docs=for_docs))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

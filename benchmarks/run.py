@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import filecmp
 import importlib.util
 import json
 import os
@@ -25,9 +24,8 @@ from benchmarks import bytecode, datasets, measure, report, shard_writer
 from benchmarks import scale as many_files
 from benchmarks.datasets import DatasetSpec
 from benchmarks.measure import Measurement, run_measured
-from benchmarks.targets import all_targets
+from benchmarks.outputs import REPO, input_bytes, same_shards, warm_page_cache
 
-REPO = Path(__file__).resolve().parents[1]
 COMPETITORS = (
     "floor",
     "io-limit",
@@ -104,19 +102,6 @@ class Bench:
             if best is None or measurement.wall_seconds < best.wall_seconds:
                 best = measurement
         return best
-
-
-def warm_page_cache(source: Path) -> None:
-    """Read the inputs once (an archive's NetCDF files, or a Zarr store's every file), so every competitor starts
-    with them in the page cache alike."""
-    if source.suffix == ".zarr":
-        many_files.warm_page_cache(sorted(p for p in source.rglob("*") if p.is_file()))
-    else:
-        many_files.warm_page_cache(datasets.input_files(source))
-
-
-def input_bytes(archive: Path) -> int:
-    return sum(p.stat().st_size for p in datasets.input_files(archive))
 
 
 def summary(label: str, measurement: Measurement, samples: int, nbytes: int, **extra) -> dict:
@@ -235,16 +220,6 @@ def read_summary(details: dict, kind: str, measurement: Measurement) -> dict:
         "process_wall": measurement.wall_seconds,
         "process_peak_rss": measurement.peak_rss_bytes,
     }
-
-
-def same_shards(left: Path, right: Path) -> bool | None:
-    """Whether two outputs hold byte-identical shards; None if either is missing."""
-    names = sorted(p.name for p in right.glob("data-*.tfrecord"))
-    if not names or not left.exists():
-        return None
-    if sorted(p.name for p in left.glob("data-*.tfrecord")) != names:
-        return False
-    return all(filecmp.cmp(left / n, right / n, shallow=False) for n in names)
 
 
 def ensure_pipeline_output(bench: Bench, spec: DatasetSpec, archive: Path) -> Path | None:
@@ -476,7 +451,7 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
         )
     if "scale" in bench.selected:
         results["many_files"] = many_files.run(bench.workdir, bench.quick, repeat=bench.repeat, timeout=bench.timeout)
-    results["targets"] = [t.to_json() for t in all_targets(results)]
+    results["targets"] = [t.to_json() for t in report.all_targets(results)]
     return results
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from benchmarks import datasets, job_graph, zarr_reads
 from benchmarks.measure import Measurement, run_measured
-from benchmarks.report import table
+from benchmarks.outputs import warm_files
+from benchmarks.tables import table
 from benchmarks.targets import (
     MAX_PLAN_UNITS_SCALING,
     MAX_REMOTE_PLAN_BYTES_PER_FILE,
@@ -189,13 +190,6 @@ def write_config(workdir: Path, name: str, paths: str, output: Path | str) -> Pa
     return path
 
 
-def warm_page_cache(paths: list[Path]) -> None:
-    for path in paths:
-        with open(path, "rb") as stream:
-            while stream.read(1 << 24):
-                pass
-
-
 # -- one planning run (in its own process) ----------------------------------------------------
 
 
@@ -303,7 +297,7 @@ class Bench:
         """The fastest of ``repeat`` runs (a failed run is returned at once)."""
         best = None
         for _ in range(self.repeat):
-            warm_page_cache(list(warm))
+            warm_files(list(warm))
             measurement = run_measured([sys.executable, *command], str(REPO), self.env, self.timeout)
             if not measurement.ok:
                 print(measurement.output_tail, file=sys.stderr)
@@ -325,7 +319,7 @@ class Bench:
         best = None
         for _ in range(self.repeat):
             result.unlink(missing_ok=True)
-            warm_page_cache(list(warm))
+            warm_files(list(warm))
             measurement = run_measured([sys.executable, *command], str(REPO), self.env, self.timeout)
             if not measurement.ok or not result.exists():
                 print(measurement.output_tail, file=sys.stderr)
@@ -513,7 +507,7 @@ def run(
             print(f"[scale] dry run of ~{units:,} units (job graph, launcher memory) ...", flush=True)
             results["job_graph"].append(job_graph.dry_run(workdir / "job-graph", units))
     if "dask" in parts:
-        from benchmarks import dask_vs_local  # here: it imports benchmarks.run, which imports this module
+        from benchmarks import dask_vs_local  # on demand: it imports dask
 
         spec = datasets.patches(1, quick, num_files=None if quick else DASK_FILES)
         print("[scale] Dask LocalCluster against the local runner ...", flush=True)
@@ -632,7 +626,8 @@ def failed(results: dict) -> list[str]:
     return names
 
 
-def render(results: dict) -> str:
+def render(results: dict, *, for_docs: bool = False) -> str:
+    """The section as printed; ``for_docs``: its title without the run's date and load."""
     by_name = {t.name: t for t in targets(results)}
     rows = []
     for section in results["local"].values():
@@ -692,8 +687,9 @@ def render(results: dict) -> str:
     headers = ("what", "wall s", "against s", "ratio", "target", "result")
     quick = " QUICK (tiny data: a smoke test, not a measurement)" if results["quick"] else ""
     load = ", ".join(f"{x:.2f}" for x in results["load_at_start"])
+    when = f"{results['cpus']} CPUs" if for_docs else f"{results['started']}, {results['cpus']} CPUs, load {load}"
     lines = [
-        f"== many small files vs one file{quick} -- {results['started']}, {results['cpus']} CPUs, load {load} ==",
+        f"== many small files vs one file{quick} -- {when} ==",
         table(headers, rows),
         f"  files: one step each, {len(VARIABLES)} of 5 variables cut into 9x9 patches with every level "
         f"({LEVELS} x {LAT} x {LON}: {SAMPLES_PER_STEP} samples a step); 'against': the same data in one file, "

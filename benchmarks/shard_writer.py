@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.measure import run_measured
-from benchmarks.report import table
+from benchmarks.tables import table
 from benchmarks.targets import MAX_WRITER_RSS_OVER_BUDGET
 
 MB = 1e6

@@ -147,29 +147,3 @@ def scaling_targets(results: dict) -> list[Target]:
         limit = SCALING_SLACK * int(scale)
         targets.append(Target(f"pipeline wall {scale}x / 1x, start-up subtracted", adjusted, limit, True))
     return targets
-
-
-def all_targets(results: dict) -> list[Target]:
-    targets = [t for scale in results["scales"] for t in scale_targets(results, scale)]
-    targets += scaling_targets(results)
-    small = results.get("read_small")
-    if small is not None:
-        targets.append(
-            Target("parser / expert examples/s (point series)", small.get("ratio"), MIN_PARSER_VS_EXPERT, False)
-        )
-    writer = results.get("shard_writer")
-    for case in (writer or {}).get("cases", {}):
-        row = writer["cases"][case]["stream"]
-        over = (row["peak_rss"] - writer["baseline_rss"]) / (writer["budget_mb"] * 1e6) if row["ok"] else None
-        targets.append(Target(f"shard writer RSS / budget ({case})", over, MAX_WRITER_RSS_OVER_BUDGET, True))
-    if "many_files" in results:
-        from benchmarks.scale import targets as many_files_targets
-
-        targets += many_files_targets(results["many_files"])
-    demo = results.get("demo")
-    if demo is not None:
-        targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
-    help_run = results.get("help")
-    if help_run is not None:
-        targets.append(Target("pipelines.build --help wall", help_run.get("median"), MAX_HELP_SECONDS, True, "s"))
-    return targets

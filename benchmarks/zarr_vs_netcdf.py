@@ -23,8 +23,8 @@ from pathlib import Path
 
 from benchmarks import datasets
 from benchmarks.measure import run_measured
-from benchmarks.report import table
-from benchmarks.run import REPO, same_shards, warm_page_cache
+from benchmarks.outputs import REPO, same_shards, warm_page_cache
+from benchmarks.tables import table
 
 _MARKER = "converted.json"
 

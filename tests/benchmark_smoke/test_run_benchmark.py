@@ -35,8 +35,11 @@ ROWS = [
 
 
 def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
-    result_file = tmp_path / "results.json"
-    printed = run_benchmark("benchmarks.run", "--quick", "--workdir", str(tmp_path), "--json", str(result_file))
+    result_file, page = tmp_path / "results.json", tmp_path / "performance.md"
+    page.write_text("# Performance\n\n<!-- benchmark:start -->\nan older table\n<!-- benchmark:end -->\n\nafter\n")
+    printed = run_benchmark(
+        "benchmarks.run", "--quick", "--workdir", str(tmp_path), "--json", str(result_file), "--markdown", str(page)
+    )
     for row in ROWS:
         assert row in printed, f"no row {row!r} in:\n{printed}"
     results = json.loads(result_file.read_text())
@@ -53,6 +56,11 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
     assert {t["status"] for t in results["targets"]} <= {"PASS", "FAIL"}
     (packed,) = results["shard_writer"]["cases"].values()  # --quick: the packed case alone
     assert packed["stream"]["identical"] is True
+    # --markdown: the docs' table replaced by this run's report, with the command that made it and no day or load.
+    written = page.read_text()
+    assert "an older table" not in written and written.endswith("<!-- benchmark:end -->\n\nafter\n")
+    assert "Written by `python -m benchmarks.run --quick" in written and "== targets ==" in written
+    assert results["started"] not in written and "load" not in written.split("<!-- benchmark:start -->")[1]
 
 
 def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):
