@@ -104,6 +104,8 @@ class ShuffledStream:
         self._end = None if self.epochs is None else min(self.epochs * self.epoch_length, _POSITION_LIMIT)
         #: the global position of the next step
         self._next = 0 if state is None else self._resumed(state)
+        if self._end is not None:
+            self._end = max(self._end, self._next)  # resumed past the last epoch: nothing left, and never rewound
 
     @property
     def steps_per_epoch(self) -> int:
@@ -175,13 +177,13 @@ class ShuffledStream:
         if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
             raise UserError(f"state: expected a dict with exactly {', '.join(STATE_KEYS)}, as state() returns")
         if state["format"] != STATE_FORMAT:
-            raise UserError(f"state: format {state['format']!r} is not {STATE_FORMAT!r}; pass what state() returns")
+            raise UserError(f"state: format {state['format']!r:.60} is not {STATE_FORMAT!r}; pass what state() returns")
         numbers = ("num_samples", "seed", "epoch_multiple", "epoch", "position")
         if not all(isinstance(state[k], int) and not isinstance(state[k], bool) for k in numbers):
             raise UserError(f"state: {', '.join(numbers)} must be whole numbers, as state() returns")
         if state["split"] != self.source.split:
             raise UserError(
-                f"state: taken on split {state['split']!r}, resumed on {self.source.split!r}; resume on the "
+                f"state: taken on split {state['split']!r:.60}, resumed on {self.source.split!r}; resume on the "
                 "split it was taken on"
             )
         if state["num_samples"] != self.num_samples:

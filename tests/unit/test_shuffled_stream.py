@@ -203,6 +203,8 @@ def test_the_state_after_some_steps_is_where_iterating_them_leaves(output):
         ids(moved, steps)
         assert stream.state(steps) == moved.state(), steps
     assert stream.state(100) == {**start, "epoch": 3, "position": 0}  # past the end: the end
+    later = {**start, "epoch": 5, "position": 10}
+    assert shuffled_stream(output, seed=3, state=later, epochs=3).state(1) == later  # never rewound
 
 
 def test_the_indices_are_a_sampler_whose_order_does_not_depend_on_the_reader(output):
