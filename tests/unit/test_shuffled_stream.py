@@ -279,6 +279,12 @@ def test_a_state_of_the_first_format_or_another_shape_is_refused(output, state, 
         shuffled_stream(output, seed=3, state=state)
 
 
+def test_a_first_format_state_carried_into_a_fresh_one_resumes_where_it_was(output):
+    old = {"seed": 3, "epoch": 1, "position": 7, "num_samples": N}  # what the first format saved: epoch 1, 7 taken
+    state = {**shuffled_stream(output, seed=3).state(), "epoch": old["epoch"], "position": old["position"]}
+    assert ids(shuffled_stream(output, seed=3, state=state, epochs=2)) == epoch_order(N, 3, 1)[7:].tolist()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
