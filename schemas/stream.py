@@ -189,7 +189,8 @@ class ShuffledStream:
         if state["num_samples"] != self.num_samples:
             raise UserError(
                 f"state: saved for a split of {state['num_samples']} samples, this one has {self.num_samples}; "
-                "resume on the output it was taken on (an append or a rebuild changes the count)"
+                "resume on the output it was taken on (an append or a rebuild changes the count; after an append, to "
+                f"go on from the next epoch, put epoch {state['epoch'] + 1} and position 0 into a fresh stream.state())"
             )
         if state["output"] != self.output:
             raise UserError(

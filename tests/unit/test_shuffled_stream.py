@@ -250,7 +250,7 @@ def test_a_state_on_another_output_of_the_same_size_is_refused(output, tmp_path)
     ("change", "message"),
     [
         ({"seed": 4}, "saved with seed 4, resumed with seed 3"),
-        ({"num_samples": 50}, "saved for a split of 50 samples, this one has 103"),
+        ({"num_samples": 50}, "a split of 50 samples, this one has 103; .* put epoch 1 and position 0 into a fresh"),
         ({"position": N}, "epoch 0, position 103 are out of range"),
         ({"epoch": -1}, "out of range"),
         ({"epoch": 2**62}, "out of range"),
