@@ -1,0 +1,186 @@
+"""stats.json counts what it says: the values the records store (stats.over: samples) or the field (stats.over: field).
+
+One generated archive (two files, a split boundary inside the second, levels, NaN filled and
+masked, float64 values stored as float32) built with overlapping windows, sample.roles with a
+crop, and stats.per; every statistic is computed again here from the source arrays with numpy,
+sample by sample for the default and step by step for the field, and compared within 1e-9.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from helpers import build_quietly, refused
+
+LEVELS, LAT, LON = 3, 8, 10
+WINDOW, STRIDE, CROP = 4, 2, 2
+#: Split positions along time (both ends included), as index ranges of the 12 daily steps.
+SPLITS = {"train": (0, 6), "test": (7, 11)}
+ROLES = {
+    "inputs": {"variables": ["t", "u"], "offsets": {"time": [-1, 0]}},
+    "targets": {"variables": ["t"], "offsets": {"time": [1]}, "crop": {"lat": CROP, "lon": CROP}},
+}
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> tuple[Path, xr.Dataset]:
+    directory = tmp_path_factory.mktemp("stats-over")
+    rng = np.random.default_rng(11)
+    days = pd.date_range("2000-01-01", periods=12, freq="D")
+    shape = (len(days), LEVELS, LAT, LON)
+    # float64 in the files (stored as float32), a large mean beside a small spread, a spread per level
+    t = rng.normal(size=shape) * np.arange(1, LEVELS + 1)[None, :, None, None] + 280.0
+    u = (rng.normal(size=shape) * 5).astype(np.float32)
+    t[3, 1, 2, 3] = t[8, 0, 5, 5] = np.nan
+    u[4, 2, 0, 0] = np.nan
+    data = xr.Dataset(
+        {"t": (("time", "level", "lat", "lon"), t), "u": (("time", "level", "lat", "lon"), u)},
+        coords={"time": days, "level": [850, 500, 250], "lat": np.arange(LAT) * 10.0, "lon": np.arange(LON) * 30.0},
+    )
+    data.isel(time=slice(0, 6)).to_netcdf(directory / "a.nc")
+    data.isel(time=slice(6, None)).to_netcdf(directory / "b.nc")
+    return directory, data
+
+
+def _config(directory: Path, output: Path, roles: dict, **stats) -> dict:
+    return {
+        "input": {"paths": str(directory / "*.nc")},
+        "sample": {
+            "window": {"lat": {"size": WINDOW, "stride": STRIDE}, "lon": {"size": WINDOW, "stride": STRIDE}},
+            "keep": ["level"],
+            "roles": roles,
+        },
+        "splits": {"train": {"time": [None, "2000-01-07"]}, "test": {"time": ["2000-01-08", None]}},
+        "stats": {"per": ["level"], **stats},
+        "nan_policy": "fill",
+        "fill_value": -999.0,
+        "nan_mask": True,
+        "output": {"path": str(output)},
+    }
+
+
+def _stored(data: xr.Dataset, name: str) -> np.ndarray:
+    """The variable as the records hold it (float32), in float64, dims (time, level, lat, lon)."""
+    return data[name].transpose("time", "level", "lat", "lon").values.astype(np.float32).astype(np.float64)
+
+
+def _sample_cells(values: np.ndarray, name: str, roles: dict, split: str) -> list[np.ndarray]:
+    """Per sample of the split, the cells its records store of the variable (level first): every role's steps and
+    crop, a cell two roles hold counted once."""
+    low, high = SPLITS[split]
+    out = []
+    for step in range(low, high + 1):
+        offsets = sorted({o for r in roles.values() for o in r["offsets"]["time"]})
+        if step + offsets[0] < low or step + offsets[-1] > high:
+            continue  # (a sample's steps all lie in its split)
+        for y in range(0, LAT - WINDOW + 1, STRIDE):
+            for x in range(0, LON - WINDOW + 1, STRIDE):
+                held = np.zeros((len(values), LEVELS, WINDOW, WINDOW), dtype=bool)  # per step of the source
+                for role in roles.values():
+                    if name not in role["variables"]:
+                        continue
+                    crop = role.get("crop", {})
+                    cy, cx = crop.get("lat", WINDOW), crop.get("lon", WINDOW)
+                    y0, x0 = (WINDOW - cy) // 2, (WINDOW - cx) // 2
+                    for offset in role["offsets"]["time"]:
+                        held[step + offset, :, y0 : y0 + cy, x0 : x0 + cx] = True
+                window = values[:, :, y : y + WINDOW, x : x + WINDOW]
+                out.append(np.moveaxis(window, 1, 0)[np.moveaxis(held, 1, 0)].reshape(LEVELS, -1))
+    return out
+
+
+def _numpy(per_level: np.ndarray) -> dict:
+    """count, filled, mean, variance, min, max per level of the values (level first; NaN: filled)."""
+    real = [row[~np.isnan(row)] for row in per_level]
+    return {
+        "count": [len(r) for r in real],
+        "filled_count": [int(np.isnan(row).sum()) for row in per_level],
+        "mean": [r.mean() for r in real],
+        "variance": [r.var() for r in real],
+        "min": [r.min() for r in real],
+        "max": [r.max() for r in real],
+    }
+
+
+def _check(stored: dict, want: dict) -> None:
+    assert stored["dims"] == ["level"]
+    assert stored["count"] == want["count"] and stored["filled_count"] == want["filled_count"]
+    assert stored["nan_count"] == [0] * LEVELS  # (every NaN was filled)
+    for key in ("mean", "variance", "min", "max"):
+        np.testing.assert_allclose(stored[key], want[key], rtol=1e-9, atol=0, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def builds(archive, tmp_path_factory) -> dict[str, dict]:
+    """stats.json of the archive built over the samples (the default) and over the field (with the tendency)."""
+    directory, _ = archive
+    work = tmp_path_factory.mktemp("stats-over-builds")
+    out = {}
+    for over, stats in (("samples", {}), ("field", {"over": "field", "tendency": True})):
+        output = build_quietly(_config(directory, work / over, ROLES, **stats), work, f"{over}.yaml")
+        out[over] = json.loads((output / "stats.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", ["t", "u"])
+def test_the_default_counts_exactly_the_values_the_records_store(archive, builds, split, name):
+    """Roles: the union of the variable's role features' steps and crops, once per record, the overlapping windows'
+    shared cells once per window; not the whole cut sample (every step of every role, uncropped)."""
+    _, data = archive
+    stats = builds["samples"]
+    assert stats["over"] == "samples" and "records store" in stats["description"]
+    want = _numpy(np.concatenate(_sample_cells(_stored(data, name), name, ROLES, split), axis=1))
+    _check(stats["splits"][split]["variables"][name], want)
+    if split == "train":
+        _check(stats["variables"][name], want)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", ["t", "u"])
+def test_over_field_counts_every_cell_and_step_of_the_split_once(archive, builds, split, name):
+    _, data = archive
+    stats = builds["field"]
+    assert stats["over"] == "field" and "every grid point and step of the split once" in stats["description"]
+    low, high = SPLITS[split]
+    values = _stored(data, name)[low : high + 1]
+    _check(stats["splits"][split]["variables"][name], _numpy(np.moveaxis(values, 1, 0).reshape(LEVELS, -1)))
+    # The samples are counted as written, whatever the statistics count.
+    assert stats["splits"][split]["samples"] == builds["samples"]["splits"][split]["samples"]
+
+
+def test_over_field_normalises_with_the_fields_moments_and_its_tendency_is_the_fields_too(archive, builds):
+    _, data = archive
+    stats = builds["field"]
+    for feature, name in (("inputs/t", "t"), ("targets/t", "t"), ("inputs/u", "u")):
+        mean = np.ravel(stats["normalization"][feature]["mean"])
+        np.testing.assert_allclose(mean, stats["variables"][name]["mean"], rtol=1e-12)
+    assert stats["tendency"]["over"] == "field"
+    low, high = SPLITS["train"]
+    pairs = np.diff(_stored(data, "u")[low : high + 1], axis=0)
+    real = [row[np.isfinite(row)] for row in np.moveaxis(pairs, 1, 0).reshape(LEVELS, -1)]
+    np.testing.assert_allclose(stats["tendency"]["variables"]["u"]["mean"], [r.mean() for r in real], rtol=1e-9)
+
+
+def test_a_cell_two_roles_store_counts_once_per_record(archive, tmp_path):
+    """Hostile: forcings hold t's whole window at the step targets crop; the union, not the sum of the features."""
+    directory, data = archive
+    roles = {**ROLES, "forcings": {"variables": ["t"], "offsets": {"time": [1]}}}
+    output = build_quietly(_config(directory, tmp_path / "out", roles), tmp_path)
+    stats = json.loads((output / "stats.json").read_text())
+    want = _numpy(np.concatenate(_sample_cells(_stored(data, "t"), "t", roles, "train"), axis=1))
+    _check(stats["variables"]["t"], want)
+    samples = stats["splits"]["train"]["samples"]
+    assert want["count"][0] + want["filled_count"][0] == samples * 3 * WINDOW * WINDOW  # three whole steps
+
+
+def test_an_unknown_stats_over_is_refused_in_one_line(archive, tmp_path, capsys):
+    directory, _ = archive
+    line = refused(_config(directory, tmp_path / "out", ROLES, over="grid"), tmp_path, capsys)
+    assert "stats.over" in line and "'samples'" in line and "'field'" in line
