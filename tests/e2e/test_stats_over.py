@@ -184,3 +184,103 @@ def test_an_unknown_stats_over_is_refused_in_one_line(archive, tmp_path, capsys)
     directory, _ = archive
     line = refused(_config(directory, tmp_path / "out", ROLES, over="grid"), tmp_path, capsys)
     assert "stats.over" in line and "'samples'" in line and "'field'" in line
+
+
+def _plain(values: np.ndarray, per_axis: int | None = None) -> dict:
+    """count, mean, variance, min, max of float64 values (no NaN), per index along ``per_axis``."""
+    flat = (
+        values.reshape(1, -1)
+        if per_axis is None
+        else np.moveaxis(values, per_axis, 0).reshape(values.shape[per_axis], -1)
+    )
+    return {
+        "count": [flat.shape[1]] * len(flat),
+        "mean": flat.mean(axis=1),
+        "variance": flat.var(axis=1),
+        "min": flat.min(axis=1),
+        "max": flat.max(axis=1),
+    }
+
+
+def _same(got, want: dict) -> None:
+    """Moments against _plain's."""
+    assert np.ravel(got.count).tolist() == want["count"]
+    assert not np.any(got.filled_count) and not np.any(got.nan_count)
+    for key, value in (("mean", got.mean), ("variance", got.variance), ("min", got.minimum), ("max", got.maximum)):
+        np.testing.assert_allclose(np.ravel(value), want[key], rtol=1e-9, atol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("budget", [64e6, 300])
+def test_over_field_counts_static_and_narrower_variables_once_whatever_the_units(tmp_path, budget):
+    """Sparse windows (2 x 2 every 4) leave cells no sample holds: the field holds them. A zonal mean (no lon) and
+    a static field (no time) lie whole in several units: the first ones count them, a static field once per split."""
+    from planning.config import BuildConfig
+    from planning.plan import make_plan
+    from planning.specs import field_spec
+    from transforms.field import field_summary
+
+    rng = np.random.default_rng(5)
+    days = pd.date_range("2001-01-01", periods=9, freq="D")
+    t = rng.normal(size=(9, LEVELS, 6, 8)) * 3 + 250
+    data = xr.Dataset(
+        {
+            "t": (("time", "level", "lat", "lon"), t),
+            "zm": (("time", "level", "lat"), t.mean(axis=3)),
+            "orog": (("lat", "lon"), rng.normal(size=(6, 8)) * 100),
+        },
+        coords={"time": days, "level": [850, 500, 250], "lat": np.arange(6.0), "lon": np.arange(8.0)},
+    )
+    data.isel(time=slice(0, 4)).to_netcdf(tmp_path / "a.nc")
+    data.isel(time=slice(4, None)).drop_vars("orog").to_netcdf(tmp_path / "b.nc")
+    config = BuildConfig.model_validate(
+        {
+            "input": {"paths": str(tmp_path / "*.nc")},
+            "variables": ["t", "zm", "orog"],
+            "sample": {"window": {"lat": {"size": 2, "stride": 4}, "lon": {"size": 2, "stride": 4}}, "keep": ["level"]},
+            "splits": {"train": {"time": [None, "2001-01-05"]}, "test": {"time": ["2001-01-07", None]}},  # (06: none)
+            "stats": {"per": ["level"], "over": "field"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    plan = make_plan(config, unit_budget_bytes=budget)
+    if budget < 1000:
+        assert len(plan.field.units) > 9 and max(unit.ranges[2][0] for unit in plan.field.units) > 0
+    summaries = field_summary(field_spec(plan))
+    for split, steps in (("train", slice(None, "2001-01-05")), ("test", slice("2001-01-07", None))):
+        chosen = data.sel(time=steps)
+        got = summaries[split].moments
+        _same(got["t"], _plain(chosen["t"].values.astype(np.float32).astype(np.float64), per_axis=1))
+        _same(got["zm"], _plain(chosen["zm"].values.astype(np.float32).astype(np.float64), per_axis=1))
+        _same(got["orog"], _plain(data["orog"].values.astype(np.float32).astype(np.float64)))
+
+
+def test_over_field_splits_members_along_new_dim(tmp_path):
+    """Splits along input.new_dim: each split's members, every step of each."""
+    from planning.config import BuildConfig
+    from planning.plan import make_plan
+    from planning.specs import field_spec
+    from transforms.field import field_summary
+
+    rng = np.random.default_rng(3)
+    days = pd.date_range("2001-01-01", periods=5, freq="D")
+    members = {}
+    for member in (1, 2, 3):
+        members[member] = (rng.normal(size=(5, 4, 6)) * member).astype(np.float32)
+        xr.Dataset(
+            {"t": (("time", "lat", "lon"), members[member])},
+            coords={"time": days, "lat": np.arange(4.0), "lon": np.arange(6.0)},
+        ).to_netcdf(tmp_path / f"run_m{member}.nc")
+    config = BuildConfig.model_validate(
+        {
+            "input": {"paths": str(tmp_path / "run_m*.nc"), "new_dim": {"name": "member", "from": "_m(\\d)\\."}},
+            "sample": {"window": {"lat": 2, "lon": 3}},
+            "splits": {"train": {"member": [1, 2]}, "test": {"member": [3, 3]}},
+            "stats": {"over": "field"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    for budget in (64e6, 400):
+        summaries = field_summary(field_spec(make_plan(config, unit_budget_bytes=budget)))
+        for split, chosen in (("train", (1, 2)), ("test", (3,))):
+            values = np.concatenate([members[m].astype(np.float64).ravel() for m in chosen])
+            _same(summaries[split].moments["t"], _plain(values))
