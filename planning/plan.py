@@ -8,7 +8,7 @@ driver: each stage gets a small spec compiled from it (planning.specs) holding o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -227,16 +227,17 @@ class FieldPlan:
 
     Its grid has the concat dim as windows of one step (a position is a step), ``stats.per`` dims
     kept whole and every other dim iterated, so each (cell, step) lies in one unit alone, whatever
-    the samples' windows, strides, offsets and roles.
+    the samples' windows, strides, offsets and roles. It holds ranges, not arrays over the steps:
+    the job graph carries it, the same few bytes for a month as for 85 years.
     """
 
     grid: SampleGrid
     units: Units
-    #: per position along the split dim: the index of the split holding it, -1 for none
-    labels: np.ndarray
+    #: per split, in label order: its positions [start, stop) along the split dim
+    splits: tuple[tuple[int, int], ...]
     split_dim: str
-    #: per step along the concat dim: whether this run counts it (an append: not held by earlier generations)
-    steps: np.ndarray
+    #: an append's steps [start, stop) along the concat dim held by earlier generations (counted there); None: none
+    held: tuple[int, int] | None = None
     #: per grid dim, where its first unit starts: a variable without the dim is counted by the units starting there
     firsts: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -247,7 +248,30 @@ class FieldPlan:
     @property
     def counts_static(self) -> bool:
         """Whether variables without the concat dim are counted: by the first generation alone (they do not grow)."""
-        return bool(self.steps.all())
+        return self.held is None
+
+    def labels(self, start: int, stop: int) -> np.ndarray:
+        """Per position in [start, stop) along the split dim: the index of the split holding it, -1 for none."""
+        return _split_labels(self.splits, start, stop)
+
+    def counted(self, start: int, stop: int) -> np.ndarray:
+        """Per step in [start, stop) along the concat dim: whether this run counts it (not held)."""
+        return _not_held(self.held, start, stop)
+
+
+def _split_labels(splits: Sequence[tuple[int, int]], start: int, stop: int) -> np.ndarray:
+    labels = np.full(stop - start, -1, dtype=np.int64)
+    for index, (low, high) in enumerate(splits):
+        labels[max(low, start) - start : max(min(high, stop), start) - start] = index
+    return labels
+
+
+def _not_held(held: tuple[int, int] | None, start: int, stop: int) -> np.ndarray:
+    counted = np.ones(stop - start, dtype=bool)
+    if held is not None:
+        low, high = held
+        counted[max(low, start) - start : max(min(high, stop), start) - start] = False
+    return counted
 
 
 def plan_field(
@@ -262,12 +286,6 @@ def plan_field(
         return None
     concat_dim, split_dim = config.input.concat_dim, config.split_dim
     steps = grid.axis(concat_dim).length
-    labels = np.full(grid.axis(split_dim).length, -1, dtype=np.int64)
-    for index, split in enumerate(splits):
-        labels[split.start : split.stop] = index
-    fresh = np.ones(steps, dtype=bool)
-    if kept is not None:
-        fresh[kept.start : kept.stop] = False
     per = set(config.stats.per)
     axes = []
     for axis in grid.axes:
@@ -278,13 +296,15 @@ def plan_field(
         else:
             axes.append(Axis.iterate(axis.dim, axis.length))
     field_grid = SampleGrid(tuple(axes))
-    making = {concat_dim: fresh & (labels >= 0) if split_dim == concat_dim else fresh}
-    if split_dim != concat_dim:
-        making[split_dim] = labels >= 0
+    ranges = tuple((s.start, s.stop) for s in splits)
+    held = None if kept is None else (kept.start, kept.stop)
+    in_split = _split_labels(ranges, 0, grid.axis(split_dim).length) >= 0
+    counted = _not_held(held, 0, steps)
+    making = {concat_dim: counted & in_split} if split_dim == concat_dim else {concat_dim: counted, split_dim: in_split}
     # Per cell: its float64 copy, and what Moments makes of it.
     units = plan_units_of(field_grid, 8, making)
     firsts = {a.dim: int(spans[:, 0].min()) for a, spans in zip(field_grid.grid_axes, units.spans) if len(spans)}
-    return FieldPlan(field_grid, units, labels, split_dim, fresh, firsts)
+    return FieldPlan(field_grid, units, ranges, split_dim, held, firsts)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:

@@ -42,20 +42,19 @@ def field_moments(spec: FieldSpec, sources: SourceIndex, unit: Unit) -> dict[str
             continue  # (a static field: in the first generation's statistics already)
         stored = to_record_dtype(values, variable, unit, cut.allow_float32_overflow)
         if concat_dim in variable.dims:
-            low, high = box[concat_dim]
-            stored = np.compress(plan.steps[low:high], stored, axis=variable.dims.index(concat_dim))
+            counted = plan.counted(*box[concat_dim])
+            stored = np.compress(counted, stored, axis=variable.dims.index(concat_dim))
         nan = None
         if cut.nan_policy == "fill" and stored.dtype.kind == "f":
             nan = np.isnan(stored)
             nan = nan if nan.any() else None
         keep = [variable.dims.index(d) for d in spec.per if d in variable.dims]
         if split_dim not in variable.dims:  # (a static field, or one without input.new_dim: in every split)
-            which = {index: None for index in np.unique(plan.labels[plan.labels >= 0])}
+            which = {index: None for index in range(len(plan.splits))}
         else:
-            low, high = box[split_dim]
-            labels = plan.labels[low:high]
+            labels = plan.labels(*box[split_dim])
             if split_dim == concat_dim:
-                labels = labels[plan.steps[low:high]]
+                labels = labels[counted]
             which = {index: labels == index for index in np.unique(labels[labels >= 0])}
         axis = variable.dims.index(split_dim) if split_dim in variable.dims else None
         for index, mine in which.items():
