@@ -284,3 +284,29 @@ def test_over_field_splits_members_along_new_dim(tmp_path):
         for split, chosen in (("train", (1, 2)), ("test", (3,))):
             values = np.concatenate([members[m].astype(np.float64).ravel() for m in chosen])
             _same(summaries[split].moments["t"], _plain(values))
+
+
+@pytest.mark.parametrize("over", ["samples", "field"])
+def test_overlapping_windows_of_a_real_file_weigh_cells_by_window_unless_over_the_field(sample_file, tmp_path, over):
+    """uvt.nc's U at 300 hPa in 16 x 16 windows every 8 cells: over the samples, a cell counts once per window
+    holding it (the mean 13.56 m/s, against the field's 12.44); over the field, once."""
+    config = {
+        "input": {"paths": str(sample_file("uvt.nc"))},
+        "variables": ["U"],
+        "sample": {"window": {"lat": {"size": 16, "stride": 8}, "lon": {"size": 16, "stride": 8}}, "keep": ["lev"]},
+        "stats": {"per": ["lev"], "over": over},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    stats = json.loads((build_quietly(config, tmp_path) / "stats.json").read_text())
+    with xr.open_dataset(sample_file("uvt.nc")) as ds:
+        levels = ds["lev"].values.tolist()
+        field = ds["U"].isel(time=0).values.astype(np.float64)  # (lev, lat, lon)
+    if over == "field":
+        cells = field.reshape(len(levels), -1)
+    else:
+        windows = [field[:, y : y + 16, x : x + 16] for y in range(0, 64 - 15, 8) for x in range(0, 128 - 15, 8)]
+        cells = np.concatenate([w.reshape(len(levels), -1) for w in windows], axis=1)
+    got = stats["variables"]["U"]
+    assert stats["over"] == over and got["count"] == [cells.shape[1]] * len(levels)
+    np.testing.assert_allclose(got["mean"], cells.mean(axis=1), rtol=1e-9, atol=0)
+    np.testing.assert_allclose(got["variance"], cells.var(axis=1), rtol=1e-9, atol=0)
