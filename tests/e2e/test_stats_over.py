@@ -125,6 +125,7 @@ def builds(archive, tmp_path_factory) -> dict[str, dict]:
     for over, stats in (("samples", {}), ("field", {"over": "field", "tendency": True})):
         output = build_quietly(_config(directory, work / over, ROLES, **stats), work, f"{over}.yaml")
         out[over] = json.loads((output / "stats.json").read_text())
+        out[over]["output"] = output
     return out
 
 
@@ -166,6 +167,15 @@ def test_over_field_normalises_with_the_fields_moments_and_its_tendency_is_the_f
     pairs = np.diff(_stored(data, "u")[low : high + 1], axis=0)
     real = [row[np.isfinite(row)] for row in np.moveaxis(pairs, 1, 0).reshape(LEVELS, -1)]
     np.testing.assert_allclose(stats["tendency"]["variables"]["u"]["mean"], [r.mean() for r in real], rtol=1e-9)
+
+
+@pytest.mark.parametrize("over", ["samples", "field"])
+def test_inspect_says_what_the_statistics_count(builds, over, capsys):
+    from pipelines.inspect import main
+
+    capsys.readouterr()
+    assert main([str(builds[over]["output"])]) == 0
+    assert f"Statistics (stats.json, split train, over the {over}; used by normalize=True)" in capsys.readouterr().out
 
 
 def test_a_cell_two_roles_store_counts_once_per_record(archive, tmp_path):
