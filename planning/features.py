@@ -4,7 +4,7 @@ With sample.roles (inputs, targets, forcings), the sample is cut once, over ever
 takes (the config joins the roles' offsets into ``sample.offsets``) and the whole window; each
 role's feature ``<role>/<variable>`` is then that variable's values at the role's steps and, with
 ``crop``, the centred part of the window. A sample exists where all its steps exist, so where
-every role's do. Statistics stay per variable.
+every role's do. Statistics stay per variable, over the cells its role features store (stored_cells).
 """
 
 from __future__ import annotations

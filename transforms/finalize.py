@@ -310,7 +310,7 @@ STATS_DESCRIPTIONS = {
     "samples": (
         "population statistics (ddof=0) of the finite values the records store, accumulated in float64: each "
         "variable's values in every written sample (with sample.roles, the union of its role features' steps and "
-        "crops), each once per record holding it, so a value in overlapping samples counts once per sample; NaN "
+        "crops), each once per sample holding it, so a value in overlapping samples counts once per sample; NaN "
         "and inf are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
         "statistic includes. `variables` and `normalization` come from the reference split"
     ),

@@ -3,7 +3,9 @@
 Each block is summarised in float64 (count, mean, M2) and summaries merge pairwise with Chan
 et al.'s update, which stays accurate where a float32 sum of squares loses (mean/std)^2 in
 relative precision (DESIGN.md, decision 4). The values summarised are those stored (after the
-cast to the record dtype), except the values nan_policy: fill put where NaN was: those are
+cast to the record dtype; with sample.roles, the cells the variable's role features store, not its
+whole cut sample; with stats.over: field, none here: transforms.field summarises the source's
+steps and cells), except the values nan_policy: fill put where NaN was: those are
 counted apart (``filled_count``), so the statistics describe the real values and a land
 filled with 0 does not drag an ocean's mean and std. With ``stats.per`` (kept dims such as
 level) every field is an array over those dims.

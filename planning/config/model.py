@@ -232,9 +232,10 @@ class StatsConfig(_Strict):
     over: Literal["samples", "field"] = Field(
         "samples",
         description=(
-            "what each variable's statistics count: samples, the values the records store, each once per record "
-            "holding it (overlapping windows weigh a cell by the records holding it); field, every grid point and "
-            "step of each split's selected region once, whatever the samples (as GraphCast and anemoi normalise)"
+            "what each variable's statistics count: samples, the values the records store, each once per written "
+            "sample holding it (overlapping windows weigh a cell by the samples holding it; with sample.roles, the "
+            "cells its role features store); field, every grid point and step of each split's selected region "
+            "once, whatever the samples (as GraphCast and anemoi normalise)"
         ),
     )
     tendency: bool = Field(

@@ -132,7 +132,7 @@ def builds(archive, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("split", ["train", "test"])
 @pytest.mark.parametrize("name", ["t", "u"])
 def test_the_default_counts_exactly_the_values_the_records_store(archive, builds, split, name):
-    """Roles: the union of the variable's role features' steps and crops, once per record, the overlapping windows'
+    """Roles: the union of the variable's role features' steps and crops, once per sample, the overlapping windows'
     shared cells once per window; not the whole cut sample (every step of every role, uncropped)."""
     _, data = archive
     stats = builds["samples"]
