@@ -326,7 +326,7 @@ def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(ge
     """schema.json records the resolved config; an earlier version's lacks today's keys (stats.tendency, ...)."""
     output, _ = generation0
     document = json.loads((output / "schema.json").read_text())
-    for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
+    for section, key in (("stats", "tendency"), ("stats", "over"), ("sample", "time_features"), ("sample", "roles")):
         del document["config"][section][key]
     del document["sources"]["generations_sha256"]  # (recorded since 2026-12-03)
     (output / "schema.json").write_text(json.dumps(document, indent=1))

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import yaml
 
 from helpers import build_quietly, refused
 
@@ -178,7 +179,7 @@ def test_inspect_says_what_the_statistics_count(builds, over, capsys):
     assert f"Statistics (stats.json, split train, over the {over}; used by normalize=True)" in capsys.readouterr().out
 
 
-def test_a_cell_two_roles_store_counts_once_per_record(archive, tmp_path):
+def test_a_cell_two_roles_store_counts_once_per_sample(archive, tmp_path):
     """Hostile: forcings hold t's whole window at the step targets crop; the union, not the sum of the features."""
     directory, data = archive
     roles = {**ROLES, "forcings": {"variables": ["t"], "offsets": {"time": [1]}}}
@@ -188,6 +189,43 @@ def test_a_cell_two_roles_store_counts_once_per_record(archive, tmp_path):
     _check(stats["variables"]["t"], want)
     samples = stats["splits"]["train"]["samples"]
     assert want["count"][0] + want["filled_count"][0] == samples * 3 * WINDOW * WINDOW  # three whole steps
+
+
+def test_an_append_with_roles_equals_a_rebuild_and_an_output_counted_the_old_way_is_refused(
+    archive, builds, tmp_path, capsys
+):
+    """An append counts its role features' cells as generation 0 did. An output built with roles before stats.over
+    existed counted every cut value: merging the two would be neither count, so its append is refused in one line."""
+    from pipelines.build import main
+
+    _, data = archive
+    directory = tmp_path / "in"
+    directory.mkdir()
+    data.isel(time=slice(0, 10)).to_netcdf(directory / "a.nc")  # (test's first sample in generation 0, the rest new)
+    data.isel(time=slice(10, None)).to_netcdf(directory / "b.nc")
+    output = tmp_path / "out"
+    config = _config(directory, output, ROLES)
+    build_quietly({**config, "input": {"paths": [str(directory / "a.nc")]}}, tmp_path, "first.yaml")
+    (tmp_path / "append.yaml").write_text(yaml.safe_dump(config))
+    schema = output / "schema.json"
+    recorded = schema.read_text()
+    document = json.loads(recorded)
+    del document["config"]["stats"]["over"]  # (what an earlier version recorded)
+    schema.write_text(json.dumps(document))
+    capsys.readouterr()
+    assert main(["--config", str(tmp_path / "append.yaml"), "--quiet", "--append"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "built with sample.roles before its statistics counted only" in lines[0], lines
+    schema.write_text(recorded)
+    assert main(["--config", str(tmp_path / "append.yaml"), "--quiet", "--append"]) == 0
+    union = json.loads((output / "stats.json").read_text())
+    assert len(union["generations"]) == 2
+    for split in ("train", "test"):
+        for name in ("t", "u"):
+            got, want = union["splits"][split]["variables"][name], builds["samples"]["splits"][split]["variables"][name]
+            assert got["count"] == want["count"] and got["filled_count"] == want["filled_count"]
+            np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-12)
+            np.testing.assert_allclose(got["variance"], want["variance"], rtol=1e-12)
 
 
 def test_an_unknown_stats_over_is_refused_in_one_line(archive, tmp_path, capsys):
