@@ -119,6 +119,7 @@ def build_pipeline(
             | "SpreadTendencyUnits" >> beam.Reshuffle()
             | "ComputeTendency" >> ComputeTendency(specs.tendency)
         )
+    field = None
     if specs.field is not None:  # stats.over: field: the source's steps and cells, read by units of their own
         field = (
             pipeline
@@ -126,15 +127,18 @@ def build_pipeline(
             | "SpreadFieldUnits" >> beam.Reshuffle()
             | "ComputeFieldStats" >> ComputeFieldStats(specs.field)
         )
-        tendency = field if tendency is None else (tendency, field) | "JoinFieldStats" >> beam.Flatten()
+    # The statistics read from the source by units of their own: {split: SplitSummary} elements.
+    of_source = [branch for branch in (tendency, field) if branch is not None]
+    if len(of_source) > 1:
+        of_source = [tuple(of_source) | "JoinSourceStats" >> beam.Flatten()]
     if stream_blocks:  # Schema, one element, once committed
-        inputs = spread if tendency is None else (spread, tendency)
+        inputs = (spread, *of_source) if of_source else spread
         return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
     blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
     summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
-    if tendency is not None:  # (and the field's statistics)
-        summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
+    if of_source:
+        summaries = (summaries, *of_source) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
