@@ -60,17 +60,18 @@ from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files, tendency_spec
+from planning.specs import StageSpecs, compile_specs, field_spec, finalize_spec, run_files, tendency_spec
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
+from transforms.field import ComputeFieldStats, field_summary
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.in_place import check_disk_space, reserve_shards
-from transforms.stats import ComputeStats
+from transforms.stats import ComputeStats, merge_by_name
 from transforms.streamed import StreamBlocks
 from transforms.tendency import ComputeTendency, tendency_summary
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
@@ -118,14 +119,26 @@ def build_pipeline(
             | "SpreadTendencyUnits" >> beam.Reshuffle()
             | "ComputeTendency" >> ComputeTendency(specs.tendency)
         )
+    field = None
+    if specs.field is not None:  # stats.over: field: the source's steps and cells, read by units of their own
+        field = (
+            pipeline
+            | "EnumerateFieldUnits" >> EnumerateUnits(specs.field.plan.units, None, ranges)
+            | "SpreadFieldUnits" >> beam.Reshuffle()
+            | "ComputeFieldStats" >> ComputeFieldStats(specs.field)
+        )
+    # The statistics read from the source by units of their own: {split: SplitSummary} elements.
+    of_source = [branch for branch in (tendency, field) if branch is not None]
+    if len(of_source) > 1:
+        of_source = [tuple(of_source) | "JoinSourceStats" >> beam.Flatten()]
     if stream_blocks:  # Schema, one element, once committed
-        inputs = spread if tendency is None else (spread, tendency)
+        inputs = (spread, *of_source) if of_source else spread
         return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
     blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
     summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
-    if tendency is not None:
-        summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
+    if of_source:
+        summaries = (summaries, *of_source) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -272,7 +285,7 @@ def _run_build(
 
 def _parallel_tasks(plan: BuildPlan, specs: StageSpecs) -> int:
     """How many of the run's steps could run at once: its units (the tendency's too), or its shards' sorts."""
-    units = len(plan.units) + (len(specs.tendency.plan.units) if specs.tendency is not None else 0)
+    units = len(plan.units) + sum(len(extra.plan.units) for extra in (specs.tendency, specs.field) if extra is not None)
     return max(units, plan.num_shards if specs.write.bucket_dir is not None else 1)
 
 
@@ -283,8 +296,11 @@ def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
     """
     check_stopped()
     manifest = prepare_append(plan.output, plan.manifest(), committed)
-    tendency = tendency_spec(plan)  # (its new steps may still add pairs of steps)
-    finalize_output(finalize_spec(plan), [], tendency_summary(tendency) if tendency is not None else {})
+    tendency, field = tendency_spec(plan), field_spec(plan)  # (its new steps may still add pairs, and values)
+    summaries = merge_by_name(
+        [tendency_summary(tendency) if tendency is not None else {}, field_summary(field) if field is not None else {}]
+    )
+    finalize_output(finalize_spec(plan), [], summaries)
     record_complete(plan.output, manifest)
     return load_schema(plan.output)
 

@@ -228,7 +228,8 @@ def stats_lines(stats: dict[str, Any] | None, schema: Schema) -> list[str]:
             continue
         rows.extend(_stat_rows(name, units.get(name, ""), s, schema.coords, filled))
     reference = stats.get("reference_split")
-    title = f"Statistics (stats.json, split {reference}; used by normalize=True)" if reference else "Statistics"
+    over = f", over the {stats['over']}" if stats.get("over") in ("samples", "field") else ""  # (stats.over)
+    title = f"Statistics (stats.json, split {reference}{over}; used by normalize=True)" if reference else "Statistics"
     description = textwrap.wrap(stats.get("description", ""), 100, initial_indent="  ", subsequent_indent="  ")
     return [title, *description, *_table(rows, align="<<" + ">" * (len(rows[0]) - 2))]
 

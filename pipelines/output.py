@@ -237,6 +237,15 @@ def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
             "with --overwrite, then --append adds to it"
         )
     check_config(schema.config, config, json_default)  # (keys added since it was built mean their defaults)
+    built = schema.config if isinstance(schema.config, dict) else {}
+    stats, sample = built.get("stats") or {}, built.get("sample") or {}
+    if isinstance(stats, dict) and isinstance(sample, dict) and sample.get("roles") and "over" not in stats:
+        # Its statistics counted every cut value of a variable, the steps and cells no role stores too.
+        raise UserError(
+            f"output: {path} was built with sample.roles before its statistics counted only the values the records "
+            "store, so an append would merge two different counts; rebuild it once with --overwrite, then --append "
+            "adds to it"
+        )
     committed = int(schema.sources.get("generations", 1))
     entries = generations.loads(record, record_path, committed, schema.sources.get(generations.DIGEST_KEY))
     return schema, held_of(entries, record_path)

@@ -8,7 +8,7 @@ driver: each stage gets a small spec compiled from it (planning.specs) holding o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -98,6 +98,10 @@ class BuildPlan:
     generation_record: dict = dataclasses.field(default_factory=dict)
     #: config stats.tendency: the pairs of steps whose differences are summarised, and the units reading them
     tendency: TendencyPlan | None = None
+    #: config stats.over: field: the steps and cells each split's statistics count, and the units reading them
+    field: FieldPlan | None = None
+    #: config stats.over: what the statistics count ("samples": the records' values; "field": the source's)
+    stats_over: str = "samples"
 
     @property
     def grid(self) -> SampleGrid:
@@ -215,6 +219,92 @@ def plan_tendency(
     # Per pair and cell: its float64 difference and what Moments makes of it.
     units = plan_units_of(pair_grid, 8, {concat_dim: pairs})
     return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FieldPlan:
+    """stats.over: field: every step and cell of each split's selected region, each once, and the units reading them.
+
+    Its grid has the concat dim as windows of one step (a position is a step), ``stats.per`` dims
+    kept whole and every other dim iterated, so each (cell, step) lies in one unit alone, whatever
+    the samples' windows, strides, offsets and roles. It holds ranges, not arrays over the steps:
+    the job graph carries it, the same few bytes for a month as for 85 years.
+    """
+
+    grid: SampleGrid
+    units: Units
+    #: per split, in label order: its positions [start, stop) along the split dim
+    splits: tuple[tuple[int, int], ...]
+    split_dim: str
+    #: an append's steps [start, stop) along the concat dim held by earlier generations (counted there); None: none
+    held: tuple[int, int] | None = None
+    #: per grid dim, where its first unit starts: a variable without the dim is counted by the units starting there
+    firsts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def concat_dim(self) -> str:
+        return next(a.dim for a in self.grid.axes if a.role == "window")
+
+    @property
+    def counts_static(self) -> bool:
+        """Whether variables without the concat dim are counted: by the first generation alone (they do not grow)."""
+        return self.held is None
+
+    def labels(self, start: int, stop: int) -> np.ndarray:
+        """Per position in [start, stop) along the split dim: the index of the split holding it, -1 for none."""
+        return _split_labels(self.splits, start, stop)
+
+    def counted(self, start: int, stop: int) -> np.ndarray:
+        """Per step in [start, stop) along the concat dim: whether this run counts it (not held)."""
+        return _not_held(self.held, start, stop)
+
+
+def _split_labels(splits: Sequence[tuple[int, int]], start: int, stop: int) -> np.ndarray:
+    labels = np.full(stop - start, -1, dtype=np.int64)
+    for index, (low, high) in enumerate(splits):
+        labels[max(low, start) - start : max(min(high, stop), start) - start] = index
+    return labels
+
+
+def _not_held(held: tuple[int, int] | None, start: int, stop: int) -> np.ndarray:
+    counted = np.ones(stop - start, dtype=bool)
+    if held is not None:
+        low, high = held
+        counted[max(low, start) - start : max(min(high, stop), start) - start] = False
+    return counted
+
+
+def plan_field(
+    config: BuildConfig, grid: SampleGrid, splits: list[SplitPlan], plan_units_of, kept: HeldRange | None = None
+) -> FieldPlan | None:
+    """stats.over: field's grid and units (None with the default, over the samples).
+
+    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own);
+    ``kept``: an append's held steps (counted in the earlier generations' statistics).
+    """
+    if config.stats.over != "field":
+        return None
+    concat_dim, split_dim = config.input.concat_dim, config.split_dim
+    steps = grid.axis(concat_dim).length
+    per = set(config.stats.per)
+    axes = []
+    for axis in grid.axes:
+        if axis.dim == concat_dim:
+            axes.append(Axis.window(concat_dim, steps, 1, 1))
+        elif axis.dim in per:
+            axes.append(Axis.keep(axis.dim, axis.length))
+        else:
+            axes.append(Axis.iterate(axis.dim, axis.length))
+    field_grid = SampleGrid(tuple(axes))
+    ranges = tuple((s.start, s.stop) for s in splits)
+    held = None if kept is None else (kept.start, kept.stop)
+    in_split = _split_labels(ranges, 0, grid.axis(split_dim).length) >= 0
+    counted = _not_held(held, 0, steps)
+    making = {concat_dim: counted & in_split} if split_dim == concat_dim else {concat_dim: counted, split_dim: in_split}
+    # Per cell: its float64 copy, and what Moments makes of it.
+    units = plan_units_of(field_grid, 8, making)
+    firsts = {a.dim: int(spans[:, 0].min()) for a, spans in zip(field_grid.grid_axes, units.spans) if len(spans)}
+    return FieldPlan(field_grid, units, ranges, split_dim, held, firsts)
 
 
 def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
@@ -350,6 +440,7 @@ def make_plan(
         return units
 
     tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, kept)
+    field = plan_field(config, grid, splits, tendency_units, kept)
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(
@@ -389,6 +480,7 @@ def make_plan(
         fill_value=config.fill_value,
         missing_chunks=config.input.missing_chunks,
         stats_per=tuple(config.stats.per),
+        stats_over=config.stats.over,
         reference_split=reference,
         probes=inventory.probes,
         selection=dataset.selection,
@@ -401,6 +493,7 @@ def make_plan(
             generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
         ),
         tendency=tendency,
+        field=field,
     )
 
 

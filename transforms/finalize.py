@@ -297,11 +297,31 @@ def _tendency_json(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
             "cell of the selected region, whatever the samples; differences of the stored values, in float64. "
             "`normalization`: load_dataset(..., normalize='tendency') applies it to residual features"
         ),
+        "over": "field",
         "dim": spec.concat_dim,
         "reference_split": spec.reference_split,
         "variables": _tendency_variables(spec, tendency),
         "normalization": tendency_normalization(spec, tendency),
     }
+
+
+#: stats.json's description of what its statistics count, by config stats.over (its `over` key).
+STATS_DESCRIPTIONS = {
+    "samples": (
+        "population statistics (ddof=0) of the finite values the records store, accumulated in float64: each "
+        "variable's values in every written sample (with sample.roles, the union of its role features' steps and "
+        "crops), each once per sample holding it, so a value in overlapping samples counts once per sample; NaN "
+        "and inf are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
+        "statistic includes. `variables` and `normalization` come from the reference split"
+    ),
+    "field": (
+        "population statistics (ddof=0) of the finite values of each split's selected region, as stored (float32), "
+        "accumulated in float64: every grid point and step of the split once, whatever the samples' windows, "
+        "offsets, roles or overlaps, samples dropped for NaN included; NaN and inf are counted apart, and so are "
+        "the values nan_policy: fill fills (filled_count), which no statistic includes. `variables` and "
+        "`normalization` come from the reference split"
+    ),
+}
 
 
 def stats_document(
@@ -311,12 +331,8 @@ def stats_document(
     reference = spec.reference_split
     moments = summaries[reference].moments if reference in summaries else {}
     document = {
-        "description": (
-            "population statistics (ddof=0) of the finite stored values of every written sample, "
-            "accumulated in float64; a value in overlapping samples counts once per sample; NaN and inf "
-            "are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
-            "statistic includes. `variables` and `normalization` come from the reference split"
-        ),
+        "description": STATS_DESCRIPTIONS[spec.over],
+        "over": spec.over,
         "reference_split": reference,
         "variables": _variables_json(spec, moments),
         "splits": {

@@ -229,6 +229,15 @@ class StatsConfig(_Strict):
     reference_split: str | None = Field(
         None, description="split whose statistics normalise (default: train if there is one, else the first split)"
     )
+    over: Literal["samples", "field"] = Field(
+        "samples",
+        description=(
+            "what each variable's statistics count: samples, the values the records store, each once per written "
+            "sample holding it (overlapping windows weigh a cell by the samples holding it; with sample.roles, the "
+            "cells its role features store); field, every grid point and step of each split's selected region "
+            "once, whatever the samples (as GraphCast and anemoi normalise)"
+        ),
+    )
     tendency: bool = Field(
         False,
         description=(

@@ -151,6 +151,32 @@ def test_statistics_equal_a_full_rebuild(appended):
     assert json.dumps(union["normalization"]["t"]["mean"])[:20] in (appended["output"] / "parser.py").read_text()
 
 
+def test_an_append_to_an_output_over_the_field_keeps_it_and_equals_a_rebuild(archive, tmp_path, capsys):
+    """stats.over: field: the new generation counts its new steps of each split once; the merge is the field's."""
+    import xarray as xr
+
+    files = sorted(str(p) for p in archive.glob("era5_*.nc"))
+    output, full = tmp_path / "out", tmp_path / "full"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES], stats__over="field"), tmp_path) == 0
+    # The output's config holds: appending over the samples is refused, and changes nothing.
+    before = _hashes(output)
+    assert "stats.over: 'samples' differs from the 'field'" in _refused(_config(archive, output), tmp_path, capsys)
+    assert _hashes(output) == before
+    assert _build(_config(archive, output, stats__over="field"), tmp_path, "--append") == 0
+    assert _build(_config(archive, full, stats__over="field"), tmp_path) == 0
+    union, rebuilt = (json.loads((path / "stats.json").read_text()) for path in (output, full))
+    assert union["over"] == rebuilt["over"] == "field" and len(union.pop("generations")) == 2
+    rebuilt.pop("generations")
+    _assert_close(union, rebuilt)
+    with xr.open_mfdataset(files) as data:  # val: every step of its range once, each level apart
+        val = data["t"].sel(time=slice("2020-01-03", "2020-01-04T12")).transpose("time", "level", ...).values
+    values = np.moveaxis(val.astype(np.float32).astype(np.float64), 1, 0).reshape(val.shape[1], -1)
+    stored = union["splits"]["val"]["variables"]["t"]
+    assert stored["count"] == [values.shape[1]] * len(values)
+    np.testing.assert_allclose(stored["mean"], values.mean(axis=1), rtol=1e-9, atol=0)
+    np.testing.assert_allclose(stored["variance"], values.var(axis=1), rtol=1e-9, atol=0)
+
+
 def test_readers_see_one_dataset(appended):
     from schemas import load_dataset
 
@@ -300,7 +326,7 @@ def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(ge
     """schema.json records the resolved config; an earlier version's lacks today's keys (stats.tendency, ...)."""
     output, _ = generation0
     document = json.loads((output / "schema.json").read_text())
-    for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
+    for section, key in (("stats", "tendency"), ("stats", "over"), ("sample", "time_features"), ("sample", "roles")):
         del document["config"][section][key]
     del document["sources"]["generations_sha256"]  # (recorded since 2026-12-03)
     (output / "schema.json").write_text(json.dumps(document, indent=1))

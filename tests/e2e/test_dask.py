@@ -327,17 +327,26 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     assert left == ["_inventory.json", "_manifest.json"], left
 
 
-def test_tendency_on_dask_equals_numpys(small_archive, tmp_path, client):
-    """stats.tendency's own units and merge run on the cluster too (its branch joins the summaries at Finalize)."""
+def test_tendency_and_field_statistics_on_dask_equal_numpys(small_archive, tmp_path, client):
+    """stats.tendency's and stats.over: field's own units and merges run on the cluster too (their branches join
+    the summaries at Finalize)."""
     import xarray as xr
 
     config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"))
-    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "stats": {"tendency": True}}))
+    stats = {"tendency": True, "over": "field"}
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "stats": stats}))
     build(config, "--shared_filesystem", *dask_flags(client))
-    tendency = json.loads((tmp_path / "dask" / "stats.json").read_text())["tendency"]["variables"]
+    document = json.loads((tmp_path / "dask" / "stats.json").read_text())
+    tendency = document["tendency"]["variables"]
+    assert document["over"] == "field"
     with xr.open_mfdataset(sorted(small_archive.glob("*.nc"))) as source:
         for name in ("t", "q"):
-            pairs = np.diff(source[name].values.astype(np.float32).astype(np.float64), axis=0)
+            values = source[name].values.astype(np.float32).astype(np.float64)
+            pairs = np.diff(values, axis=0)
             assert tendency[name]["count"] == pairs.size
             assert np.isclose(tendency[name]["mean"], pairs.mean(), rtol=1e-12, atol=0)
             assert np.isclose(tendency[name]["variance"], pairs.var(), rtol=1e-12, atol=0)
+            field = document["variables"][name]
+            assert field["count"] == values.size
+            assert np.isclose(field["mean"], values.mean(), rtol=1e-12, atol=0)
+            assert np.isclose(field["variance"], values.var(), rtol=1e-12, atol=0)
