@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from planning import sizing
-from planning.aux_coords import coordinate_plans, scalar_coordinates, with_static_coordinates
+from planning.aux_coords import coordinate_plans, other_coordinates, scalar_coordinates, with_static_coordinates
 from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
@@ -305,7 +305,12 @@ def make_plan(
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
     time_features = plan_time_features(
-        config.sample.time_features, grid, config.input.concat_dim, coords, dataset.coordinate
+        config.sample.time_features,
+        grid,
+        config.input.concat_dim,
+        coords,
+        dataset.coordinate,
+        other_coordinates(inventory, dataset),
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
