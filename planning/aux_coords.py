@@ -149,8 +149,7 @@ def other_coordinates(inventory: Inventory, dataset) -> list[OtherCoordinate]:
 def _load_coordinate(inventory: Inventory, info: FileInfo, var: VariableInfo, dataset) -> np.ndarray:
     """A static coordinate's values on the selected grid, read whole from the file (or store) describing it."""
     if not var.dims:
-        value = info.scalar_values.get(var.name)
-        return np.asarray(value if isinstance(value, (int, float)) else np.nan)
+        return np.asarray(info.scalar_values.get(var.name))  # (text or a time: not numeric, so not taken)
     if inventory.zarr is not None:
         from planning.formats.zarr_store import open_store, open_store_dataset
 

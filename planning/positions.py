@@ -71,13 +71,27 @@ class Positions:
             arrays["split_of_position"] = self.split_of_position
         if self.across_gap is not None:
             arrays["across_gap"] = self.across_gap
+        if self._grid_longitudes() is not None:
+            arrays["time_features_lon"] = self._grid_longitudes()
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         return buffer.getvalue()
 
+    def _grid_longitudes(self) -> np.ndarray | None:
+        """day_progress's longitudes where they grow with the grid (a curvilinear grid's 2-D ones)."""
+        features = self.time_features
+        if features is None or features.lon_values is None or features.lon_values.ndim < 2:
+            return None
+        return features.lon_values
+
     def hollow(self) -> Positions:
         """These positions without their arrays: what the job graph carries when they are saved in a file."""
-        return dataclasses.replace(self, split_of_position=None, coords={}, across_gap=None, is_hollow=True)
+        features = self.time_features
+        if self._grid_longitudes() is not None:
+            features = dataclasses.replace(features, lon_values=None)
+        return dataclasses.replace(
+            self, split_of_position=None, coords={}, across_gap=None, is_hollow=True, time_features=features
+        )
 
     def filled(self, data: bytes) -> Positions:
         """These (hollow) positions with the arrays ``to_bytes`` saved."""
@@ -85,7 +99,13 @@ class Positions:
             coords = {a.dim: arrays[f"coord_{i}"] for i, a in enumerate(self.grid.grid_axes) if f"coord_{i}" in arrays}
             labels = arrays.get("split_of_position")
             gap = arrays.get("across_gap")
-        return dataclasses.replace(self, split_of_position=labels, coords=coords, across_gap=gap, is_hollow=False)
+            lon = arrays.get("time_features_lon")
+        features = self.time_features
+        if lon is not None and features is not None:
+            features = dataclasses.replace(features, lon_values=lon)
+        return dataclasses.replace(
+            self, split_of_position=labels, coords=coords, across_gap=gap, is_hollow=False, time_features=features
+        )
 
     def _check_filled(self) -> None:
         if self.is_hollow:
@@ -372,7 +392,9 @@ def plan_time_features(
             f"sample.time_features: {concat_dim!r} does not hold decoded times (no coordinate, or "
             "input.decode_times: false, or units that are not a time); time features need dates"
         )
-    lon_name, lon_dims, lon_values = _longitude(grid, concat_dim, coordinate, others)
+    lon_name, lon_dims, lon_values = None, (), None
+    if "day_progress" in names or COS_ZENITH in names:
+        lon_name, lon_dims, lon_values = _longitude(grid, concat_dim, coordinate, others)
     if "day_progress" in names and lon_name is None:
         raise UserError(
             "sample.time_features: day_progress is local solar time, but the samples hold no longitude (no dim or "
@@ -405,7 +427,7 @@ def _longitude(
         grid, coordinate, _LONGITUDE_NAMES, "longitude", _LONGITUDE_UNITS, ("iterate", "offsets")
     )
     if dim is not None:
-        return dim, (dim,), np.asarray(coordinate(dim)[0], dtype=np.float64)
+        return dim, (dim,), _finite(dim, np.asarray(coordinate(dim)[0], dtype=np.float64))
     sample_dims = {a.dim for a in grid.axes}
     for other in others:
         if concat_dim in other.dims or not set(other.dims) <= sample_dims:
@@ -413,8 +435,20 @@ def _longitude(
         if _is_axis(other.name, other.attrs, _LONGITUDE_NAMES, "longitude", _LONGITUDE_UNITS):
             values = np.asarray(other.load())
             if values.dtype.kind in "iuf":
-                return other.name, tuple(other.dims), values.astype(np.float64)
+                return other.name, tuple(other.dims), _finite(other.name, values.astype(np.float64))
     return None, (), None
+
+
+def _finite(name: str, values: np.ndarray) -> np.ndarray:
+    """The longitudes, refused where some are missing: local solar time there would be NaN."""
+    missing = int(np.count_nonzero(~np.isfinite(values)))
+    if missing:
+        raise UserError(
+            f"sample.time_features: longitude {name!r} has {missing} missing value(s) (NaN or its _FillValue, on "
+            "land?), where day_progress and cos_zenith would be NaN; fill them (input.preprocess), or remove "
+            "day_progress and cos_zenith"
+        )
+    return values
 
 
 _LATITUDE_NAMES = ("lat", "latitude", "y_lat", "nav_lat")

@@ -8,6 +8,8 @@ day of year over the year's own days elsewhere), and compared with what TensorFl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cftime
 import numpy as np
 import pandas as pd
@@ -273,3 +275,91 @@ def test_every_cf_calendar_against_cftime(calendar_file):
         sin, cos = (records[f"time_features/year_progress_{f}"][order] for f in ("sin", "cos"))
         progress = np.mod(np.arctan2(sin, cos) / (2 * np.pi), 1.0)[[2, 3]]  # 1850-12-16 and 1891-12-16, 06:00
         np.testing.assert_allclose(progress, DECEMBER_16[calendar], atol=1e-6)
+
+
+def _write_grid(path: Path, lon: dict | None, steps: int = 5) -> Path:
+    """``t(time, y, x)`` at 5-hourly steps (every hour of the day a different one), with the given longitude."""
+    ny, nx = 4, 5
+    coords = {"time": pd.date_range("2001-03-01T01:00", periods=steps, freq="5h")}
+    if lon is not None:
+        coords.update(lon)
+    data = np.random.default_rng(1).normal(size=(steps, ny, nx)).astype(np.float32)
+    xr.Dataset({"t": (("time", "y", "x"), data)}, coords).to_netcdf(path)
+    return path
+
+
+def _curved_lon() -> np.ndarray:
+    """A curvilinear grid's longitudes (an ORCA-like fold): they vary along both y and x, across the seam."""
+    j, i = np.meshgrid(np.arange(4), np.arange(5), indexing="ij")
+    return (340 + 9.5 * i - 3.0 * j + 0.7 * i * j) % 360
+
+
+@pytest.mark.parametrize(
+    ("sample", "cell_dims"),
+    [({"window": {"y": 3, "x": 2}}, ("y", "x")), ({"window": {"x": 4}}, ("x",))],  # with y iterated: per x
+)
+def test_day_progress_per_cell_of_a_curvilinear_grid(tmp_path, sample, cell_dims):
+    lon = _curved_lon()
+    attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    path = _write_grid(tmp_path / "orca.nc", {"nav_lon": (("y", "x"), lon, attrs)})
+    config = {
+        "input": {"paths": str(path)},
+        "sample": {**sample, "time_features": ["day_progress"]},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    output = build_quietly(config, tmp_path)
+    schema = load_schema(str(output))
+    feature = schema.feature("time_features/day_progress_cos")
+    assert feature.dims == cell_dims and feature.source["longitude"] == "nav_lon"
+    with xr.open_dataset(path) as ds:
+        times = ds["time"].values
+    records = parse_with_generated_parser(output)  # TensorFlow's own parser
+    size = {d: sample["window"].get(d, 1) for d in ("y", "x")}
+    for i in range(len(records["index/time"])):
+        y, x = int(records["index/y"][i]), int(records["index/x"][i])
+        cells = lon[y : y + size["y"], x : x + size["x"]].reshape(feature.shape)
+        expected = _expected(np.asarray(times[int(records["index/time"][i])]), cells)
+        for name in ("time_features/day_progress_sin", "time_features/day_progress_cos"):
+            np.testing.assert_allclose(records[name][i], expected[name], atol=1e-6, err_msg=name)
+
+
+def test_day_progress_at_a_station_s_scalar_longitude(tmp_path):
+    path = tmp_path / "station.nc"
+    times = pd.date_range("1999-12-31T18:00", periods=6, freq="7h")
+    station = {"lon": ((), 116.4, {"units": "degrees_east"}), "lat": ((), 39.9, {"units": "degrees_north"})}
+    xr.Dataset({"t": ("time", np.arange(6.0, dtype=np.float32))}, {"time": times, **station}).to_netcdf(path)
+    config = {
+        "input": {"paths": str(path)},
+        "sample": {"offsets": {"time": [0, 1]}, "time_features": ["day_progress", "year_progress"]},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    output = build_quietly(config, tmp_path)
+    schema = load_schema(str(output))
+    assert schema.feature("time_features/day_progress_sin").shape == (2,)
+    records = read_all_records(output, schema)
+    _check(records, times.values, lambda record: 116.4)
+    utc = np.sin(2 * np.pi * np.mod(np.asarray(times[:2].hour) / 24, 1.0))
+    assert not np.allclose(records["time_features/day_progress_sin"][records["index/time"] == 0][0], utc, atol=0.1)
+
+
+@pytest.mark.parametrize(
+    ("lon", "expected"),
+    [
+        (None, "day_progress is local solar time, but the samples hold no longitude"),
+        ({"lon": ((), "east", {})}, "day_progress is local solar time, but the samples hold no longitude"),
+        (
+            {"lon": (("y", "x"), np.where(_curved_lon() > 350, np.nan, _curved_lon()), {"units": "degrees_east"})},
+            "longitude 'lon' has 4 missing value(s)",
+        ),
+    ],
+)
+def test_day_progress_without_a_longitude_is_refused_not_utc(tmp_path, capsys, lon, expected):
+    path = _write_grid(tmp_path / "grid.nc", lon)
+    config = {
+        "input": {"paths": str(path)},
+        "sample": {"window": {"y": 2, "x": 2}, "time_features": ["day_progress"]},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    assert expected in refused(config, tmp_path, capsys)
+    config["sample"]["time_features"] = ["year_progress"]  # needs no longitude
+    build_quietly(config, tmp_path)
