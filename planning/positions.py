@@ -353,6 +353,37 @@ def _along(grid: SampleGrid, positions: Sequence[np.ndarray], dims: list[str], d
     return values[axis.element_indices(positions[dims.index(dim)])]
 
 
+#: What an output written before schema.json named the formulas computed (its sources say no more).
+_EARLIER = {"year_progress": TROPICAL_YEAR, "day_progress": "(seconds since 1970-01-01 mod 86400) / 86400 (UTC)"}
+
+
+def _meaning(feature: Feature) -> tuple:
+    """What a time feature's values mean: its formula (year progress too, for cos_zenith) and longitude."""
+    source = feature.source
+    if COS_ZENITH in feature.name:
+        return source.get("year_progress", TROPICAL_YEAR), source.get("longitude")
+    progress = source.get("progress", "")
+    earlier = DAY if progress == "day_progress" and source.get("longitude") else _EARLIER.get(progress)
+    return source.get("formula", earlier), source.get("longitude")
+
+
+def check_time_features_unchanged(held: Sequence[Feature], now: Sequence[Feature]) -> None:
+    """UserError where an append would compute a time feature otherwise than the output's earlier generations
+    did (an output written before year_progress followed model calendars, or day_progress a scalar longitude)."""
+    before = {f.name: f for f in held if f.role == TIME_FEATURE_ROLE}
+    for feature in now:
+        if feature.role != TIME_FEATURE_ROLE or feature.name not in before:
+            continue
+        (was, was_lon), (is_, lon) = _meaning(before[feature.name]), _meaning(feature)
+        if (was, was_lon) != (is_, lon):
+            then = f"{was}" + (f" at longitude {was_lon!r}" if was_lon else "")
+            now_ = f"{is_}" + (f" at longitude {lon!r}" if lon else "")
+            raise UserError(
+                f"sample.time_features: the output's {feature.name} was written as {then}, and this version "
+                f"computes {now_}; appending would mix the two, so rebuild with --overwrite"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class OtherCoordinate:
     """A coordinate that is not a dim's own (a curvilinear grid's 2-D lon, a scalar one): its name, dims and

@@ -491,3 +491,33 @@ def test_a_zarr_store_rewritten_with_earlier_steps_backfills_a_gs_output(appende
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
     assert inspect_main([output, "--verify"]) == 0
+
+
+def _without_formulas(output: Path) -> None:
+    """schema.json as a version before year_progress followed model calendars wrote it: sources without formulas."""
+    document = json.loads((output / "schema.json").read_text())
+    for feature in document["features"]:
+        if feature["role"] == "time_feature":
+            for key in ("formula", "calendar", "longitude"):
+                feature["source"].pop(key, None)
+    (output / "schema.json").write_text(json.dumps(document, indent=1))
+
+
+def test_an_append_refuses_to_mix_time_features_computed_otherwise(archive, tmp_path, capsys):
+    """An output whose day_progress was UTC (written before it followed an iterated longitude) takes no generation
+    of local solar time; its year_progress in the standard calendar, unchanged, takes one."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    sample = {"window": {"time": {"size": 3}}, "keep": ["level", "lat"]}  # lon iterated: one a sample
+    for features, refusal in ((["day_progress"], "day_progress_sin was written as"), (["year_progress"], None)):
+        output = tmp_path / features[0]
+        config = {**_config(archive, output), "sample": {**sample, "time_features": features}}
+        assert _build({**config, "input": {**config["input"], "paths": files[:HELD_FILES]}}, tmp_path) == 0
+        _without_formulas(output)
+        if refusal is None:
+            assert _build(config, tmp_path, "--append") == 0
+            assert load_schema(str(output)).sources["generations"] == 2
+            continue
+        before = _hashes(output)
+        line = _refused(config, tmp_path, capsys)
+        assert refusal in line and "(UTC)" in line and "'lon'" in line and "rebuild with --overwrite" in line, line
+        assert _hashes(output) == before
