@@ -217,7 +217,7 @@ def plan_tendency(
     return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
 
 
-def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
+def _check_stats_config(config: BuildConfig, splits: list[SplitPlan], appending: bool) -> None:
     for dim in config.stats.per:
         if dim not in config.sample.keep:
             raise UserError(
@@ -227,6 +227,14 @@ def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
     names = [s.name for s in splits]
     if config.stats.reference_split is not None and config.stats.reference_split not in names:
         raise UserError(f"stats.reference_split: {config.stats.reference_split!r} is not a split ({', '.join(names)})")
+    reference = next(s for s in splits if s.name == (config.stats.reference_split or default_split(names)))
+    if reference.awaiting is not None and not appending:
+        others = [s.name for s in splits if s.num_samples]
+        raise UserError(
+            f"stats.reference_split: {reference.name!r} holds no sample yet ({reference.awaiting}), and its "
+            f"statistics normalise every split; set stats.reference_split to a split with data "
+            f"({', '.join(others)}), or build once its steps are in the input"
+        )
 
 
 def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[np.ndarray, dict]]:
@@ -332,7 +340,7 @@ def make_plan(
     generation = 0 if held is None else held.generation
     origin = 0 if kept is None else kept.origin
     splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, kept, generation)
-    _check_stats_config(config, splits)
+    _check_stats_config(config, splits, held is not None)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
     units, pieces = _plan_units(
