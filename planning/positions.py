@@ -180,11 +180,14 @@ def _calendar_year_progress(seconds: np.ndarray, calendar: str) -> np.ndarray:
     dates' own year starts, each year's once."""
     import cftime
 
+    if not seconds.size:
+        return np.zeros(seconds.shape)
     units = TIME_UNITS.replace("Z", "")
     unique, inverse = np.unique(seconds, return_inverse=True)
     dates = cftime.num2date(unique, units, calendar, only_use_cftime_datetimes=True)
-    years = np.array([d.year for d in np.atleast_1d(dates)])
-    has_year_zero = bool(np.atleast_1d(dates)[0].has_year_zero) if len(unique) else False
+    dates = np.atleast_1d(dates)
+    years = np.array([d.year for d in dates])
+    has_year_zero = bool(dates[0].has_year_zero)
     first, which = np.unique(years, return_inverse=True)
     following = [y + 1 if y + 1 != 0 or has_year_zero else 1 for y in first.tolist()]
 
