@@ -570,6 +570,11 @@ def test_a_split_with_no_data_yet_builds_empty_and_an_append_fills_it(archive, t
         with pytest.raises(ValueError, match=r"split 'test' holds no samples yet \(.*; .*append"):
             next(iter(read()))
     assert Reader(str(output), "train").num_records > 0  # the others read as ever
+    from pipelines.reassemble import main as reassemble_main
+
+    capsys.readouterr()
+    assert reassemble_main([str(output), "--split", "test", "--to", str(tmp_path / "test.nc"), "--quiet"]) == 2
+    assert "split 'test' holds no samples yet" in capsys.readouterr().err  # (was: ZeroDivisionError)
     # The append brings its steps: the test split is then what a build of every file makes.
     assert _build(_future_config(archive, output, test_from), tmp_path, "--append") == 0
     assert _build(_future_config(archive, full, test_from), tmp_path) == 0
