@@ -363,3 +363,23 @@ def test_day_progress_without_a_longitude_is_refused_not_utc(tmp_path, capsys, l
     assert expected in refused(config, tmp_path, capsys)
     config["sample"]["time_features"] = ["year_progress"]  # needs no longitude
     build_quietly(config, tmp_path)
+
+
+def test_day_progress_at_a_selected_longitude(tmp_path):
+    lon = np.array([0.0, 95.0, 200.0, 330.0])
+    times = pd.date_range("2001-03-01T01:00", periods=5, freq="5h")
+    data = np.random.default_rng(2).normal(size=(5, 2, 4)).astype(np.float32)
+    coords = {"time": times, "lat": [10.0, 20.0], "lon": ("lon", lon, {"units": "degrees_east"})}
+    xr.Dataset({"t": (("time", "lat", "lon"), data)}, coords).to_netcdf(tmp_path / "grid.nc")
+    config = {
+        "input": {"paths": str(tmp_path / "grid.nc")},
+        "select": {"lon": [200.0]},  # one longitude: the samples hold it, not a range
+        "sample": {"keep": ["lat"], "time_features": ["day_progress"]},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    output = build_quietly(config, tmp_path)
+    schema = load_schema(str(output))
+    assert schema.feature("time_features/day_progress_sin").shape == ()
+    records = read_all_records(output, schema)
+    assert len(records["index/time"]) == 5
+    _check(records, times.values, lambda record: 200.0)
