@@ -3,9 +3,10 @@
 Cutting a unit and laying out the shards before any data is read both need them, so they are
 one small spec with two functions of the positions.
 
-sample.time_features follow GraphCast: ``day_progress = (seconds since 1970-01-01 mod 86400) / 86400``,
-per longitude of the sample (``+ lon / 360``, mod 1: local solar time) where the sample holds a
-range of longitudes (a window of them, or all). ``year_progress`` depends on the calendar: in the
+sample.time_features follow GraphCast: ``day_progress = (seconds since 1970-01-01 mod 86400) / 86400``
+at the sample's own longitudes (``+ lon / 360``, mod 1: local solar time): per longitude of a range
+of them (a window, or all), at the one an iterated, selected or scalar longitude gives, per cell of a
+curvilinear grid's 2-D one; refused where the sample has none. ``year_progress`` depends on the calendar: in the
 standard and proleptic Gregorian calendars, whose seconds since 1970 are elapsed time, it is
 GraphCast's ``(seconds since 1970-01-01 / (365.24219 * 86400)) mod 1`` (the tropical year); in
 every other calendar (noleap, 360_day, all_leap, julian, ...) a tropical year of the calendar's
@@ -143,7 +144,7 @@ class Positions:
 COS_ZENITH = "cos_zenith"
 SECONDS_PER_DAY = 86400
 DAYS_PER_YEAR = 365.24219  # the tropical year, as GraphCast divides by
-#: Calendars whose every year has as many days: the year starts on 1970-01-01 and every multiple of it.
+#: Calendars whose years are all as long: a year starts at 1970-01-01 and every whole number of years from it.
 _FIXED_YEAR_DAYS = {"noleap": 365, "365_day": 365, "all_leap": 366, "366_day": 366, "360_day": 360}
 #: What schema.json says year_progress is, by calendar.
 TROPICAL_YEAR = "(seconds since 1970-01-01 / (365.24219 * 86400)) mod 1 (GraphCast's; the tropical year)"
@@ -433,7 +434,7 @@ def plan_time_features(
         raise UserError(
             "sample.time_features: day_progress is local solar time, but the samples hold no longitude (no dim or "
             "coordinate named lon or longitude, with standard_name longitude, or in degrees_east); give the files "
-            "a longitude coordinate (input.preprocess can add one), or remove day_progress"
+            "a longitude coordinate (a scalar one for a station), or remove day_progress"
         )
     lat_dim = lat_values = None
     if COS_ZENITH in names:
@@ -479,7 +480,7 @@ def _finite(name: str, values: np.ndarray) -> np.ndarray:
     if missing:
         raise UserError(
             f"sample.time_features: longitude {name!r} has {missing} missing value(s) (NaN or its _FillValue, on "
-            "land?), where day_progress and cos_zenith would be NaN; fill them (input.preprocess), or remove "
+            "land?), where day_progress and cos_zenith would be NaN; fill them in the files, or remove "
             "day_progress and cos_zenith"
         )
     return values
