@@ -284,7 +284,11 @@ def _write_grid(path: Path, lon: dict | None, steps: int = 5) -> Path:
     if lon is not None:
         coords.update(lon)
     data = np.random.default_rng(1).normal(size=(steps, ny, nx)).astype(np.float32)
-    xr.Dataset({"t": (("time", "y", "x"), data)}, coords).to_netcdf(path)
+    ds = xr.Dataset({"t": (("time", "y", "x"), data)}, coords)
+    if path.suffix == ".zarr":
+        ds.to_zarr(path, zarr_format=2, consolidated=True)
+    else:
+        ds.to_netcdf(path)
     return path
 
 
@@ -295,13 +299,17 @@ def _curved_lon() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("sample", "cell_dims"),
-    [({"window": {"y": 3, "x": 2}}, ("y", "x")), ({"window": {"x": 4}}, ("x",))],  # with y iterated: per x
+    ("sample", "cell_dims", "name"),
+    [
+        ({"window": {"y": 3, "x": 2}}, ("y", "x"), "orca.nc"),
+        ({"window": {"x": 4}}, ("x",), "orca.nc"),  # with y iterated: per x
+        ({"window": {"y": 3, "x": 2}}, ("y", "x"), "orca.zarr"),  # a store's coordinate, read through zarr
+    ],
 )
-def test_day_progress_per_cell_of_a_curvilinear_grid(tmp_path, sample, cell_dims):
+def test_day_progress_per_cell_of_a_curvilinear_grid(tmp_path, sample, cell_dims, name):
     lon = _curved_lon()
     attrs = {"units": "degrees_east", "standard_name": "longitude"}
-    path = _write_grid(tmp_path / "orca.nc", {"nav_lon": (("y", "x"), lon, attrs)})
+    path = _write_grid(tmp_path / name, {"nav_lon": (("y", "x"), lon, attrs)})
     config = {
         "input": {"paths": str(path)},
         "sample": {**sample, "time_features": ["day_progress"]},
@@ -311,8 +319,7 @@ def test_day_progress_per_cell_of_a_curvilinear_grid(tmp_path, sample, cell_dims
     schema = load_schema(str(output))
     feature = schema.feature("time_features/day_progress_cos")
     assert feature.dims == cell_dims and feature.source["longitude"] == "nav_lon"
-    with xr.open_dataset(path) as ds:
-        times = ds["time"].values
+    times = pd.date_range("2001-03-01T01:00", periods=5, freq="5h").values  # (as written)
     records = parse_with_generated_parser(output)  # TensorFlow's own parser
     size = {d: sample["window"].get(d, 1) for d in ("y", "x")}
     for i in range(len(records["index/time"])):
