@@ -132,17 +132,23 @@ def scalar_coordinates(inventory: Inventory) -> tuple[dict, ...]:
     return tuple(out.values())
 
 
-def other_coordinates(inventory: Inventory, dataset) -> list[OtherCoordinate]:
+def other_coordinates(inventory: Inventory, dataset, named: Sequence[str] = ()) -> list[OtherCoordinate]:
     """The files' coordinates that are not a dim's own (planning.positions.OtherCoordinate), each loaded on the
-    selected grid only when asked: where time features find a scalar or curvilinear grid's longitude."""
+    selected grid only when asked: where time features find a scalar or curvilinear grid's longitude. ``named``:
+    config ``coords``, which may name plain variables of a grid file."""
     out, seen = [], set()
-    for info in (inventory.reference, *inventory.static_files):
-        for name, var in info.coordinates.items():
-            if name in seen:
-                continue
-            seen.add(name)
-            load = functools.partial(_load_coordinate, inventory, info, var, dataset)
-            out.append(OtherCoordinate(name, tuple(var.dims), dict(var.attrs), load))
+    found = [
+        (name, var, info)
+        for info in (inventory.reference, *inventory.static_files)
+        for name, var in info.coordinates.items()
+    ]
+    found += [(name, *hit) for name in named if (hit := _find(inventory, name)) is not None]
+    for name, var, info in found:
+        if name in seen:
+            continue
+        seen.add(name)
+        load = functools.partial(_load_coordinate, inventory, info, var, dataset)
+        out.append(OtherCoordinate(name, tuple(var.dims), dict(var.attrs), load))
     return out
 
 

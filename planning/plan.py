@@ -318,7 +318,7 @@ def make_plan(
         config.input.concat_dim,
         coords,
         dataset.coordinate,
-        other_coordinates(inventory, dataset),
+        other_coordinates(inventory, dataset, config.coords),
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)

@@ -434,7 +434,8 @@ def plan_time_features(
         raise UserError(
             "sample.time_features: day_progress is local solar time, but the samples hold no longitude (no dim or "
             "coordinate named lon or longitude, with standard_name longitude, or in degrees_east); give the files "
-            "a longitude coordinate (a scalar one for a station), or remove day_progress"
+            "a longitude coordinate (a scalar one for a station; a grid file's variable: list it under coords:), "
+            "or remove day_progress"
         )
     lat_dim = lat_values = None
     if COS_ZENITH in names:

@@ -304,17 +304,23 @@ def _curved_lon() -> np.ndarray:
         ({"window": {"y": 3, "x": 2}}, ("y", "x"), "orca.nc"),
         ({"window": {"x": 4}}, ("x",), "orca.nc"),  # with y iterated: per x
         ({"window": {"y": 3, "x": 2}}, ("y", "x"), "orca.zarr"),  # a store's coordinate, read through zarr
+        ({"window": {"y": 3, "x": 2}}, ("y", "x"), "grid.nc"),  # a plain variable of a grid file, under coords:
     ],
 )
 def test_day_progress_per_cell_of_a_curvilinear_grid(tmp_path, sample, cell_dims, name):
     lon = _curved_lon()
     attrs = {"units": "degrees_east", "standard_name": "longitude"}
-    path = _write_grid(tmp_path / name, {"nav_lon": (("y", "x"), lon, attrs)})
+    longitude = {"nav_lon": (("y", "x"), lon, attrs)}
+    path = _write_grid(tmp_path / name.replace("grid", "data"), None if name == "grid.nc" else longitude)
     config = {
         "input": {"paths": str(path)},
         "sample": {**sample, "time_features": ["day_progress"]},
         "output": {"path": str(tmp_path / "out")},
     }
+    if name == "grid.nc":  # NEMO's mesh file: nav_lon a variable there, not a coordinate
+        xr.Dataset(longitude).to_netcdf(tmp_path / name)
+        config["input"]["paths"] = [str(path), str(tmp_path / name)]
+        config["coords"] = ["nav_lon"]
     output = build_quietly(config, tmp_path)
     schema = load_schema(str(output))
     feature = schema.feature("time_features/day_progress_cos")
