@@ -147,6 +147,9 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
         )
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
+    for name, described in schema.sample.get("splits", {}).items():
+        if described.get("no_data_yet") and not schema.num_examples(name):
+            print(f"  {name}: no data yet ({described['no_data_yet']}); an --append with its steps fills it")
     print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))

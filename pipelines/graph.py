@@ -55,6 +55,7 @@ from planning.config import BuildConfig, with_absolute_paths
 from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
+from planning.positions import check_time_features_unchanged
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
@@ -200,6 +201,8 @@ def _run_build(
         if append:
             committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
+        if committed is not None:
+            check_time_features_unchanged(committed.features, plan.schema.features)
         check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)

@@ -110,10 +110,20 @@ def _count(shard) -> str:
     return f"{shard.examples:,} samples in {shard.records:,} records"
 
 
+def _awaiting(schema: Schema, split: str) -> str:
+    """Why a split holds no sample, as schema.json says it (its range lies beyond the input's steps)."""
+    described = (schema.sample or {}).get("splits", {}).get(split, {})
+    reason = described.get("no_data_yet") if isinstance(described, dict) else None
+    return f": no data yet ({reason}); an --append with its steps fills it" if reason else ""
+
+
 def split_lines(schema: Schema, files: dict[str, int], only: str | None) -> list[str]:
     lines = ["Splits"]
     for name, shards in schema.splits.items():
         if only and name != only:
+            continue
+        if not shards:
+            lines.append(f"  {name}: 0 samples{_awaiting(schema, name)}")
             continue
         examples = [s.examples for s in shards]
         size = sum(files.get(s.file, 0) for s in shards)
@@ -151,6 +161,9 @@ def geometry_lines(schema: Schema) -> list[str]:
     calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample and along_concat else ""
     dim = "" if along_concat else f"{sample['split_dim']} "
     for name, split in sample.get("splits", {}).items():
+        if split.get("first") is None:
+            lines.append(f"  split {name}: no step of the input yet")
+            continue
         lines.append(f"  split {name}: {dim}{split['first']} to {split['last']}{calendar}")
     new_dim = sample.get("new_dim")
     if new_dim:

@@ -128,6 +128,7 @@ def make_plan(args, store: str, work: str):
     output = args.output.rstrip("/") or "/"
     schema = load_schema(output)
     split = args.split or default_split(list(schema.splits))
+    schema.check_has_samples(split, output)  # (a split with no data yet has no steps to put samples on)
     plan = ReassemblePlan(output, schema, split, args.blend, args.layout, {}, "", 1, 1, store, work, True)
     probe = plan.assembly((0, 0))  # checks the split and the layout; holds no cells
     if not probe.checked:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from planning import sizing
-from planning.aux_coords import coordinate_plans, scalar_coordinates, with_static_coordinates
+from planning.aux_coords import coordinate_plans, other_coordinates, scalar_coordinates, with_static_coordinates
 from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
@@ -307,7 +307,7 @@ def plan_field(
     return FieldPlan(field_grid, units, ranges, split_dim, held, firsts)
 
 
-def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
+def _check_stats_config(config: BuildConfig, splits: list[SplitPlan], appending: bool) -> None:
     for dim in config.stats.per:
         if dim not in config.sample.keep:
             raise UserError(
@@ -317,6 +317,14 @@ def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
     names = [s.name for s in splits]
     if config.stats.reference_split is not None and config.stats.reference_split not in names:
         raise UserError(f"stats.reference_split: {config.stats.reference_split!r} is not a split ({', '.join(names)})")
+    reference = next(s for s in splits if s.name == (config.stats.reference_split or default_split(names)))
+    if reference.awaiting is not None and not appending:
+        others = [s.name for s in splits if s.num_samples]
+        raise UserError(
+            f"stats.reference_split: {reference.name!r} holds no sample yet ({reference.awaiting}), and its "
+            f"statistics normalise every split; set stats.reference_split to a split with data "
+            f"({', '.join(others)}), or build once its steps are in the input"
+        )
 
 
 def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[np.ndarray, dict]]:
@@ -395,7 +403,12 @@ def make_plan(
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
     time_features = plan_time_features(
-        config.sample.time_features, grid, config.input.concat_dim, coords, dataset.coordinate
+        config.sample.time_features,
+        grid,
+        config.input.concat_dim,
+        coords,
+        dataset.coordinate,
+        other_coordinates(inventory, dataset, config.coords),
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
@@ -417,7 +430,7 @@ def make_plan(
     generation = 0 if held is None else held.generation
     origin = 0 if kept is None else kept.origin
     splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, kept, generation)
-    _check_stats_config(config, splits)
+    _check_stats_config(config, splits, held is not None)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
     units, pieces = _plan_units(

@@ -102,6 +102,7 @@ def load_dataset(
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 
     schema = load_schema(path)
+    schema.check_has_samples(split, str(path))
     normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)

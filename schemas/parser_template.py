@@ -52,6 +52,10 @@ def shard_paths(schema, data_dir, split):
     splits = schema["splits"]
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
+    if not splits[split]["shards"]:  # (tf.data would fail on an empty file list, naming no split)
+        reason = schema.get("sample", {}).get("splits", {}).get(split, {}).get("no_data_yet")
+        why = f" ({reason})" if reason else ""
+        raise ValueError(f"split {split!r} holds no samples yet{why}; append the data that reaches it, or read another")
     return [_shard_path(data_dir, shard["file"]) for shard in splits[split]["shards"]]
 
 

@@ -79,6 +79,32 @@ def parse_with_generated_parser(output: Path, split: str = "data") -> dict[str, 
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
 
+def expected_progress(dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(year_progress, day_progress) of each date, float64, computed from the dates themselves: GraphCast's
+    tropical-year fraction of the seconds since 1970 in the standard and proleptic Gregorian calendars (numpy
+    datetimes too); elsewhere the day of year and time of day over that year's days, summed from cftime's own
+    month lengths."""
+    import cftime
+
+    flat = np.asarray(dates).reshape(-1)
+    if flat.dtype.kind == "M":
+        seconds = (flat - np.datetime64("1970-01-01")) / np.timedelta64(1, "s")
+        day = np.mod(seconds, 86400) / 86400
+        return np.mod(seconds / (365.24219 * 86400), 1.0).reshape(np.shape(dates)), day.reshape(np.shape(dates))
+    calendar = flat[0].calendar
+    seconds = np.asarray(cftime.date2num(list(flat), "seconds since 1970-01-01", calendar=calendar), dtype=float)
+    if calendar in ("standard", "gregorian", "proleptic_gregorian"):
+        year = np.mod(seconds / (365.24219 * 86400), 1.0)
+    else:
+        year = []
+        for d in flat:
+            days = sum(cftime.datetime(d.year, m, 1, calendar=calendar).daysinmonth for m in range(1, 13))
+            year.append((d.dayofyr - 1 + (d.hour * 3600 + d.minute * 60 + d.second) / 86400) / days)
+        year = np.asarray(year)
+    day = np.asarray([(d.hour * 3600 + d.minute * 60 + d.second) / 86400 for d in flat])
+    return year.reshape(np.shape(dates)), day.reshape(np.shape(dates))
+
+
 def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
     """Bytes ``path`` stores for variables ``names`` over ``box``: the chunks holding it, or its elements.
 

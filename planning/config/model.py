@@ -99,7 +99,8 @@ class SampleConfig(_Strict):
         default_factory=list,
         description=(
             "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
-            "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
+            "definitions; year_progress of the step's own calendar year outside the Gregorian calendars; "
+            "day_progress at the sample's own longitudes), e.g. "
             "[year_progress, day_progress]; cos_zenith: the cosine of the solar zenith angle per cell and step "
             "(time_features/cos_zenith; the sample must hold ranges of latitudes and longitudes)"
         ),

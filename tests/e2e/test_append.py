@@ -20,7 +20,7 @@ from schemas.reader import Reader
 from schemas.stream import shuffled_stream
 from transforms import finalize
 
-from helpers import parse_with_generated_parser
+from helpers import import_generated_parser, parse_with_generated_parser
 
 SPLITS = ("train", "val")
 #: Held by generation 0: the first three of five files (a time window of 3 makes samples straddle them).
@@ -517,3 +517,117 @@ def test_a_zarr_store_rewritten_with_earlier_steps_backfills_a_gs_output(appende
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
     assert inspect_main([output, "--verify"]) == 0
+
+
+def _without_formulas(output: Path) -> None:
+    """schema.json as a version before year_progress followed model calendars wrote it: sources without formulas."""
+    document = json.loads((output / "schema.json").read_text())
+    for feature in document["features"]:
+        if feature["role"] == "time_feature":
+            for key in ("formula", "calendar", "longitude"):
+                feature["source"].pop(key, None)
+    (output / "schema.json").write_text(json.dumps(document, indent=1))
+
+
+def test_an_append_refuses_to_mix_time_features_computed_otherwise(archive, tmp_path, capsys):
+    """An output whose day_progress was UTC (written before it followed an iterated longitude) takes no generation
+    of local solar time; its year_progress in the standard calendar, unchanged, takes one."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    sample = {"window": {"time": {"size": 3}}, "keep": ["level", "lat"]}  # lon iterated: one a sample
+    for features, refusal in ((["day_progress"], "day_progress_sin was written as"), (["year_progress"], None)):
+        output = tmp_path / features[0]
+        config = {**_config(archive, output), "sample": {**sample, "time_features": features}}
+        assert _build({**config, "input": {**config["input"], "paths": files[:HELD_FILES]}}, tmp_path) == 0
+        _without_formulas(output)
+        if refusal is None:
+            assert _build(config, tmp_path, "--append") == 0
+            assert load_schema(str(output)).sources["generations"] == 2
+            continue
+        before = _hashes(output)
+        line = _refused(config, tmp_path, capsys)
+        assert refusal in line and "(UTC)" in line and "'lon'" in line and "rebuild with --overwrite" in line, line
+        assert _hashes(output) == before
+
+
+def _future_config(archive: Path, output: Path, test_from: str, **changes) -> dict:
+    """Splits fixed once for all: test begins where generation 0's steps end, or after them."""
+    splits = {
+        "train": {"time": [None, "2020-01-02"]},
+        "val": {"time": ["2020-01-03", "2020-01-03T12"]},
+        "test": {"time": [test_from, "2020-01-05T18"]},
+    }
+    sample = {"window": {"time": {"size": 3, "stride": 1}}, "keep": ["level", "lat", "lon"]}
+    return {**_config(archive, output, **changes), "splits": splits, "sample": sample}
+
+
+@pytest.mark.parametrize(
+    ("test_from", "why"),
+    [
+        ("2020-01-04", "[2020-01-04, 2020-01-05T18] lies after the input's last step"),  # no step of it yet
+        ("2020-01-03T18", "no whole sample fits in its steps yet"),  # one step of it, a window takes three
+    ],
+)
+def test_a_split_with_no_data_yet_builds_empty_and_an_append_fills_it(archive, tmp_path, capsys, test_from, why):
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output, full = tmp_path / "out", tmp_path / "full"
+    capsys.readouterr()
+    assert _build(_future_config(archive, output, test_from, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    assert f"test: no data yet ({why}" in capsys.readouterr().out  # the build summary
+    schema = load_schema(str(output))
+    assert schema.num_examples("test") == 0 and schema.splits["test"] == ()
+    assert why in schema.sample["splits"]["test"]["no_data_yet"]
+    assert inspect_main([str(output)]) == 0
+    shown = capsys.readouterr().out
+    assert "test: 0 samples: no data yet" in shown and why in shown
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert "test 0 samples" in capsys.readouterr().out
+    # Every reader refuses it in one line naming the split and why (not an epoch of nothing).
+    from schemas import load_dataset
+
+    parser = import_generated_parser(output)
+    readers = [
+        lambda: Reader(str(output), "test"),
+        lambda: open_source(str(output), "test"),
+        lambda: load_dataset(str(output), "test"),
+        lambda: shuffled_stream(str(output), "test", seed=0),
+        lambda: parser.make_dataset("test", batch_size=2),
+    ]
+    for read in readers:
+        with pytest.raises(ValueError, match=r"split 'test' holds no samples yet \(.*; .*append"):
+            next(iter(read()))
+    assert Reader(str(output), "train").num_records > 0  # the others read as ever
+    from pipelines.reassemble import main as reassemble_main
+
+    capsys.readouterr()
+    assert reassemble_main([str(output), "--split", "test", "--to", str(tmp_path / "test.nc"), "--quiet"]) == 2
+    assert "split 'test' holds no samples yet" in capsys.readouterr().err  # (was: ZeroDivisionError)
+    # The append brings its steps: the test split is then what a build of every file makes.
+    assert _build(_future_config(archive, output, test_from), tmp_path, "--append") == 0
+    assert _build(_future_config(archive, full, test_from), tmp_path) == 0
+    schema = load_schema(str(output))
+    assert schema.num_examples("test") > 0 and "no_data_yet" not in schema.sample["splits"]["test"]
+    union = _by_sample(parse_with_generated_parser(output, "test"))
+    rebuilt = _by_sample(parse_with_generated_parser(full, "test"))
+    for name in rebuilt:
+        np.testing.assert_array_equal(union[name], rebuilt[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("test_from", "changes", "expected"),
+    [
+        # Its statistics would normalise every split: none to compute yet.
+        ("2020-01-04", {"stats__reference_split": "test"}, "stats.reference_split: 'test' holds no sample yet"),
+        # Between two steps of the input, inside it: no append ever brings a step there.
+        ("2020-01-01T01", {}, "holds no time step of the input"),
+    ],
+)
+def test_an_empty_split_is_refused_where_no_append_fills_it(archive, tmp_path, capsys, test_from, changes, expected):
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    config = _future_config(archive, tmp_path / "out", test_from, input__paths=files[:HELD_FILES], **changes)
+    if test_from == "2020-01-01T01":
+        config["splits"] = {"train": {"time": ["2020-01-02", None]}, "test": {"time": [test_from, "2020-01-01T02"]}}
+    capsys.readouterr()
+    assert _build(config, tmp_path) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert not (tmp_path / "out" / "schema.json").exists()
