@@ -214,7 +214,7 @@ class Reassembly:
             axis = self.axes[dim]
             self.axes[dim] = dataclasses.replace(axis, first=axis.first + start, length=stop - start)
         self.grid_axes = [a for a in self.axes.values() if not a.whole]
-        self.keys: set[tuple[int, ...]] = set()
+        self.keys: dict[tuple[int, ...], str] = {}  # each sample's key -> where it came from (errors name both)
         self.targets: dict[str, Target] = {}
         self.taken: set[str] = set()  # variables finished and given out (take_finished)
         self.extra_sizes: dict[str, int] = {}
@@ -319,12 +319,14 @@ class Reassembly:
         returns their starts (``check_keys``). Their arrays are placed by ``place``, in as many passes as wanted."""
         starts = self.check_keys(batch)
         for i, key in enumerate(map(tuple, starts.tolist())):
-            if key in self.keys:
+            first = self.keys.get(key)
+            if first is not None:
+                also = "" if first == self.where else f" (also in {first})"
                 raise UserError(
-                    f"{self.where}: sample {self._key_text(batch, i)} was given twice; give each sample once "
+                    f"{self.where}: sample {self._key_text(batch, i)} was given twice{also}; give each sample once "
                     "(duplicate keys: two readers over one split, or a prediction written twice)"
                 )
-            self.keys.add(key)
+            self.keys[key] = self.where
         if len(starts) > 1 and len(set(map(tuple, starts.tolist()))) < len(starts):
             raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
         grid = [a.dim for a in self.grid_axes]
@@ -359,6 +361,25 @@ class Reassembly:
                     values = np.where(mask != 0, np.nan, values.astype(np.float64))
                 for target, part in self._parts(name, feature, values):
                     self._place(target, part, at, boxes)
+
+    def check_shapes(self, batch: Mapping[str, Any]) -> None:
+        """UserError unless every array of the samples would be placed (``place``) without one: names, shapes and
+        dims checked as placing them would, without placing them."""
+        for name, values in batch.items():
+            feature = self._features.get(name)
+            if not self._placed(name, feature):
+                continue
+            values = np.asarray(values)
+            for target, part in self._parts(name, feature, values):
+                self._check_sample_shape(target, part)
+
+    def _check_sample_shape(self, target: Target, values: np.ndarray) -> None:
+        want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
+        if values.shape[1:] != want:
+            raise UserError(
+                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
+                "give every sample one shape"
+            )
 
     def _rounds(self, starts: np.ndarray) -> Iterator[np.ndarray]:
         """Rows of ``starts`` in rounds: samples whose positions agree modulo the overlap span along every dim
@@ -549,12 +570,7 @@ class Reassembly:
     def _place(self, target: Target, values: np.ndarray, at: np.ndarray, boxes: dict) -> None:
         """Blend samples (values: samples, *its sample dims; starts ``at``) into ``target``, in order: one box each
         (``_boxes``, kept in ``boxes`` by dims for the batch's other arrays)."""
-        want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
-        if values.shape[1:] != want:
-            raise UserError(
-                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
-                "give every sample one shape"
-            )
+        self._check_sample_shape(target, values)
         order = [0] + [1 + target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
         block = np.transpose(values, order)
         for i, dim in enumerate(target.dims):

@@ -69,10 +69,24 @@ class ReassemblePlan:
     work: str  # bucket files and done markers (removed at the end)
     records: bool  # True: the split's own records (files are shard names); False: prediction files
     references: bool = False  # buckets point at the records (a local, uncompressed output's own) instead of copies
+    files: tuple[str, ...] = ()  # the sample files: a bucket's errors name the file its samples came from
 
-    def assembly(self, region: tuple[int, int] | None = None) -> Reassembly:
+    def source_of(self, bucket: str) -> str:
+        """The sample file a bucket's samples came from (by the hash its name holds; else the output)."""
+        part = posixpath.basename(bucket).split("-")
+        digest = part[2] if len(part) > 2 else ""
+        return next((f for f in self.files if source_digest(f) == digest), self.output)
+
+    def assembly(self, region: tuple[int, int] | None = None, where: str | None = None) -> Reassembly:
+        """The reassembly of a region (None: the whole grid); ``where`` names what its errors are about (a prediction
+        file; default: the output)."""
         bounds = None if region is None else (self.chunk_dim or None, *region)
-        return Reassembly(self.schema, self.split, self.blend, self.dims, self.output, self.layout, bounds)
+        return Reassembly(self.schema, self.split, self.blend, self.dims, where or self.output, self.layout, bounds)
+
+    @property
+    def most_samples(self) -> int:
+        """The most distinct samples the split's grid can hold: a sample file declaring more is refused unread."""
+        return math.prod(max(1, a.length) for a in self.assembly().checked)
 
     def bounds(self, chunk: int) -> tuple[int, int]:
         start = chunk * self.chunk_length
@@ -90,7 +104,7 @@ def iter_file(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]
         shard = next(s for s in reader.shards if s.file == name)
         yield from reader.iter_chunks([shard], chunk=SCAN_RECORDS)
     else:
-        yield from read_predictions(name, plan.schema)
+        yield from read_predictions(name, plan.schema, plan.most_samples)
 
 
 def scanned_batches(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]]:
@@ -125,11 +139,13 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     Each batch's samples are held by chunk (up to PENDING_BYTES in all) and go to their chunks' open bucket
     files as one frame each, so a scan holds a batch and its pending samples, never the samples of a chunk."""
     map_large_arrays()
-    assembly = plan.assembly((0, 0))  # (checks keys only: holds no cells)
+    assembly = plan.assembly((0, 0), where=name)  # (checks keys and shapes only: holds no cells)
     with _OpenBuckets(plan, name) as buckets:
         pending = _Pending(buckets)
         for batch in scanned_batches(plan, name):
             assembly.check_keys(batch)
+            if not plan.records:
+                assembly.check_shapes(batch)
             kept = {n for group in assembly.placed_groups(batch) for n in group}
             kept.update(REF_NAMES)
             batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
@@ -203,7 +219,7 @@ class _OpenBuckets:
         # A chunk's task takes its buckets in name order: named by the file scanned and their order in its scan,
         # overlapping samples blend in the same order every run (sums in another order differ in their last
         # bits); the random part keeps a retried scan's buckets apart from its failed attempt's.
-        self.source = hashlib.sha1(source.encode()).hexdigest()[:16]
+        self.source = source_digest(source)
         self.made: dict[int, int] = {}
 
     def write(
@@ -243,6 +259,11 @@ class _OpenBuckets:
         for _, stream in self.open.values():  # (a failed scan: the work folder is removed whole)
             stream.close()
         self.open = {}
+
+
+def source_digest(source: str) -> str:
+    """The part of a bucket's name that says which sample file it holds samples of."""
+    return hashlib.sha1(source.encode()).hexdigest()[:16]
 
 
 #: A bucket file: this, then frames: each the length of its JSON header (8 bytes, little-endian), the header
@@ -386,8 +407,15 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files, sorted(paths)) as samples:
         assembly = plan.assembly((start, stop))
         keys = [a.index_name for a in assembly.checked]
-        for batch in samples.keys(keys):
-            assembly.count(batch)
+        if plan.records:
+            for batch in samples.keys(keys):
+                assembly.count(batch)
+        else:  # a bucket at a time, its errors naming the prediction file it holds samples of
+            for path, name in zip(files, sorted(paths)):
+                assembly.where = plan.source_of(name)
+                for batch in samples.keys(keys, [path]):
+                    assembly.count(batch)
+            assembly.where = plan.output
         values = samples.values  # values per sample of each array the samples hold
         groups = assembly.placed_groups(values)
         everything = sum(values[n] for group in groups for n in group if n in values) or 1
@@ -429,8 +457,9 @@ class _CopiedSamples:
         self.files = files
         self.values: dict[str, int] = {}  # values per sample of each array the buckets hold (once keys are read)
 
-    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        return _batches(_frames(self.files, keys, self.values), BATCH)
+    def keys(self, keys: Sequence[str], files: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The samples' keys, of all the buckets or of ``files`` among them."""
+        return _batches(_frames(self.files if files is None else files, keys, self.values), BATCH)
 
     def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
         return _batches(_frames(self.files, [*keys, *group]), BATCH)
