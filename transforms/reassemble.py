@@ -81,7 +81,8 @@ class ReassemblePlan:
         """The reassembly of a region (None: the whole grid); ``where`` names what its errors are about (a prediction
         file; default: the output)."""
         bounds = None if region is None else (self.chunk_dim or None, *region)
-        return Reassembly(self.schema, self.split, self.blend, self.dims, where or self.output, self.layout, bounds)
+        where = where or self.output
+        return Reassembly(self.schema, self.split, self.blend, self.dims, where, self.layout, bounds, self.records)
 
     @property
     def most_samples(self) -> int:
