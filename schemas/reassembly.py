@@ -42,7 +42,9 @@ AREA_WEIGHT = "area_weight"
 BATCH = 128
 #: Roles whose dim every sample holds whole (no position along it).
 _WHOLE = ("keep", "lead")
-_SKIPPED_ROLES = ("index", "coord", "count")
+#: (time features: functions of the sample's coordinates, which the grid holds; their names, time_features/<name>,
+#: would be folders in a Zarr store)
+_SKIPPED_ROLES = ("index", "coord", "count", "time_feature")
 #: A role's feature's source (sample.roles): its role, its variable, its steps along the concat dim (places among
 #: the sample's offsets) and its crop of the window ([start, stop) of the window's cells).
 _ROLE_KEY, _VARIABLE_KEY, _STEPS_KEY, _CROP_KEY = "sample_role", "variable", "steps", "crop"
@@ -412,12 +414,28 @@ class Reassembly:
         """The arrays among ``names`` placed together, one group per variable (with its mask, if it has one):
         each group can be placed, finished and let go before the next (``place``, then ``take_finished``)."""
         names = list(names)
-        groups = []
+        groups: list[tuple[str, ...]] = []
+        variables: list[set[str]] = []  # the variables each group places into
         for name in names:
-            if self._placed(name, self._features.get(name)):
+            feature = self._features.get(name)
+            if self._placed(name, feature):
                 masks = [m for m, of in self._masks.items() if of == name and m in names]
-                groups.append((name, *masks))
+                into = self._variables_of(name, feature)
+                # Features placing into one variable (roles' features of it) are one group: finished once.
+                joined = [i for i, held in enumerate(variables) if held & into]
+                group = (*[n for i in joined for n in groups[i]], name, *masks)
+                into = into.union(*(variables[i] for i in joined))
+                groups = [g for i, g in enumerate(groups) if i not in joined] + [group]
+                variables = [v for i, v in enumerate(variables) if i not in joined] + [into]
         return groups
+
+    @staticmethod
+    def _variables_of(name: str, feature: Feature | None) -> set[str]:
+        """The variables an array is placed as: a stack's channels, a role's feature's variable, else its name."""
+        if feature is None:
+            return {name}
+        channels = feature.source.get("channels")
+        return set(channels) if channels else {feature.source.get(_VARIABLE_KEY, name)}
 
     def _boxes(self, dims: Sequence[str], at: np.ndarray, cells: tuple = ()) -> list[tuple[tuple, tuple] | None]:
         """Per sample (starts ``at``): the cells it covers inside the grid (or region) as an index into an array

@@ -217,7 +217,7 @@ def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_pa
 def roles_output(cmip, tmp_path_factory) -> Path:
     directory, _ = cmip
     tmp = tmp_path_factory.mktemp("roles-reassembly")
-    return build_quietly(_config(directory, tmp / "out"), tmp)
+    return build_quietly(_config(directory, tmp / "out", time_features=["year_progress"]), tmp)
 
 
 def _forecaster(output: Path, split: str = "test", keep_inputs: bool = False):
@@ -321,4 +321,24 @@ def test_the_command_line_writes_a_forecasters_predictions_as_the_library_does(r
     want = reassemble(str(roles_output), _forecaster(roles_output), split="test", layout="forecast")
     assert written["tas"].encoding["chunks"][0] < written.sizes["init_time"]  # several chunks, several tasks
     for name in ("tas", "coverage", "valid_time"):
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["grid", "forecast"])
+def test_the_command_line_puts_the_records_roles_back_as_the_library_does(roles_output, tmp_path, layout, capsys):
+    """Without --predictions: every role's features of a variable (inputs/tas, targets/tas) placed as one variable,
+    finished once (it was placed again after it was finished); the time features, which the coordinates give,
+    are not placed (their names were folders in the store)."""
+    import xarray as xr
+
+    from pipelines.reassemble import main
+    from schemas import reassemble
+
+    to = tmp_path / "records.zarr"
+    args = [str(roles_output), "--split", "test", "--layout", layout, "--to", str(to), "--chunk_mb", "0.2", "--quiet"]
+    assert main(args) == 0, capsys.readouterr().err
+    written = xr.open_zarr(to).load()
+    want = reassemble(str(roles_output), split="test", layout=layout)
+    assert set(written.data_vars) == set(want.data_vars) == {"tas", "uas", "vas", "coverage"}
+    for name in ("tas", "uas", "vas", "coverage"):
         np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
