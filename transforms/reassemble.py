@@ -425,8 +425,15 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
                 share = 2 * sum(values[n] for n in group) / everything  # (its values, then their compressed copy)
                 _HELD.take(share)
                 try:
-                    for batch in samples.batches(keys, group):
-                        assembly.place(batch)
+                    if plan.records:
+                        for batch in samples.batches(keys, group):
+                            assembly.place(batch)
+                    else:  # a bucket at a time, its errors naming the prediction file it holds samples of
+                        for path, name in zip(files, sorted(paths)):
+                            assembly.where = plan.source_of(name)
+                            for batch in samples.batches(keys, group, [path]):
+                                assembly.place(batch)
+                        assembly.where = plan.output
                     done = [writer.write(*each) for each in assembly.take_finished()]
                 except BaseException:
                     _HELD.give_back(share)
@@ -462,8 +469,11 @@ class _CopiedSamples:
         """The samples' keys, of all the buckets or of ``files`` among them."""
         return _batches(_frames(self.files if files is None else files, keys, self.values), BATCH)
 
-    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        return _batches(_frames(self.files, [*keys, *group]), BATCH)
+    def batches(
+        self, keys: Sequence[str], group: Sequence[str], files: Sequence[str] | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The samples' keys and the group's arrays, of all the buckets or of ``files`` among them."""
+        return _batches(_frames(self.files if files is None else files, [*keys, *group]), BATCH)
 
     def __enter__(self):
         return self
