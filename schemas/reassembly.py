@@ -552,7 +552,8 @@ class Reassembly:
         for dim, (start, stop) in source.get(_CROP_KEY, {}).items():
             cells.append((dim, tuple(range(int(start), int(stop)))))
         cells = tuple(cells)
-        self._check_roles_apart(name, source.get(_VARIABLE_KEY) or source.get(_ROLE_KEY), cells)
+        for variable in self._variables_of(name, feature):  # (a role's stack: each of its channels' variables)
+            self._check_roles_apart(name, variable, cells)
         return cells
 
     def _check_roles_apart(self, name: str, variable: str, cells: tuple) -> None:

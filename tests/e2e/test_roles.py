@@ -208,6 +208,23 @@ def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_pa
     parser = import_generated_parser(output)
     batch = next(parser.make_dataset("test", batch_size=64, normalize=True).as_numpy_iterator())
     np.testing.assert_allclose(batch["inputs/fields"], normalized[:64], rtol=1e-5, atol=1e-5)
+    # Reassembled, the stack's channels come back as their variables at the role's steps, with targets/tas's tas.
+    from schemas import reassemble
+    from schemas.errors import UserError
+
+    ds = reassemble(str(output), split="test")
+    assert set(ds.data_vars) == {"tas", "uas", "vas", "coverage"}
+    for name in ("tas", "uas", "vas"):
+        got = ds[name].transpose("time", "lat", "lon")
+        held = ~np.isnan(got.values)
+        want = reference[name].sel(time=got["time"].values).values.astype(np.float32)
+        assert held.any() and np.array_equal(got.values[held], want[held]), name
+    # A prediction holding the stack (its tas channel among the inputs) beside targets/tas: refused on the grid.
+    with pytest.raises(
+        UserError,
+        match=r"('inputs/fields' and 'targets/tas'|'targets/tas' and 'inputs/fields') both hold 'tas' on the grid",
+    ):
+        reassemble(str(output), Reader(str(output), "test"), split="test")
 
 
 # ---- reassembly: a forecaster's predictions back at their valid times ---------------------------------------------
