@@ -145,7 +145,7 @@ def read_predictions(url: str, schema: Schema, most_samples: int | None = None) 
     compression = "gzip" if url.endswith(".gz") else None
     with fsspec.open(url, "rb", compression=compression) as stream:
         rows: list[dict[str, np.ndarray]] = []
-        for i, record in enumerate(read_records(stream, name=url)):
+        for i, record in enumerate(read_records(_RecordsCapped(stream, url, _largest_record(schema)), name=url)):
             try:
                 decoded = decode_example(record)
             except ValueError as error:
@@ -157,6 +157,30 @@ def read_predictions(url: str, schema: Schema, most_samples: int | None = None) 
                 rows = []
         if rows:
             yield _stacked(rows, url)
+
+
+def _largest_record(schema: Schema) -> int:
+    """The most bytes a tf.Example of one prediction can take: every feature of the output, and another name at
+    EXTRA_VALUES_FACTOR times its largest sample, at 10 bytes a value (an int64 varint's most) and 1 KB a name."""
+    largest = max((f.size for f in schema.variable_features), default=1)
+    values = sum(f.size for f in schema.features) + largest * EXTRA_VALUES_FACTOR
+    return 10 * values + 1024 * (len(schema.features) + 1)
+
+
+class _RecordsCapped:
+    """A TFRecord stream whose reads of a record's data are refused beyond what a prediction can take: a record's
+    header declares its length, and a compressed file would be decompressed that far (a few KB can declare GBs)."""
+
+    def __init__(self, stream, url: str, limit: int):
+        self.stream, self.url, self.limit = stream, url, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or size > self.limit:
+            raise UserError(
+                f"{self.url}: a record declares {size:,} bytes, more than a prediction of this output's samples "
+                f"takes ({self.limit:,}); write one tf.Example per sample"
+            )
+        return self.stream.read(size)
 
 
 def _npz_headers(data: bytes, url: str) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

@@ -132,6 +132,33 @@ def test_an_npz_bomb_is_refused_from_its_headers_before_it_is_decompressed(overl
         assert err.startswith(f"error: {tmp_path / name / 'p.npz'}: ") and message in err, err
 
 
+def test_a_gzipped_tfrecord_bomb_is_refused_from_its_record_header(overlapping, tmp_path, capsys):
+    """A record header declaring 100 MB, of zeros that gzip makes 100 KB: refused from the header, unread."""
+    import gzip
+
+    from schemas.tfrecord import masked_crc
+
+    folder = tmp_path / "bomb"
+    folder.mkdir()
+    size = 100 * 2**20
+    length = size.to_bytes(8, "little")
+    with gzip.open(folder / "p.tfrecord.gz", "wb") as stream:
+        stream.write(length + masked_crc(length).to_bytes(4, "little"))
+        for _ in range(size // 2**20):
+            stream.write(bytes(2**20))
+        stream.write(bytes(4))
+    assert (folder / "p.tfrecord.gz").stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=r"p\.tfrecord\.gz: a record declares 104,857,600 bytes, more than"):
+            list(read_predictions(str(folder / "p.tfrecord.gz"), load_schema(str(overlapping))))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20
+    assert "a record declares 104,857,600 bytes" in _refused(overlapping, folder, tmp_path, capsys)
+
+
 def test_a_float_index_is_refused_not_truncated(overlapping, tmp_path, capsys):
     import tensorflow as tf
 
