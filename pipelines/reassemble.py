@@ -52,7 +52,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--layout",
         default="grid",
         choices=("grid", "forecast"),
-        help="forecast: pairs and sequences as init_time x lead_time (WeatherBench-X's layout)",
+        help="forecast: pairs, sequences and sample.roles as init_time x lead_time (WeatherBench-X's layout)",
     )
     parser.add_argument("--chunk_mb", type=float, default=DEFAULT_CHUNK_MB, help="memory per output chunk (MB)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --to")

@@ -872,6 +872,8 @@ def reassemble(
     ``layout``: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along
     the concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
     WeatherBench-X opens predictions. Where the grid has latitudes, ``area_weight`` holds cos-latitude weights.
+    With sample.roles, a feature ``<role>/<variable>`` comes back as its variable at its role's steps and crop
+    (as forecasts: at its role's lead times).
     """
     import_xarray()
     from schemas.dataset import load_schema
