@@ -408,15 +408,9 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files, sorted(paths)) as samples:
         assembly = plan.assembly((start, stop))
         keys = [a.index_name for a in assembly.checked]
-        if plan.records:
-            for batch in samples.keys(keys):
+        for only in _each_bucket(plan, assembly, files, sorted(paths)):
+            for batch in samples.keys(keys, only):
                 assembly.count(batch)
-        else:  # a bucket at a time, its errors naming the prediction file it holds samples of
-            for path, name in zip(files, sorted(paths)):
-                assembly.where = plan.source_of(name)
-                for batch in samples.keys(keys, [path]):
-                    assembly.count(batch)
-            assembly.where = plan.output
         values = samples.values  # values per sample of each array the samples hold
         groups = assembly.placed_groups(values)
         everything = sum(values[n] for group in groups for n in group if n in values) or 1
@@ -425,15 +419,9 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
                 share = 2 * sum(values[n] for n in group) / everything  # (its values, then their compressed copy)
                 _HELD.take(share)
                 try:
-                    if plan.records:
-                        for batch in samples.batches(keys, group):
+                    for only in _each_bucket(plan, assembly, files, sorted(paths)):
+                        for batch in samples.batches(keys, group, only):
                             assembly.place(batch)
-                    else:  # a bucket at a time, its errors naming the prediction file it holds samples of
-                        for path, name in zip(files, sorted(paths)):
-                            assembly.where = plan.source_of(name)
-                            for batch in samples.batches(keys, group, [path]):
-                                assembly.place(batch)
-                        assembly.where = plan.output
                     done = [writer.write(*each) for each in assembly.take_finished()]
                 except BaseException:
                     _HELD.give_back(share)
@@ -449,6 +437,22 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
         with fsspec.open(posixpath.join(plan.work, DONE_DIR, f"{chunk:06d}"), "wb") as stream:
             stream.write(b"")
     return chunk
+
+
+def _each_bucket(
+    plan: ReassemblePlan, assembly: Reassembly, files: Sequence[str], names: Sequence[str]
+) -> Iterator[list[str] | None]:
+    """None (every bucket at once: the output's own records), or each bucket's local path in turn, with
+    ``assembly.where`` naming the prediction file its samples came from while it is read (errors name the file)."""
+    if plan.records:
+        yield None
+        return
+    try:
+        for path, name in zip(files, names):
+            assembly.where = plan.source_of(name)
+            yield [path]
+    finally:
+        assembly.where = plan.output
 
 
 def _chunk_samples(
@@ -496,7 +500,8 @@ class _ReferencedSamples:
         self.values = {f.name: f.size for f in plan.schema.features}
         self.samples = 0
 
-    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    def keys(self, keys: Sequence[str], files: None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Every referenced record's keys (``files``: None, as _each_bucket gives for records)."""
         parts = []
         for number, path in enumerate(self.files):
             for frame in _frames([path], [*keys, *REF_NAMES]):
@@ -511,7 +516,7 @@ class _ReferencedSamples:
         self.samples = len(refs[REF_BUCKET])
         return self.records.checked(refs, self.names, keys)
 
-    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    def batches(self, keys: Sequence[str], group: Sequence[str], files: None = None) -> Iterator[dict[str, np.ndarray]]:
         # One array per feature for every batch (placing copies the values out): a batch's values are fresh
         # pages of their own mapping otherwise, each faulted in anew.
         features = self.records.features
