@@ -30,14 +30,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only this split (default: every split; --plot: train if there is one, else the first)",
     )
     parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
+    parser.add_argument(
+        "--source",
+        type=int,
+        metavar="N",
+        help="with --verify: re-read N random samples from the output's inputs with xarray and compare every "
+        "feature bit for bit (--seed picks them)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
     parser.add_argument("--map", action="store_true", help="add the samples' footprints on a lat/lon map to --plot")
     parser.add_argument("--samples", type=int, default=4, metavar="N", help="samples on the --plot page (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="which random samples --plot shows (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="which random samples --plot shows and --source re-reads (default 0)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     args = parser.parse_args(argv)
     if args.map and not args.plot:
         parser.error("--map adds a map to the --plot page: add --plot out.png")
+    if args.source is not None and not args.verify:
+        parser.error("--source checks samples against the inputs as part of --verify: add --verify")
+    if args.source is not None and args.source < 1:
+        parser.error(f"--source must be at least 1, not {args.source}")
     if args.samples < 1:
         parser.error(f"--samples must be at least 1, not {args.samples}")
     return args
@@ -293,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
         from schemas.verify import VerifyError, verify_output
 
         try:
-            print(verify_output(path, args.split).summary())
+            report = verify_output(path, args.split, source_samples=args.source or 0, seed=args.seed)
+            print(report.summary())
         except VerifyError as error:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_VERIFY_FAILED

@@ -18,7 +18,14 @@ from planning.plan import make_plan
 from planning.reads import slabs
 from schemas import load_schema
 
-from helpers import build_quietly, expected_feature, load_virtual_dataset, read_all_records, refused
+from helpers import (
+    assert_matches_source,
+    build_quietly,
+    expected_feature,
+    load_virtual_dataset,
+    read_all_records,
+    refused,
+)
 
 
 def selected_source(source: xr.Dataset, schema) -> xr.Dataset:
@@ -89,6 +96,7 @@ def test_levels_and_a_box_across_the_seam_with_a_static_field(era5, tmp_path):
     steps = np.diff(records["coord/lon"].astype(np.float64), axis=1) % 360
     assert np.all(steps == 15) and ((records["coord/lon"][:, 0] == 330) & (records["coord/lon"][:, 2] == 0)).any()
     assert schema.sample["selection"]["lon"]["source_index_runs"] == [[20, 24], [0, 5]]
+    assert_matches_source(output)
 
 
 def test_nothing_outside_the_selection_is_read(era5, tmp_path, monkeypatch):
