@@ -500,7 +500,7 @@ class SourceCheck:
     def aux_coordinate(self, feature: Feature, where: Located) -> np.ndarray:
         source = feature.source
         name = source.get("coordinate")
-        path = self._reference_file() if source.get("static") else None
+        path = self.inputs.static(name) if source.get("static") else None
         if path is not None:
             variable = self.inputs.dataset(path)[name]
             dims = list(variable.dims)
@@ -689,6 +689,11 @@ def verify_source(path: str, samples: int, seed: int = 0, split: str | None = No
                     expected = check.expected(record, label)
                 except UserError as error:
                     raise type(error)(f"{path}: {error}") from None
+                except (KeyError, IndexError, ValueError, OSError) as error:  # inputs unlike what schema.json says
+                    raise SourceUncheckable(
+                        f"{path}: {label} cannot be found in the inputs as schema.json describes them "
+                        f"({type(error).__name__}: {error}); were the inputs changed since the build?"
+                    ) from error
                 for feature in schema.features:
                     problem = first_difference(feature, record[feature.name], expected[feature.name], label)
                     if problem:
