@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from schemas.schema import Feature, Schema
 
 EXIT_VERIFY_FAILED = EXIT_FAILED
+#: The reader of our output left (``inspect OUT | head``): what a tool killed by SIGPIPE exits with (128 + 13).
+EXIT_CLOSED_PIPE = 141
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -325,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.verbose)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # (a closed pipe shows here, not at exit, where Python would print its own message)
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -338,6 +344,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {with_fix(str(error), 'the shard is damaged: build the output again')}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
         return report_failure(error, args.verbose, subject=args.output)
+
+
+def _closed_pipe() -> int:
+    """Stop quietly once whoever read our output has gone: the rest of it goes nowhere (as Python's docs on
+    SIGPIPE advise), so flushing at exit raises nothing more."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":
