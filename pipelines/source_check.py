@@ -136,6 +136,7 @@ class Inputs:
         self.paths = list(paths)
         self.new_dim = schema.sample.get("new_dim")
         self._open: dict[str, xr.Dataset] = {}
+        self._files: list = []  # remote files opened through fsspec, closed with the datasets
         self._steps: dict[tuple[str, Any], list[tuple[str, int, int]]] = {}
 
     def dataset(self, path: str) -> xr.Dataset:
@@ -145,18 +146,30 @@ class Inputs:
                 if is_store(path):
                     self._open[path] = xr.open_zarr(path, chunks=None, decode_times=self.decode_times)
                 elif self.calendar and self.decode_times:
-                    dataset = xr.open_dataset(path, decode_times=False, cache=False)
+                    dataset = xr.open_dataset(self._target(path), decode_times=False, cache=False)
                     if self.concat_dim in dataset.variables:
                         dataset[self.concat_dim].attrs["calendar"] = self.calendar
                     self._open[path] = xr.decode_cf(dataset)
                 else:
-                    self._open[path] = xr.open_dataset(path, decode_times=self.decode_times, cache=False)
+                    self._open[path] = xr.open_dataset(self._target(path), decode_times=self.decode_times, cache=False)
         return self._open[path]
+
+    def _target(self, path: str):
+        """What xarray opens: a local path, or a remote file (gs://, s3://) as a file object, which it reads with
+        h5netcdf (NetCDF-4) or scipy (NetCDF-3)."""
+        if not is_remote(path):
+            return path
+        stream = fsspec.open(path, "rb").open()
+        self._files.append(stream)
+        return stream
 
     def close(self) -> None:
         for dataset in self._open.values():
             dataset.close()
+        for stream in self._files:
+            stream.close()
         self._open.clear()
+        self._files.clear()
 
     def _member_of(self, path: str):
         import regex
@@ -689,7 +702,7 @@ def verify_source(path: str, samples: int, seed: int = 0, split: str | None = No
                     expected = check.expected(record, label)
                 except UserError as error:
                     raise type(error)(f"{path}: {error}") from None
-                except (KeyError, IndexError, ValueError, OSError) as error:  # inputs unlike what schema.json says
+                except (KeyError, IndexError, TypeError, ValueError, OSError) as error:  # unlike what schema.json says
                     raise SourceUncheckable(
                         f"{path}: {label} cannot be found in the inputs as schema.json describes them "
                         f"({type(error).__name__}: {error}); were the inputs changed since the build?"
