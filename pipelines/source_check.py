@@ -4,8 +4,9 @@ The records name where each sample came from (``index/<dim>``: its start on the 
 and schema.json names the inputs, the selection and each dim's role. This module finds every
 sampled record's values again with ``xr.open_dataset``/``xr.open_zarr`` and ``.isel`` alone, a
 path independent of the build's own readers, and recomputes what the build derives (stacks,
-roles, fills and masks, record-ready coordinates, time features) with the project's pure
-functions, which define those. The first difference is named: feature, sample, index, both values.
+roles, fills and masks, record-ready coordinates, time features, ``input.preprocess``'s outputs)
+with the project's pure functions, which define those. The first difference is named: feature,
+sample, index, both values.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ FIX = (
 )
 
 
+#: How long reading a member's value from a file name may take (planning.inputs.members allows as long).
+MEMBER_SEARCH_SECONDS = 0.5
+
+
 class SourceMismatch(UserError):
     """A record that differs from its source: the message names the feature, the sample, the index, both values."""
 
@@ -63,8 +68,8 @@ class SourceReport:
     def summary(self) -> str:
         return (
             f"OK: {self.path}: {self.samples:,} random sample(s) (seed {self.seed}) equal their source bit for bit, "
-            f"every one of {self.features} features, re-read from {self.files} input file(s) with xarray "
-            f"in {self.seconds:.1f} s"
+            f"every one of {self.features} features (index/* as positions on the sample grid), re-read with xarray "
+            f"from the {self.files} input file(s) in {self.seconds:.1f} s"
         )
 
 
@@ -175,7 +180,13 @@ class Inputs:
         import regex
 
         name = posixpath.basename(path.rstrip("/"))
-        match = regex.search(self.new_dim["from"], name)
+        try:  # (the pattern comes from schema.json: one that backtracks without end is stopped)
+            match = regex.search(self.new_dim["from"], name, timeout=MEMBER_SEARCH_SECONDS)
+        except TimeoutError:
+            raise SourceUncheckable(
+                f"schema.json: sample.new_dim.from ({self.new_dim['from']!r}) takes too long on {name!r}; "
+                "the members cannot be told apart"
+            ) from None
         if match is None or match.group(1) is None:
             return None
         text = match.group(1)
