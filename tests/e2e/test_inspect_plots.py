@@ -30,10 +30,8 @@ def _map_axes(figure):
     return figure.subfigs[-1].axes[0]
 
 
-@pytest.fixture(scope="module")
-def masked(tmp_path_factory) -> Path:
-    """SST with a block of land (NaN), filled with 0 and marked by mask/sst."""
-    tmp = tmp_path_factory.mktemp("masked")
+def _sst(tmp: Path, **options) -> Path:
+    """SST with a block of land (NaN), filled with 0."""
     rng = np.random.default_rng(0)
     sst = rng.normal(290, 3, (3, 12, 12)).astype("f4")
     sst[:, 3:9, 2:7] = np.nan
@@ -48,10 +46,16 @@ def masked(tmp_path_factory) -> Path:
         "sample": {"window": {"lat": 6, "lon": 6}},
         "nan_policy": "fill",
         "fill_value": 0.0,
-        "nan_mask": True,
         "output": {"path": str(tmp / "out")},
+        **options,
     }
     return build_quietly(config, tmp)
+
+
+@pytest.fixture(scope="module")
+def masked(tmp_path_factory) -> Path:
+    """The filled points marked by mask/sst."""
+    return _sst(tmp_path_factory.mktemp("masked"), nan_mask=True)
 
 
 def test_filled_values_are_neither_drawn_nor_counted(masked):
@@ -68,6 +72,12 @@ def test_filled_values_are_neither_drawn_nor_counted(masked):
         values = subfigure.axes[0].collections[0].get_array()
         assert np.ma.is_masked(values) or not filled.any()
         assert values.compressed().min() > 250
+
+
+def test_filled_values_without_a_mask_are_said_to_be_among_the_values(tmp_path):
+    figure = _quiet_page(_sst(tmp_path), samples=1)
+    histogram = next(ax for ax in figure.subfigs[-2].axes if ax.get_title().startswith("sst:"))
+    assert histogram.get_title().endswith("values (filled ones, = 0.0, among them: no mask/ feature tells them)")
 
 
 @pytest.fixture(scope="module")
