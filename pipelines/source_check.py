@@ -253,9 +253,8 @@ def sample_grid(schema: Schema) -> SampleGrid:
 
 @dataclasses.dataclass(frozen=True)
 class Located:
-    """One sample's elements along every dim: on the selected grid, and in the source (before ``select``)."""
+    """One sample's elements along every dim in the source (before ``select``), and its position on the grid."""
 
-    on_grid: dict[str, np.ndarray]
     in_source: dict[str, np.ndarray]
     positions: dict[str, int]  # its grid position along each grid dim
 
@@ -271,7 +270,7 @@ def _selected(schema: Schema) -> dict[str, np.ndarray]:
 def locate(schema: Schema, record: Mapping[str, np.ndarray], sample: str) -> Located:
     """Where ``record`` is, from its index/* features; a SourceMismatch where an index is off the grid."""
     taken = _selected(schema)
-    on_grid, in_source, positions = {}, {}, {}
+    in_source, positions = {}, {}
     for dim, axis in _axes(schema).items():
         role, length = axis["role"], axis["length"]
         if role == "keep":
@@ -296,9 +295,8 @@ def locate(schema: Schema, record: Mapping[str, np.ndarray], sample: str) -> Loc
                     f"positions along {dim!r}, {role}); {FIX}"
                 )
             positions[dim] = position
-        on_grid[dim] = elements
         in_source[dim] = taken[dim][elements] if dim in taken else elements
-    return Located(on_grid, in_source, positions)
+    return Located(in_source, positions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,12 +398,16 @@ class SourceCheck:
         if "channels" in source:
             dims = [d for d in feature.dims if d != "channel"]
             channels = [
-                self.variable(feature, name, source["variables"][name], dims, where) for name in source["channels"]
+                self.values_of(feature, name, source["variables"][name], dims, where) for name in source["channels"]
             ]
             return np.stack(channels, axis=0 if feature.dims[0] == "channel" else -1)
+        return self.values_of(feature, source.get("variable", feature.name), source, feature.dims, where)
+
+    def values_of(self, feature: Feature, name: str, source: Mapping, dims: Sequence[str], where) -> np.ndarray:
+        """One variable (``source``: its provenance) over the sample: derived by input.preprocess, or read."""
         if "preprocess" in source:
-            return self.derived(feature, source.get("variable", feature.name), source, feature.dims, where)
-        return self.variable(feature, source.get("variable", feature.name), source, feature.dims, where)
+            return self.derived(feature, name, source, dims, where)
+        return self.variable(feature, name, source, dims, where)
 
     def derived(self, feature: Feature, name: str, source: Mapping, dims: Sequence[str], where) -> np.ndarray:
         """A variable ``input.preprocess`` derives, over the sample: the function applied to its inputs read here."""
@@ -460,9 +462,9 @@ class SourceCheck:
         return role_values(feature, self._whole(feature, source["variable"], source, where)[None])[0]
 
     def _whole(self, feature: Feature, name: str, source: Mapping, where: Located) -> np.ndarray:
-        """A role's variable over the whole sample (every step any role takes, the uncropped window)."""
-        dims = [d for d in source["dims"] if d not in self.iterated()]
-        return self.variable(feature, name, source, dims, where)
+        """A role's variable over the whole sample (every step any role takes, the uncropped window), in the
+        feature's dims (a stack's: each channel's) as role_values takes it."""
+        return self.values_of(feature, name, source, [d for d in feature.dims if d != "channel"], where)
 
     def coordinate_values(self, dim: str, where: Located, whole: bool = False) -> tuple[np.ndarray, dict] | None:
         """A dim's coordinate at the sample's elements (``whole``: all of it), and its attributes; None if none."""
