@@ -44,6 +44,8 @@ def test_every_record_equals_its_source(patches):
     report = assert_matches_source(patches)
     total = load_schema(str(patches)).num_examples()
     assert f"{total} random sample(s) (seed 0) equal their source bit for bit, every one of 9 features" in report
+    lines = verify_output(str(patches), source_samples=5, seed=1).summary().splitlines()  # the Python API
+    assert lines[0].startswith("OK: ") and lines[1].startswith(f"OK: {patches}: 5 random sample(s) (seed 1) equal")
 
 
 def test_a_record_altered_with_valid_checksums_is_named(patches, tmp_path):
