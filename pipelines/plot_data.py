@@ -397,6 +397,7 @@ class CurvilinearMosaic:
     cells: list[Cells]
     matches: str
     centre: float  # the longitude every cell's are taken within 180 degrees of
+    unplaced: int = 0  # samples read whose coordinates are not all finite (a model's land points): not drawn
 
     def near_centre(self, longitudes: np.ndarray) -> np.ndarray:
         return self.centre + np.mod(longitudes - self.centre + 180.0, 360.0) - 180.0
@@ -433,9 +434,16 @@ def build_curvilinear(
     same = np.ones(len(scan), dtype=bool)
     for name in others:
         same &= scan.samples[name] == ref[name]
-    cells = [sample_cells(schema, feature, scan.sample(i), grid) for i in np.flatnonzero(same)]
+    every = [sample_cells(schema, feature, scan.sample(i), grid) for i in np.flatnonzero(same)]
+    cells = [c for c in every if np.isfinite(c.lat).all() and np.isfinite(c.lon).all()]
+    if not cells:
+        raise UserError(
+            f"--map: the {len(every)} samples read that share sample A's coordinates have no finite "
+            f"{grid[0].name} and {grid[1].name} to place them at; drop --map"
+        )
     matches = ", ".join(_position_text(schema, ref, name.split("/", 1)[1]) for name in others)
-    mosaic = CurvilinearMosaic(cells, matches, float(sample_cells(schema, feature, ref, grid).lon.reshape(-1)[0]))
+    centre = float(np.median(cells[0].lon))
+    mosaic = CurvilinearMosaic(cells, matches, centre, len(every) - len(cells))
     for cell in cells:
         cell.lon = mosaic.near_centre(cell.lon)
     return mosaic

@@ -409,6 +409,8 @@ def draw_curvilinear_map(
     colorbar.ax.tick_params(labelsize=FONT - 1)
     for number, i in enumerate(picks):
         cells = sample_cells(schema, feature, scan.sample(i), grid)
+        if not (np.isfinite(cells.lat).all() and np.isfinite(cells.lon).all()):
+            continue  # (not placed: the title counts it)
         lat, lon = cell_corners(cells.lat), cell_corners(mosaic.near_centre(cells.lon))  # around its cells
         edge_lat = np.concatenate([lat[0, :], lat[1:, -1], lat[-1, -2::-1], lat[-2::-1, 0]])
         edge_lon = np.concatenate([lon[0, :], lon[1:, -1], lon[-1, -2::-1], lon[-2::-1, 0]])
@@ -433,7 +435,8 @@ def draw_curvilinear_map(
         f"Where the samples lie: A-{_letter(len(picks) - 1)} outlined on their own {lat_name}/{lon_name} "
         f"(a curvilinear grid). Background: {feature.name}, from the {mosaic.samples:,} samples "
         f"read that share sample A's {mosaic.matches or 'coordinates'}, each on its cells; blank where none was "
-        f"read{_blank_too(scan, np.concatenate([c.values.reshape(-1) for c in mosaic.cells]))}",
+        f"read{_blank_too(scan, np.concatenate([c.values.reshape(-1) for c in mosaic.cells]))}"
+        + (f"; {mosaic.unplaced:,} without finite coordinates not drawn" if mosaic.unplaced else ""),
         fontsize=FONT + 1,
         x=0.01,
         ha="left",

@@ -116,15 +116,20 @@ def test_a_region_across_the_seam_is_drawn_where_it_lies_without_a_warning(acros
     assert _map_axes(figure).xaxis.get_major_formatter()(375.0, 0) == "15"
 
 
-def _curvilinear(directory: Path) -> Path:
-    """``tos(time, y, x)`` on a skewed grid whose longitudes cross 0 (2-D lat/lon coordinates)."""
+def _curvilinear(directory: Path, land: bool = False) -> Path:
+    """``tos(time, y, x)`` on a skewed grid whose longitudes cross 0 (2-D lat/lon coordinates); ``land``: NaN
+    latitudes at some points of the first 4 x 5 patch, as some ocean models write them (then along time too, as
+    a static coordinate must be finite)."""
     j, i = np.meshgrid(np.arange(8), np.arange(10), indexing="ij")
     lat = 40 + 2.0 * j + 0.3 * i
+    if land:
+        lat[:2, :2] = np.nan
     lon = (345 + 3.0 * i - 0.5 * j) % 360
+    lat_attrs = {"units": "degrees_north", "standard_name": "latitude"}
     tos = np.random.default_rng(1).normal(15, 4, (2, 8, 10)).astype("f4")
     coords = {
         "time": pd.date_range("2000-01-01", periods=2, freq="D"),
-        "lat": (("y", "x"), lat, {"units": "degrees_north", "standard_name": "latitude"}),
+        "lat": (("time", "y", "x") if land else ("y", "x"), np.stack([lat, lat]) if land else lat, lat_attrs),
         "lon": (("y", "x"), lon, {"units": "degrees_east", "standard_name": "longitude"}),
     }
     xr.Dataset({"tos": (("time", "y", "x"), tos, {"units": "degC"})}, coords).to_netcdf(directory / "tos.nc")
@@ -167,3 +172,16 @@ def test_a_closed_pipe_ends_the_summary_quietly(across_the_seam):
     process.stdout.close()  # before it prints anything: its first write meets a closed pipe
     _, error = process.communicate(timeout=300)
     assert process.returncode == 141 and error == b"", error
+
+
+def test_samples_without_finite_coordinates_are_left_off_the_map_and_counted(tmp_path):
+    config = {
+        "input": {"paths": str(_curvilinear(tmp_path, land=True))},
+        "coords": ["lat", "lon"],
+        "sample": {"window": {"y": 4, "x": 5}},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    figure = _quiet_page(build_quietly(config, tmp_path), samples=4)
+    meshes = [c for c in _map_axes(figure).collections if type(c).__name__ == "QuadMesh"]
+    assert len(meshes) == 3  # of the day's four patches, the one with NaN coordinates is not placed
+    assert figure.subfigs[-1].get_suptitle().endswith("; 1 without finite coordinates not drawn")
