@@ -713,8 +713,9 @@ def verify_source(path: str, samples: int, seed: int = 0, split: str | None = No
                 label = sample_label(schema, name, position)
                 try:
                     expected = check.expected(record, label)
-                except UserError as error:
-                    raise type(error)(f"{path}: {error}") from None
+                except UserError as error:  # (the function's own errors, with input.preprocess, among them)
+                    kind = SourceMismatch if isinstance(error, SourceMismatch) else SourceUncheckable
+                    raise kind(f"{path}: {error}") from None
                 except (KeyError, IndexError, TypeError, ValueError, OSError) as error:  # unlike what schema.json says
                     raise SourceUncheckable(
                         f"{path}: {label} cannot be found in the inputs as schema.json describes them "
