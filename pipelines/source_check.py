@@ -253,8 +253,10 @@ def sample_grid(schema: Schema) -> SampleGrid:
 
 @dataclasses.dataclass(frozen=True)
 class Located:
-    """One sample's elements along every dim in the source (before ``select``), and its position on the grid."""
+    """One sample's elements along every dim, on the selected grid and in the source (before ``select``), and its
+    position on the grid."""
 
+    on_grid: dict[str, np.ndarray]
     in_source: dict[str, np.ndarray]
     positions: dict[str, int]  # its grid position along each grid dim
 
@@ -270,7 +272,7 @@ def _selected(schema: Schema) -> dict[str, np.ndarray]:
 def locate(schema: Schema, record: Mapping[str, np.ndarray], sample: str) -> Located:
     """Where ``record`` is, from its index/* features; a SourceMismatch where an index is off the grid."""
     taken = _selected(schema)
-    in_source, positions = {}, {}
+    on_grid, in_source, positions = {}, {}, {}
     for dim, axis in _axes(schema).items():
         role, length = axis["role"], axis["length"]
         if role == "keep":
@@ -295,8 +297,28 @@ def locate(schema: Schema, record: Mapping[str, np.ndarray], sample: str) -> Loc
                     f"positions along {dim!r}, {role}); {FIX}"
                 )
             positions[dim] = position
+        on_grid[dim] = elements
         in_source[dim] = taken[dim][elements] if dim in taken else elements
-    return Located(in_source, positions)
+    return Located(on_grid, in_source, positions)
+
+
+def check_split(schema: Schema, where: Located, split: str, sample: str) -> None:
+    """A SourceMismatch where the sample's steps along the split dim are not all in its split's range: a record in
+    another split's shards (a sample straddling two splits is in none)."""
+    info = schema.sample.get("splits", {}).get(split)
+    dim = schema.sample.get("split_dim", schema.sample.get("concat_dim"))
+    axis = _axes(schema).get(dim)
+    if not isinstance(info, dict) or "index_range" not in info or axis is None or dim not in where.on_grid:
+        return
+    origin = int(axis.get("index_origin", 0))
+    start, stop = (int(i) + origin for i in info["index_range"])
+    steps = where.on_grid[dim]
+    if steps.min() < start or steps.max() >= stop:
+        raise SourceMismatch(
+            f"{sample} covers {dim} steps {steps.min() - origin} to {steps.max() - origin} of the sample grid, but "
+            f"split {split!r} holds steps {start - origin} to {stop - origin - 1}: the record is in another split's "
+            f"shards; {FIX}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,9 +604,11 @@ class SourceCheck:
             lat_values = lat_values[taken[lat_dim]] if lat_dim in taken else lat_values
         return TimeFeatures(names, self.inputs.concat_dim, lon_dim, lon_values, lat_dim, lat_values)
 
-    def expected(self, record: Mapping[str, np.ndarray], sample: str) -> dict[str, np.ndarray]:
-        """Every feature's expected value; index/* features are the locator, checked by locate."""
+    def expected(self, record: Mapping[str, np.ndarray], sample: str, split: str) -> dict[str, np.ndarray]:
+        """Every feature's expected value; index/* features are the locator, checked by locate (on the grid) and
+        check_split (in the split's range)."""
         where = locate(self.schema, record, sample)
+        check_split(self.schema, where, split, sample)
         self._derived_for = self._derived = None
         out: dict[str, np.ndarray] = {}
         unfilled: dict[str, np.ndarray] = {}
@@ -712,7 +736,7 @@ def verify_source(path: str, samples: int, seed: int = 0, split: str | None = No
             for position, record in _records(path, schema, name, positions):
                 label = sample_label(schema, name, position)
                 try:
-                    expected = check.expected(record, label)
+                    expected = check.expected(record, label, name)
                 except UserError as error:  # (the function's own errors, with input.preprocess, among them)
                     kind = SourceMismatch if isinstance(error, SourceMismatch) else SourceUncheckable
                     raise kind(f"{path}: {error}") from None

@@ -226,10 +226,10 @@ def assert_matches_source(output: Path, samples: int = 10_000) -> str:
     return report
 
 
-def tamper_record(output: Path, feature: str, split: str = "data") -> tuple[int, np.ndarray]:
-    """Alter the first value of ``feature`` in the first record of ``split`` consistently (a float by 0.5, an int by
-    1): its CRCs recomputed, its size, and so the shard's index, unchanged. Returns (the sample's position, the
-    altered values). Uncompressed shards, one sample a record."""
+def tamper_record(output: Path, feature: str, split: str = "data", by: float = 0.5) -> tuple[int, np.ndarray]:
+    """Alter the first value of ``feature`` in the first record of ``split`` consistently (by ``by``, an int's
+    rounded): its CRCs recomputed, its size, and so the shard's index, unchanged. Returns (the sample's position,
+    the altered values). Uncompressed shards, one sample a record."""
     from schemas.example_codec import entry_header, varint
     from schemas.tfrecord import frame, read_records
 
@@ -238,11 +238,11 @@ def tamper_record(output: Path, feature: str, split: str = "data") -> tuple[int,
     value = np.asarray(next(reader.iter_examples([shard]))[feature]).reshape(-1)
     if value.dtype.kind == "f":
         changed = value.copy()
-        changed[0] += np.float32(0.5)
+        changed[0] += np.float32(by)
         old, new = value.astype("<f4").tobytes(), changed.astype("<f4").tobytes()
         header = entry_header(feature.encode(), 2, len(old))
     else:
-        changed = value + np.eye(1, len(value), dtype=value.dtype)[0]
+        changed = value + np.eye(1, len(value), dtype=value.dtype)[0] * max(1, round(by))
         old, new = b"".join(map(varint, value.tolist())), b"".join(map(varint, changed.tolist()))
         assert len(old) == len(new), "the altered int must keep its varint's length"
         header = entry_header(feature.encode(), 3, len(old))

@@ -76,6 +76,20 @@ def test_an_index_moved_off_the_grid_is_named(patches, tmp_path):
     ), message
 
 
+def test_a_record_in_another_splits_shards_is_named(archive, tmp_path):
+    splits = {"train": {"time": [None, "2020-01-01T12"]}, "valid": {"time": ["2020-01-01T18", None]}}
+    output = build_quietly(_config(archive, tmp_path / "out", splits=splits), tmp_path)
+    assert_matches_source(output)
+    position, value = tamper_record(output, "index/time", "train", by=6)  # a valid step's index, on the grid
+    status, message = source_check(output)
+    assert status == 1, message
+    shard = load_schema(str(output)).splits["train"][0].file
+    assert message.startswith(
+        f"error: {output}: sample {position} of split 'train' ({shard}, record 0) covers time steps {value[0]} to "
+        f"{value[0]} of the sample grid, but split 'train' holds steps 0 to 2: the record is in another split's"
+    ), message
+
+
 def test_inputs_changed_since_the_build_are_found(archive, tmp_path):
     inputs = Path(shutil.copytree(archive, tmp_path / "inputs"))
     output = build_quietly(_config(inputs, tmp_path / "out"), tmp_path)
