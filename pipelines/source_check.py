@@ -68,8 +68,8 @@ class SourceReport:
     def summary(self) -> str:
         return (
             f"OK: {self.path}: {self.samples:,} random sample(s) (seed {self.seed}) equal their source bit for bit, "
-            f"every one of {self.features} features (index/* as positions on the sample grid), re-read with xarray "
-            f"from the {self.files} input file(s) in {self.seconds:.1f} s"
+            f"every one of {self.features} features (index/* as positions on the sample grid, in their split), "
+            f"re-read with xarray from the {self.files} input file(s) in {self.seconds:.1f} s"
         )
 
 
