@@ -88,6 +88,8 @@ def test_a_record_in_another_splits_shards_is_named(archive, tmp_path):
         f"error: {output}: sample {position} of split 'train' ({shard}, record 0) covers time steps {value[0]} to "
         f"{value[0]} of the sample grid, but split 'train' holds steps 0 to 2: the record is in another split's"
     ), message
+    status, report = source_check(output, 10_000, "--split", "valid")  # --split: that split's samples alone
+    assert status == 0 and "equal their source bit for bit" in report, report
 
 
 def test_inputs_changed_since_the_build_are_found(archive, tmp_path):
