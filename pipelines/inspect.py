@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from schemas.schema import Feature, Schema
 
 EXIT_VERIFY_FAILED = EXIT_FAILED
+#: The reader of our output left (``inspect OUT | head``): what a tool killed by SIGPIPE exits with (128 + 13).
+EXIT_CLOSED_PIPE = 141
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,14 +32,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only this split (default: every split; --plot: train if there is one, else the first)",
     )
     parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
+    parser.add_argument(
+        "--source",
+        type=int,
+        metavar="N",
+        help="with --verify: re-read N random samples from the output's inputs with xarray and compare every "
+        "feature bit for bit (--seed picks them)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
     parser.add_argument("--map", action="store_true", help="add the samples' footprints on a lat/lon map to --plot")
     parser.add_argument("--samples", type=int, default=4, metavar="N", help="samples on the --plot page (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="which random samples --plot shows (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="which random samples --plot shows and --source re-reads (default 0)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     args = parser.parse_args(argv)
     if args.map and not args.plot:
         parser.error("--map adds a map to the --plot page: add --plot out.png")
+    if args.source is not None and not args.verify:
+        parser.error("--source checks samples against the inputs as part of --verify: add --verify")
+    if args.source is not None and args.source < 1:
+        parser.error(f"--source must be at least 1, not {args.source}")
     if args.samples < 1:
         parser.error(f"--samples must be at least 1, not {args.samples}")
     return args
@@ -307,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
         from schemas.verify import VerifyError, verify_output
 
         try:
-            print(verify_output(path, args.split).summary())
+            report = verify_output(path, args.split, source_samples=args.source or 0, seed=args.seed)
+            print(report.summary())
         except VerifyError as error:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
@@ -325,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.verbose)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # (a closed pipe shows here, not at exit, where Python would print its own message)
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -338,6 +358,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {with_fix(str(error), 'the shard is damaged: build the output again')}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
         return report_failure(error, args.verbose, subject=args.output)
+
+
+def _closed_pipe() -> int:
+    """Stop quietly once whoever read our output has gone: the rest of it goes nowhere (as Python's docs on
+    SIGPIPE advise), so flushing at exit raises nothing more."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 
 from schemas import load_schema
 
-from helpers import build_quietly, import_generated_parser, read_all_records, refused
+from helpers import assert_matches_source, build_quietly, import_generated_parser, read_all_records, refused
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"
 ROLES = {
@@ -83,6 +83,7 @@ def test_roles_take_their_own_steps_and_crops(cmip, tmp_path):
     norm = stats["normalization"]
     means = [np.ravel(norm[name]["mean"]).tolist() for name in ("inputs/tas", "targets/tas")]
     assert means[0] == means[1] == [stats["variables"]["tas"]["mean"]]
+    assert_matches_source(output, 200)  # roles' steps and crops, and their time features
     from schemas import Reader, reassemble
     from schemas.errors import UserError
 
@@ -171,6 +172,7 @@ def test_nan_masks_of_role_features_take_the_roles_steps_and_crops(tmp_path):
             records["mask/targets/a"][i], np.isnan(values["a"][t + 1 : t + 2, y + 1 : y + 3, x + 1 : x + 3])
         )
     assert records["mask/targets/a"].any() and records["mask/inputs/ab"].any()
+    assert_matches_source(output)  # fills and masks, of a role's stack too
     from schemas import Reader
 
     normalized = Reader(str(output), "data", normalize=True, normalized_fill=7.0).read_all()
@@ -190,6 +192,7 @@ def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_pa
         "forcings/vas": (1, 16, 16),
     }
     assert schema.feature("inputs/fields").dims == ("channel", "time", "lat", "lon")
+    assert_matches_source(output, 200)
     records = read_all_records(output, schema, "test")
     for i in range(0, len(records["index/time"]), 11):
         record = {name: values[i] for name, values in records.items()}

@@ -18,7 +18,14 @@ import xarray as xr
 
 from schemas import load_schema
 
-from helpers import build_quietly, expected_progress, parse_with_generated_parser, read_all_records, refused
+from helpers import (
+    assert_matches_source,
+    build_quietly,
+    expected_progress,
+    parse_with_generated_parser,
+    read_all_records,
+    refused,
+)
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"
 
@@ -70,6 +77,7 @@ def test_noleap_windows_of_steps_and_longitudes(sample_file, tmp_path):
     assert times[0].calendar == "noleap"
     records = parse_with_generated_parser(output)  # TensorFlow's own parser
     _check(records, times, lambda record: lon[record["index/lon"] + np.arange(32)])
+    assert_matches_source(output, 100)  # input.calendar too
 
 
 def test_standard_calendar_offsets_with_longitudes_kept_across_the_seam(tmp_path):
@@ -97,6 +105,7 @@ def test_standard_calendar_offsets_with_longitudes_kept_across_the_seam(tmp_path
     assert records["time_features/day_progress_sin"].shape[1:] == (2, len(selected))
     records["index/time"] = records["index/time"] - 1  # offsets [-1, 0]: the index names the second step
     _check(records, times, lambda record: selected)
+    assert_matches_source(output)
 
 
 def test_iterated_steps_and_longitudes_one_per_sample(sample_file, tmp_path):
@@ -211,6 +220,7 @@ def test_cos_zenith_per_cell_and_step(tmp_path):
         want = _spencer_cos_zenith(steps, cells_lat, cells_lon)
         np.testing.assert_allclose(values[i], want, atol=1e-6)
         np.testing.assert_allclose(values[i], _noaa_cos_zenith(steps, cells_lat, cells_lon), atol=0.01)
+    assert_matches_source(output, 100)
 
 
 #: Every calendar CF lists; the dates exist in each (no 29 February, no 31st) and lie far from 1970 on both sides,
