@@ -587,22 +587,39 @@ class SourceCheck:
         return ready[0]
 
     def _plan_time_features(self) -> TimeFeatures:
+        """The time features as the build planned them, from schema.json's record of them and the inputs' own
+        longitudes and latitudes (read here, through xarray)."""
         names = tuple(self.config.get("sample", {}).get("time_features") or ())
-        lon_dim = lat_dim = lon_values = lat_values = None
+        calendar = lon_name = lat_dim = None
         for feature in self.schema.features:
-            if feature.role != TIME_FEATURE_ROLE:
-                continue
-            lon_dim = feature.source.get("longitude") or lon_dim
-            lat_dim = feature.source.get("latitude") or lat_dim
-        reference = self.inputs.dataset(self._reference_file())
-        taken = _selected(self.schema)
-        if lon_dim is not None:
-            lon_values = reference[lon_dim].values.astype(np.float64)
-            lon_values = lon_values[taken[lon_dim]] if lon_dim in taken else lon_values
+            if feature.role == TIME_FEATURE_ROLE:
+                calendar = feature.source.get("calendar", calendar)
+                lon_name = feature.source.get("longitude") or lon_name
+                lat_dim = feature.source.get("latitude") or lat_dim
+        lon_dims, lon_values, lat_values = (), None, None
+        if lon_name is not None:
+            variable = self._coordinate_variable(lon_name)
+            lon_dims = tuple(variable.dims)
+            lon_values = self._on_selected_grid(variable)
         if lat_dim is not None:
-            lat_values = reference[lat_dim].values.astype(np.float64)
-            lat_values = lat_values[taken[lat_dim]] if lat_dim in taken else lat_values
-        return TimeFeatures(names, self.inputs.concat_dim, lon_dim, lon_values, lat_dim, lat_values)
+            lat_values = self._on_selected_grid(self._coordinate_variable(lat_dim))
+        concat = self.inputs.concat_dim
+        return TimeFeatures(names, concat, calendar, lon_name, lon_dims, lon_values, lat_dim, lat_values)
+
+    def _coordinate_variable(self, name: str) -> xr.DataArray:
+        """A coordinate of the inputs: from the reference file, or the first file holding it (a grid file)."""
+        reference = self.inputs.dataset(self._reference_file())
+        if name in reference.variables:
+            return reference[name]
+        return self.inputs.dataset(self.inputs.static(name))[name]
+
+    def _on_selected_grid(self, variable: xr.DataArray) -> np.ndarray:
+        """A coordinate's float64 values over its dims, as the selection left them."""
+        values, taken = variable.values.astype(np.float64), _selected(self.schema)
+        for axis, dim in enumerate(variable.dims):
+            if dim in taken:
+                values = np.take(values, taken[dim], axis=axis)
+        return values
 
     def expected(self, record: Mapping[str, np.ndarray], sample: str, split: str) -> dict[str, np.ndarray]:
         """Every feature's expected value; index/* features are the locator, checked by locate (on the grid) and
