@@ -491,3 +491,46 @@ def test_a_zarr_store_rewritten_with_earlier_steps_backfills_a_gs_output(appende
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
     assert inspect_main([output, "--verify"]) == 0
+
+
+def _add_in_place(path: Path, variable: str, amount: float) -> None:
+    """Change a file's values where it lies, as a correction tool would: its size and steps stay the same."""
+    import netCDF4
+
+    with netCDF4.Dataset(path, "a") as ds:
+        ds[variable][:] = ds[variable][:] + amount
+
+
+def test_a_held_file_changed_in_place_is_refused_naming_it(archive, tmp_path, capsys):
+    """Reported: a held file's values changed in place (same size and steps), then --append of every file: the
+    output held old and new values of the same cells, and statistics unlike a rebuild's, without a word."""
+    copied = tmp_path / "archive"
+    shutil.copytree(archive, copied)
+    files = sorted(str(p) for p in copied.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(copied, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    size = Path(files[2]).stat().st_size
+    _add_in_place(Path(files[2]), "t", 100.0)
+    assert Path(files[2]).stat().st_size == size
+    before = _hashes(output)
+    line = _refused(_config(copied, output), tmp_path, capsys)
+    assert files[2] in line and "changed since the output was built from it" in line and "--overwrite" in line, line
+    assert _hashes(output) == before
+
+
+def test_an_output_recording_no_versions_appends_checking_paths_sizes_and_ranges(generation0, archive, tmp_path):
+    """Generations recorded before versions were: an append checks what they record, and still adds the new files."""
+    output, _ = generation0
+    path = output / "generations.json"
+    document = json.loads(path.read_text())
+    for entry in document["generations"]:
+        del entry["versions"]
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    schema = json.loads((output / "schema.json").read_text())
+    from planning.run import generations as records
+
+    schema["sources"][records.DIGEST_KEY] = records.digest(document["generations"])
+    (output / "schema.json").write_text(json.dumps(schema, indent=1))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
+    assert json.loads(path.read_text())["generations"][1]["versions"]  # recorded from now on
