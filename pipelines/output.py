@@ -216,6 +216,10 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
         except Exception as error:  # cleaning up must not hide why the run failed
             whole = False
             logger.warning("could not list %s: %s", output, error)
+        committed = _listed(output) if SCHEMA_FILE not in manifest.files else set()
+        if committed & set(files):  # an append stopped after its commit: its shards are the output's now
+            whole = False  # (and the manifest naming them stays)
+            files = [name for name in files if name not in committed]
     ordered = [SCHEMA_FILE] if SCHEMA_FILE in files else []
     paths = [join(output, name) for name in [*ordered, *(f for f in files if f != SCHEMA_FILE)]]
     paths += [run_dir(output, run) for run in manifest.runs]
@@ -237,6 +241,15 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
             logger.warning("could not remove %s: %s", work_dir, error)
     remove_if_empty(join(output, TMP_DIR))
     return owned
+
+
+def _listed(output: str) -> set[str]:
+    """The files the output's schema.json lists (none if it has none, or one this tool cannot read)."""
+    try:
+        schema = Schema.loads(_text(join(output, SCHEMA_FILE)) or "")
+    except Exception:  # (no schema.json, or not one of ours: it lists nothing to keep)
+        return set()
+    return {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index) if name}
 
 
 def _put_back(path: str, data: bytes) -> None:

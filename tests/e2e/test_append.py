@@ -652,3 +652,24 @@ def test_a_new_file_whose_units_differ_is_refused_naming_both_files(archive, tmp
     line = _refused(_config(copied, output), tmp_path, capsys)
     assert f"{files[HELD_FILES]}: variable 't' has units 'degC' but 'K' in {files[0]}" in line, line
     assert _hashes(output) == before
+
+
+def test_an_append_failing_after_its_commit_keeps_the_shards_schema_json_lists(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """Stopped once schema.json names its shards (here: its last bookkeeping fails), the clean-up of a failed run
+    must not remove them: the output it committed stays whole, and the next append has nothing to add."""
+    output, _ = generation0
+
+    def fail(*args):
+        raise RuntimeError("injected: the run fails after its commit")
+
+    monkeypatch.setattr(graph, "record_complete", fail)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    schema = load_schema(str(output))
+    assert schema.sources["generations"] == 2 and list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
+    _normalized_reads_work(output)
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # nothing to append; no file foreign
+    assert load_schema(str(output)).sources["generations"] == 2
