@@ -185,7 +185,8 @@ def _run_build(
         inventory = join(config.output.path, INVENTORY_FILE)
         committed, held = None, None
         if append:
-            committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
+            as_json = config.model_dump(mode="json", by_alias=True)
+            committed, held = committed_generations(config.output.path, as_json, restore=not dry_run)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
         check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and

@@ -264,14 +264,17 @@ def _put_back(path: str, data: bytes) -> None:
             FileSystems.delete([temporary])
 
 
-def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
+def committed_generations(path: str, config: dict, restore: bool = True) -> tuple[Schema, Held]:
     """The output an append adds to: its committed schema, and what its generations hold.
 
     UserError if there is none, if it was built before appends were recorded, or if ``config``
     (the append's, as JSON) differs from the one it was built with in anything but its input files.
+    ``restore``: first put back the committed metadata an append killed during its commit replaced (not in a
+    dry run, which writes nothing).
     """
     schema_path, record_path = join(path, SCHEMA_FILE), join(path, GENERATIONS_FILE)
-    _restore_stopped_commits(path)
+    if restore:
+        _restore_stopped_commits(path)
     text = _text(schema_path) if _is_file(schema_path) else None
     if text is None:
         raise UserError(f"output: {path} holds no complete output to append to (no {SCHEMA_FILE}); build it first")

@@ -673,3 +673,28 @@ def test_an_append_failing_after_its_commit_keeps_the_shards_schema_json_lists(
     _normalized_reads_work(output)
     assert _build(_config(archive, output), tmp_path, "--append") == 0  # nothing to append; no file foreign
     assert load_schema(str(output)).sources["generations"] == 2
+
+
+def test_a_gs_append_killed_during_its_commit_is_put_back_by_the_next_run(archive, gcs, tmp_path, monkeypatch):
+    """The commit's staging, copies and renames on an object store (renames are copies there): killed before
+    schema.json, the next append into the output puts the committed metadata back, then completes."""
+    from conftest import BUCKET
+
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = f"gs://{BUCKET}/append-killed/out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    names = ("schema.json", "stats.json", "parser.py", "generations.json")
+    before = {name: gcs.cat(f"{output}/{name}") for name in names}
+    _fail_renaming(monkeypatch, f"{output}/schema.json", KeyboardInterrupt)  # as a kill
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (a kill puts nothing back)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # nor removes anything
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    gcs.invalidate_cache()
+    assert gcs.cat(f"{output}/stats.json") != before["stats.json"]  # the uncommitted generation's
+    assert inspect_main([output, "--verify"]) != 0
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path, "--append") == 0
+    gcs.invalidate_cache()
+    assert {name: gcs.cat(f"{output}/{name}") for name in names} == before
+    assert inspect_main([output, "--verify"]) == 0
+    assert len(Reader(output, "train", normalize=True).read_all()["index/time"]) > 0
