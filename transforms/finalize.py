@@ -33,12 +33,13 @@ from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
 from planning.run.manifest import Manifest
-from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
+from planning.run.names import MANIFEST_FILE, TMP_DIR, join, new_temporary_token, shard_path, temporary_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
+from schemas.urls import is_remote
 from transforms.files import (
     make_durable,
     read_bytes,
@@ -544,8 +545,19 @@ def _keep_committed(output: str, kept: str) -> None:
     """
     if FileSystems.exists(join(kept, SCHEMA_FILE)):
         return
+    if not is_remote(kept):
+        os.makedirs(kept, exist_ok=True)  # (a local copy makes no folder; object stores have none)
     for name in COMMIT_ORDER:
-        write_atomically(join(kept, name), [read_bytes(join(output, name))], durable=True)
+        # Copied by the filesystem (an object store copies without the bytes passing through here: a large
+        # output's schema.json lists every shard), under a temporary name: a copy cut short is never taken for one.
+        temporary = temporary_path(join(kept, name), new_temporary_token())
+        try:
+            FileSystems.copy([join(output, name)], [temporary])
+            make_durable([temporary])
+            _replace(temporary, join(kept, name))
+        finally:
+            if FileSystems.exists(temporary):
+                FileSystems.delete([temporary])
 
 
 def _replace(source: str, destination: str) -> None:
