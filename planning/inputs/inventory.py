@@ -508,6 +508,10 @@ def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str], tolera
         )
 
 
+#: CF's other names of one calendar.
+_CALENDAR_ALIASES = {"gregorian": "standard", "365_day": "noleap", "366_day": "all_leap"}
+
+
 def _meaning(variable: VariableInfo) -> dict[str, Any]:
     """The attributes that say what a variable's decoded values mean, normalised: for numbers their ``units``; for
     times decoded to dates their ``calendar`` (their units differ harmlessly: each file's decode with its own)."""
@@ -517,7 +521,7 @@ def _meaning(variable: VariableInfo) -> dict[str, Any]:
     calendar = variable.attrs.get("calendar")
     if kind == "O" and calendar is not None:  # cftime dates
         name = str(calendar).strip().lower()
-        return {"calendar": "standard" if name == "gregorian" else name}
+        return {"calendar": _CALENDAR_ALIASES.get(name, name)}
     units = variable.attrs.get("units")
     return {"units": units.strip() if isinstance(units, str) else units}
 
