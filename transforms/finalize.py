@@ -548,6 +548,8 @@ def _keep_committed(output: str, kept: str) -> None:
     if not is_remote(kept):
         os.makedirs(kept, exist_ok=True)  # (a local copy makes no folder; object stores have none)
     for name in COMMIT_ORDER:
+        if name != SCHEMA_FILE and not FileSystems.exists(join(output, name)):
+            continue  # (one removed by hand: the commit writes it anew, and has nothing to put back)
         # Copied by the filesystem (an object store copies without the bytes passing through here: a large
         # output's schema.json lists every shard), under a temporary name: a copy cut short is never taken for one.
         temporary = temporary_path(join(kept, name), new_temporary_token())

@@ -698,3 +698,10 @@ def test_a_gs_append_killed_during_its_commit_is_put_back_by_the_next_run(archiv
     assert {name: gcs.cat(f"{output}/{name}") for name in names} == before
     assert inspect_main([output, "--verify"]) == 0
     assert len(Reader(output, "train", normalize=True).read_all()["index/time"]) > 0
+
+
+def test_an_append_to_an_output_whose_parser_was_removed_writes_it_anew(generation0, archive, tmp_path):
+    output, _ = generation0
+    (output / "parser.py").unlink()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert len(parse_with_generated_parser(output, "val")["index/time"]) == load_schema(str(output)).num_examples("val")
