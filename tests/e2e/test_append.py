@@ -705,3 +705,19 @@ def test_an_append_to_an_output_whose_parser_was_removed_writes_it_anew(generati
     (output / "parser.py").unlink()
     assert _build(_config(archive, output), tmp_path, "--append") == 0
     assert len(parse_with_generated_parser(output, "val")["index/time"]) == load_schema(str(output)).num_examples("val")
+
+
+def test_a_commit_stopped_on_a_worker_is_put_back_by_the_launchers_clean_up(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """On a remote runner the commit runs on a worker: killed there between two renames (it puts nothing back), the
+    job fails, and the launcher's clean-up of the run puts the committed files back before removing the rest."""
+    output, _ = generation0
+    before = _hashes(output, COMMITTED)
+    _fail_renaming(monkeypatch, output / "schema.json", KeyboardInterrupt)
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (the worker's, killed)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert _hashes(output, COMMITTED) == before
+    assert not (output / "_tmp").exists() and not list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
