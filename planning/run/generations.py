@@ -274,8 +274,8 @@ def _check_versions(held: Held, holding: Sequence[HeldFile], known: Collection[t
     if changed:
         what = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
     raise UserError(
-        f"input: {what} changed since the output was built from it (its version, modification time, inode and "
-        "change time locally or generation on GCS, is another), so the samples already written may hold its old "
+        f"input: {what} changed since the output was built from it (its modification time, inode or change time, "
+        "or on GCS its generation, differ from those recorded), so the samples already written may hold its old "
         "values; rebuild the output with --overwrite"
     )
 
