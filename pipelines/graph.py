@@ -199,7 +199,8 @@ def _run_build(
         inventory = join(config.output.path, INVENTORY_FILE)
         committed, held = None, None
         if append:
-            committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
+            as_json = config.model_dump(mode="json", by_alias=True)
+            committed, held = committed_generations(config.output.path, as_json, restore=not dry_run)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
         if committed is not None:
             check_time_features_unchanged(committed.features, plan.schema.features)
@@ -235,15 +236,15 @@ def _run_build(
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
         # A failed run removes what it wrote: a build, all of it; an append, its own shards only.
-        mine = manifest
-        if committed is not None:
-            manifest = prepare_append(plan.output, manifest, committed)
+        mine, earlier = manifest, None
+        if committed is not None:  # (a failed append puts the manifest before it back: it wrote nothing)
+            manifest, earlier = prepare_append(plan.output, manifest, committed)
             mine = Manifest(frozenset(plan.shard_names), manifest.runs)
         else:
             prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
-        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work))
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work, earlier))
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
@@ -298,12 +299,16 @@ def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
     Its samples are counted as dropped, and the next append does not plan those steps again.
     """
     check_stopped()
-    manifest = prepare_append(plan.output, plan.manifest(), committed)
+    manifest, earlier = prepare_append(plan.output, plan.manifest(), committed)
     tendency, field = tendency_spec(plan), field_spec(plan)  # (its new steps may still add pairs, and values)
     summaries = merge_by_name(
         [tendency_summary(tendency) if tendency is not None else {}, field_summary(field) if field is not None else {}]
     )
-    finalize_output(finalize_spec(plan), [], summaries)
+    try:
+        finalize_output(finalize_spec(plan), [], summaries)
+    except BaseException:
+        remove_run_files(plan.output, Manifest(frozenset(), manifest.runs), None, earlier)
+        raise
     record_complete(plan.output, manifest)
     return load_schema(plan.output)
 
@@ -332,7 +337,7 @@ def run_counters(result: PipelineResult) -> dict[str, int]:
     return out
 
 
-def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:
+def _remove_run_files(output: str, manifest: Manifest, work: str | None, earlier: bytes | None = None) -> bool:
     """Remove what a failed or stopped run wrote, once no write of it runs any more; whether the output was its own."""
     # Other worker threads may still be writing: stop them first, or they would write again
     # into what is being removed.
@@ -343,7 +348,7 @@ def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool
         # A job that still runs would write again into what is removed, or commit shards that are gone.
         logger.warning("%s; its files were left (--overwrite removes them once it has stopped)", job.problem)
         return True
-    return remove_run_files(output, manifest, work)
+    return remove_run_files(output, manifest, work, earlier)
 
 
 def job_graph_size(pipeline: beam.Pipeline) -> int:

@@ -418,13 +418,16 @@ def make_plan(
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
     values = _JsonValues(dataset.concat_values)
-    held_files = [HeldFile(f.path, f.start, f.stop, f.nbytes) for f in files]
+    held_files = [HeldFile(f.path, f.start, f.stop, f.nbytes, f.version) for f in files]
     if held is not None and config.input.new_dim:
         raise UserError(
             f"input.new_dim: --append adds steps along {config.input.concat_dim} to one run, not to members "
             f"({config.input.new_dim}); rebuild with --overwrite"
         )
-    kept = None if held is None else held_range(held, config.input.concat_dim, values, None if store else held_files)
+    known = cached_probes.keys() if cached_probes else ()  # (the last run's files: name one that changed since)
+    kept = None
+    if held is not None:
+        kept = held_range(held, config.input.concat_dim, values, None if store else held_files, known)
     if kept is not None and kept.start:
         _check_backfill(config, grid, dataset, kept)
     generation = 0 if held is None else held.generation

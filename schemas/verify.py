@@ -12,7 +12,7 @@ import time
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema
+from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
@@ -117,8 +117,17 @@ def _check_declared_totals(path: str, schema: Schema) -> None:
 
 
 def _check_stats(path: str, schema: Schema) -> None:
-    with fsspec.open(posixpath.join(path, STATS_FILE), "r") as stream:
-        stats = json.load(stream).get("variables", {})
+    try:
+        stats = load_stats(path).get("variables", {})  # (refuses the statistics of another commit than schema.json's)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
+    digest = schema.sources.get("generations_sha256")
+    with fsspec.open(posixpath.join(path, PARSER_FILE), "r") as stream:
+        if digest and digest not in stream.read():  # (it holds the schema it serves: its commit's digest too)
+            raise VerifyError(
+                f"{posixpath.join(path, PARSER_FILE)}: written for another commit than {SCHEMA_FILE}'s (an append "
+                "stopped during its commit); run the same append again to complete it"
+            )
     # A role's feature (sample.roles: "<role>/<variable>") has its variable's statistics.
     own = {f.name: f.source.get("variable", f.name) if "sample_role" in f.source else f.name for f in schema.features}
     names = [name for f in schema.variable_features for name in f.source.get("channels", [own[f.name]])]

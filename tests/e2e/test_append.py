@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -402,32 +403,131 @@ def test_a_killed_append_leaves_the_output_verifiable_and_a_rerun_removes_what_i
     assert inspect_main([str(output), "--verify"]) == 0
 
 
-def test_statistics_of_an_append_killed_before_its_commit_are_not_read(generation0, archive, tmp_path, monkeypatch):
-    """Killed between stats.json and schema.json: readers refuse the new statistics beside the old schema."""
+#: The committed output's metadata, which a failed append must leave (or put back) as it was.
+COMMITTED = ("schema.json", "stats.json", "parser.py", "generations.json", "_manifest.json")
+
+
+def _normalized_reads_work(output: Path) -> None:
+    from schemas.dataset import load_dataset
+
+    assert len(Reader(str(output), "train", normalize=True).read_all()["index/time"]) > 0
+    assert sum(int(b["t"].shape[0]) for b in load_dataset(str(output), "train", normalize=True, batch_size=64)) > 0
+
+
+def test_an_append_killed_during_its_commit_leaves_readers_right_and_any_next_run_puts_it_back(
+    generation0, archive, tmp_path, monkeypatch, capsys
+):
+    """Reported: killed between parser.py and schema.json, the generated parser served the uncommitted generation;
+    killed after stats.json, every normalize=True read was refused and "nothing to append" repaired nothing.
+
+    Killed here after renaming generations.json, stats.json and parser.py into place, before schema.json: each
+    reader refuses the mix in one line, --verify reports it, and the next append, even one with nothing to
+    append, puts the committed files back."""
     from schemas.dataset import load_dataset
     from schemas.errors import UserError
 
-    output, _ = generation0
-    write = finalize.write_atomically
+    from helpers import import_generated_parser
 
-    def killed_at_the_commit(path, *args, **kwargs):
-        if str(path).endswith("schema.json"):
-            raise KeyboardInterrupt  # as a kill: nothing after it runs
-        return write(path, *args, **kwargs)
-
-    monkeypatch.setattr(finalize, "write_atomically", killed_at_the_commit)
-    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # as killed: nothing removed
+    output, files = generation0
+    before = _hashes(output, COMMITTED)
+    _fail_renaming(monkeypatch, output / "schema.json", KeyboardInterrupt)  # as a kill: nothing after it runs
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False, raising=False)  # (a kill puts nothing back)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # nor removes anything
     assert _build(_config(archive, output), tmp_path, "--append") != 0
     monkeypatch.undo()
     assert load_schema(str(output)).sources["generations"] == 1  # the old commit stands
+    assert _hashes(output, ["stats.json", "parser.py"]) != {k: before[k] for k in ("stats.json", "parser.py")}
     for read in (
         lambda: Reader(str(output), "train", normalize=True),
         lambda: load_dataset(str(output), "train", normalize=True),
     ):
         with pytest.raises(UserError, match=r"holds the statistics of 2 generation\(s\) but schema.json commits 1"):
             read()
-    assert _build(_config(archive, output), tmp_path, "--append") == 0  # the rerun completes it
-    assert len(Reader(str(output), "train", normalize=True).read_all()["index/time"]) > 0
+    parser = import_generated_parser(output)
+    with pytest.raises(ValueError, match=r"commits 1 generation\(s\), not the 2 this parser.py was written for"):
+        parser.make_dataset("train")
+    capsys.readouterr()
+    assert inspect_main([str(output), "--verify"]) != 0
+    assert "commits 1" in capsys.readouterr().err
+    # The next run into the output, here one with nothing to append, puts the committed files back.
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
+    assert _hashes(output, COMMITTED[:-1]) == {k: before[k] for k in COMMITTED[:-1]}
+    _normalized_reads_work(output)
+    assert len(parse_with_generated_parser(output, "train")["index/time"]) > 0
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # and the append completes
+    assert load_schema(str(output)).sources["generations"] == 2
+    _normalized_reads_work(output)
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def _fail_renaming(monkeypatch, destination: Path, error) -> None:
+    """Make the rename of a file into ``destination`` (the commit's, whichever code does it) raise ``error``."""
+    from apache_beam.io.filesystems import FileSystems
+
+    rename = FileSystems.rename
+
+    def failing(sources, destinations, *args, **kwargs):
+        if str(destination) in destinations:
+            raise error
+        return rename(sources, destinations, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystems, "rename", failing)
+
+
+def _full_disk(name: str):
+    def fail(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    return fail
+
+
+@pytest.mark.parametrize("where", ["writing stats.json", "renaming schema.json"])
+def test_an_append_failing_during_its_commit_leaves_the_committed_files_as_they_were(
+    generation0, archive, tmp_path, monkeypatch, where
+):
+    """Reported: failed on a full disk after replacing stats.json and generations.json, the output's normalised reads
+    were refused for good. A failure while writing the metadata changes none of it; one while renaming it into
+    place puts the committed files back; the manifest is the one before the append, byte for byte."""
+    output, _ = generation0
+    before = _hashes(output, COMMITTED)
+    if where == "writing stats.json":
+        write, fail = finalize.write_atomically, _full_disk("stats.json")
+        monkeypatch.setattr(
+            finalize,
+            "write_atomically",
+            lambda p, *a, **k: (fail if str(p).endswith("stats.json") else write)(p, *a, **k),
+        )
+    else:
+        _fail_renaming(monkeypatch, output / "schema.json", OSError(errno.EIO, "Input/output error"))
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert _hashes(output, COMMITTED) == before
+    assert not list(output.glob("*-g001-*")) and not (output / "_tmp").exists()
+    _normalized_reads_work(output)
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+
+
+def test_a_refused_append_writes_nothing_to_the_manifest(generation0, archive, tmp_path, monkeypatch, capsys):
+    """Reported: an append refused after planning (here: no room on the disk for its shards) left a run and shard
+    names that do not exist in _manifest.json."""
+    from transforms import in_place
+
+    output, _ = generation0
+    before = _hashes(output)
+    usage = in_place.shutil.disk_usage
+
+    def full(path):
+        return usage(path)._replace(free=0)
+
+    monkeypatch.setattr(in_place.shutil, "disk_usage", full)
+    line = _refused(_config(archive, output), tmp_path, capsys)
+    assert "the disk has 0.0 MB free" in line, line
+    del before["_inventory.json"]  # (the new files' probes: a help for the next run, kept)
+    assert _hashes(output, list(before)) == before
+    assert not (output / "_tmp").exists()
 
 
 def _same_samples(output: str, reference: Path) -> None:
@@ -631,3 +731,133 @@ def test_an_empty_split_is_refused_where_no_append_fills_it(archive, tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0], lines
     assert not (tmp_path / "out" / "schema.json").exists()
+
+
+def _add_in_place(path: Path, variable: str, amount: float) -> None:
+    """Change a file's values where it lies, as a correction tool would: its size and steps stay the same."""
+    import netCDF4
+
+    with netCDF4.Dataset(path, "a") as ds:
+        ds[variable][:] = ds[variable][:] + amount
+
+
+def test_a_held_file_changed_in_place_is_refused_naming_it(archive, tmp_path, capsys):
+    """Reported: a held file's values changed in place (same size and steps), then --append of every file: the
+    output held old and new values of the same cells, and statistics unlike a rebuild's, without a word."""
+    copied = tmp_path / "archive"
+    shutil.copytree(archive, copied)
+    files = sorted(str(p) for p in copied.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(copied, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    size = Path(files[2]).stat().st_size
+    _add_in_place(Path(files[2]), "t", 100.0)
+    assert Path(files[2]).stat().st_size == size
+    before = _hashes(output)
+    line = _refused(_config(copied, output), tmp_path, capsys)
+    assert files[2] in line and "changed since the output was built from it" in line and "--overwrite" in line, line
+    assert _hashes(output) == before
+
+
+def test_an_output_recording_no_versions_appends_checking_paths_sizes_and_ranges(generation0, archive, tmp_path):
+    """Generations recorded before versions were: an append checks what they record, and still adds the new files."""
+    output, _ = generation0
+    path = output / "generations.json"
+    document = json.loads(path.read_text())
+    for entry in document["generations"]:
+        del entry["versions"]
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    schema = json.loads((output / "schema.json").read_text())
+    from planning.run import generations as records
+
+    schema["sources"][records.DIGEST_KEY] = records.digest(document["generations"])
+    (output / "schema.json").write_text(json.dumps(schema, indent=1))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
+    assert json.loads(path.read_text())["generations"][1]["versions"]  # recorded from now on
+
+
+def test_a_new_file_whose_units_differ_is_refused_naming_both_files(archive, tmp_path, capsys):
+    """A new file in degC among held files in K: refused at planning, as a build refuses it, nothing written."""
+    import netCDF4
+
+    copied = tmp_path / "archive"
+    shutil.copytree(archive, copied)
+    files = sorted(str(p) for p in copied.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(copied, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    with netCDF4.Dataset(files[HELD_FILES], "a") as ds:
+        ds["t"][:] = ds["t"][:] - 273.15
+        ds["t"].units = "degC"
+    before = _hashes(output)
+    line = _refused(_config(copied, output), tmp_path, capsys)
+    assert f"{files[HELD_FILES]}: variable 't' has units 'degC' but 'K' in {files[0]}" in line, line
+    assert _hashes(output) == before
+
+
+def test_an_append_failing_after_its_commit_keeps_the_shards_schema_json_lists(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """Stopped once schema.json names its shards (here: its last bookkeeping fails), the clean-up of a failed run
+    must not remove them: the output it committed stays whole, and the next append has nothing to add."""
+    output, _ = generation0
+
+    def fail(*args):
+        raise RuntimeError("injected: the run fails after its commit")
+
+    monkeypatch.setattr(graph, "record_complete", fail)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    schema = load_schema(str(output))
+    assert schema.sources["generations"] == 2 and list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
+    _normalized_reads_work(output)
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # nothing to append; no file foreign
+    assert load_schema(str(output)).sources["generations"] == 2
+
+
+def test_a_gs_append_killed_during_its_commit_is_put_back_by_the_next_run(archive, gcs, tmp_path, monkeypatch):
+    """The commit's staging, copies and renames on an object store (renames are copies there): killed before
+    schema.json, the next append into the output puts the committed metadata back, then completes."""
+    from conftest import BUCKET
+
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = f"gs://{BUCKET}/append-killed/out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    names = ("schema.json", "stats.json", "parser.py", "generations.json")
+    before = {name: gcs.cat(f"{output}/{name}") for name in names}
+    _fail_renaming(monkeypatch, f"{output}/schema.json", KeyboardInterrupt)  # as a kill
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (a kill puts nothing back)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # nor removes anything
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    gcs.invalidate_cache()
+    assert gcs.cat(f"{output}/stats.json") != before["stats.json"]  # the uncommitted generation's
+    assert inspect_main([output, "--verify"]) != 0
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path, "--append") == 0
+    gcs.invalidate_cache()
+    assert {name: gcs.cat(f"{output}/{name}") for name in names} == before
+    assert inspect_main([output, "--verify"]) == 0
+    assert len(Reader(output, "train", normalize=True).read_all()["index/time"]) > 0
+
+
+def test_an_append_to_an_output_whose_parser_was_removed_writes_it_anew(generation0, archive, tmp_path):
+    output, _ = generation0
+    (output / "parser.py").unlink()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert len(parse_with_generated_parser(output, "val")["index/time"]) == load_schema(str(output)).num_examples("val")
+
+
+def test_a_commit_stopped_on_a_worker_is_put_back_by_the_launchers_clean_up(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """On a remote runner the commit runs on a worker: killed there between two renames (it puts nothing back), the
+    job fails, and the launcher's clean-up of the run puts the committed files back before removing the rest."""
+    output, _ = generation0
+    before = _hashes(output, COMMITTED)
+    _fail_renaming(monkeypatch, output / "schema.json", KeyboardInterrupt)
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (the worker's, killed)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert _hashes(output, COMMITTED) == before
+    assert not (output / "_tmp").exists() and not list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
