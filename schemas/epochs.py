@@ -61,10 +61,23 @@ def _feistel(values: np.ndarray, keys: list[np.uint64], half: int) -> np.ndarray
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, positions=None) -> np.ndarray:
-    """The sample at each position of the epoch's order (``positions``: some of ``range(num_samples)``; default all).
+    """The sample at each position of an epoch's order: a seeded bijection of ``[0, num_samples)``.
 
-    Different for every seed and epoch (each a whole number in 0..2**64-1); every sample once per epoch. The
+    Different for every seed and epoch; every sample once per epoch; the same on every machine. The
     array form of all positions is for tests and small splits: pass positions to read a large one piecewise.
+
+    Args:
+        num_samples: the split's sample count n.
+        seed: a whole number in 0..2**64-1.
+        epoch: a whole number in 0..2**64-1.
+        positions: some of ``range(num_samples)`` (an array or sequence of ints); None: all of them.
+
+    Returns:
+        An int64 array: the sample index at each position.
+
+    Raises:
+        UserError: a seed or epoch that is not a whole number in range.
+        IndexError: a position outside ``[0, num_samples)``.
     """
     seed, epoch = checked_word(seed, "seed"), checked_word(epoch, "epoch")
     n = int(num_samples)

@@ -866,14 +866,29 @@ def reassemble(
 ) -> xr.Dataset:
     """Samples of ``output`` (its records, or predictions keyed by their index/<dim>) on its source grid.
 
-    ``samples``: dicts of one sample or batches of them (``schemas.Reader`` yields them); None: the
-    split's own records. ``dims``: a prediction's dims by name, where its name is not a feature of the
-    output and its shape does not say them (a prediction may drop the kept dims or add a ``channel``).
-    ``layout``: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along
-    the concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
-    WeatherBench-X opens predictions. Where the grid has latitudes, ``area_weight`` holds cos-latitude weights.
-    With sample.roles, a feature ``<role>/<variable>`` comes back as its variable at its role's steps and crop
-    (as forecasts: at its role's lead times).
+    Where the grid has latitudes, ``area_weight`` holds cos-latitude weights. With sample.roles, a feature
+    ``<role>/<variable>`` comes back as its variable at its role's steps and crop (as forecasts: at its role's
+    lead times).
+
+    Args:
+        output: the output's folder (a local path or an fsspec URL); needs no access to the source files.
+        samples: dicts of one sample or a batch each, in any order, holding the ``index/<dim>`` features of the
+            records they were made from (``schemas.Reader`` yields such dicts); None: the split's own records.
+        split: the split the samples belong to (default: train if there is one, else the first).
+        blend: how overlapping samples combine: "mean", "cosine" (Hann weights) or "gaussian".
+        dims: a prediction's dims by name, where its name is not a feature of the output and its shape does
+            not say them (a prediction may drop the kept dims or add a ``channel``).
+        layout: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along the
+            concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
+            WeatherBench-X opens predictions.
+        schema: the output's schema, if already loaded.
+
+    Returns:
+        An ``xr.Dataset`` on the source grid, with ``coverage`` (samples per cell; NaN values where 0).
+
+    Raises:
+        UserError: a key the output does not hold, a sample given twice, a shape that fits no feature, a split
+            that does not exist, or an output built before reassembly existed.
     """
     import_xarray()
     from schemas.dataset import load_schema

@@ -223,9 +223,25 @@ def shuffled_stream(
     epochs: int | None = None,
     epoch_multiple: int = 1,
 ) -> ShuffledStream:
-    """One rank's samples of a split's global stream, a fresh order every epoch (``epochs``: how many; None: for ever).
+    """One rank's samples of a split's global stream, a fresh order every epoch.
 
-    ``epoch_multiple=L``: each epoch keeps the first n - n mod L positions of its order, whatever the world size.
+    Args:
+        path: the output's folder, a local path or an fsspec URL (``gs://...``).
+        split: the split to read (``"data"`` for a build without ``splits:``).
+        seed: the order's seed, a whole number in 0..2**64-1: the same seed gives the same stream anywhere.
+        rank: this process's rank, 0 <= rank < world_size.
+        world_size: how many ranks share the stream; rank r takes its global positions r, r + W, r + 2W, ...
+        state: what ``ShuffledStream.state()`` returned, to resume there (with any world size).
+        epochs: how many epochs the stream holds; None: for ever.
+        epoch_multiple: L, to keep the first n - n mod L positions of each epoch's order whatever the world size
+            (with L a multiple of the world size, every rank takes as many samples an epoch).
+
+    Returns:
+        A ``ShuffledStream``: iterate it for samples (``{name: array}``), call ``state()`` to checkpoint it.
+
+    Raises:
+        UserError: a seed, rank or world size out of range, or a state taken on another output, split, seed or
+            epoch_multiple (or of the first state format, which names no output).
     """
     return ShuffledStream(
         RandomAccessSource(path, split),
