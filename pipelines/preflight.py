@@ -33,6 +33,7 @@ from pipelines.runners import (
     ships_code,
 )
 from planning.config import BuildConfig
+from planning.run.cancellation import Cancelled, is_stopped
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -336,6 +337,8 @@ def _check_dask_scheduler(options: PipelineOptions) -> None:
     flag = "--dask_client_address" if dask.address else "--dask_scheduler_file"
     try:
         threads = _run_coroutine(_ask_dask_scheduler(dask.address, dask.scheduler_file, timeout))
+    except _Stopped:
+        raise Cancelled("the build was interrupted") from None
     except _NoDaskWorkers:
         raise UserError(
             f"DaskRunner: the Dask cluster at {where} has no workers (none joined within {timeout:g} s); "
@@ -387,16 +390,38 @@ async def _ask_dask_scheduler(address: str | None, scheduler_file: str | None, t
         address=address, scheduler_file=scheduler_file, asynchronous=True, timeout=timeout, set_as_default=False
     )
     try:
-        await asyncio.wait_for(client, timeout)
+        await _unless_stopped(asyncio.wait_for(client, timeout))
         try:
-            await client.wait_for_workers(1, timeout=max(deadline - loop.time(), 0.001))
+            await _unless_stopped(client.wait_for_workers(1, timeout=max(deadline - loop.time(), 0.001)))
         except TimeoutError:  # (Dask's WorkerStartTimeoutError is one)
             raise _NoDaskWorkers from None
         remaining = max(deadline - loop.time(), 0.001)
-        return sum((await asyncio.wait_for(client.nthreads(), remaining)).values())
+        return sum((await _unless_stopped(asyncio.wait_for(client.nthreads(), remaining))).values())
     finally:
         with contextlib.suppress(Exception):  # closing must not hide the answer, nor wait on a silent scheduler
             await asyncio.wait_for(client.close(), CLOSE_WAIT)
+
+
+#: Seconds between two looks for a stop (Ctrl-C, SIGTERM) while the scheduler check waits.
+STOP_POLL = 0.1
+
+
+class _Stopped(Exception):
+    """A stop came while the scheduler check waited (raised as Cancelled outside the event loop)."""
+
+
+async def _unless_stopped(awaitable):
+    """``awaitable``'s result; a stop ends the wait at once, so that a stopped build unwinds and cleans up in its
+    own time instead of its stop's grace."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=STOP_POLL)
+            if is_stopped() and not task.done():
+                raise _Stopped
+        return task.result()
+    finally:
+        task.cancel()
 
 
 #: Seconds to wait for a Dask client of the scheduler check to close.

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -489,13 +488,14 @@ def submission_temp_dir(options: PipelineOptions):
         yield
         return
     folder = tempfile.mkdtemp(prefix="xarray-tfrecords-submit-")
+    remove_at_exit(folder)  # also when a stop ends the process itself (os._exit), mid-check or mid-job
     previous = tempfile.tempdir
     tempfile.tempdir = folder
     try:
         yield
     finally:
         tempfile.tempdir = previous
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_now(folder)
 
 
 def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManager:

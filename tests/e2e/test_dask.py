@@ -249,6 +249,7 @@ def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, c
 
 
 NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]
+STOPPED_LINE = "error: stopped by SIGTERM; the run's files were removed and the output is not complete"
 
 
 @pytest.mark.parametrize(
@@ -322,6 +323,33 @@ def test_a_scheduler_that_never_answers_fails_in_one_line_within_the_timeout(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_build_stopped_while_it_waits_for_the_scheduler_leaves_nothing_in_the_temp_directory(
+    small_archive, tmp_path, silent_scheduler
+):
+    """SIGTERM during the scheduler check: the build unwinds at once; it used to end after the stop's grace, leaving
+    its submission folder (and the output lock in it) in the temp directory."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(tmp_path / "out"))
+    flags = [f"--dask_client_address={silent_scheduler}", "--dask_connection_timeout=60", "--shared_filesystem"]
+    command = [sys.executable, "-m", "pipelines.build", "--config", str(config), "--runner=DaskRunner", *flags]
+    build = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(temp)}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(temp.glob("xarray-tfrecords-submit-*")):  # the run started: the check follows at once
+            assert build.poll() is None and time.monotonic() < deadline, "the build never started its run"
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the check, which would wait 60 s
+        build.send_signal(signal.SIGTERM)
+        _, err = build.communicate(timeout=60)
+    finally:
+        build.kill()
+    assert build.returncode == 143, err
+    assert err.strip().splitlines()[-1] == STOPPED_LINE, err
+    assert sorted(p.name for p in temp.iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cluster_without_workers_fails_in_one_line_within_the_timeout(
     small_archive, tmp_path, capsys, cluster_without_workers
 ):
@@ -386,7 +414,9 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(config))
     tests = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    temp = tmp_path / "tmp"  # the launcher's temp directory: Beam's and the submission's folders go with the run
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(temp)}
     command = [sys.executable, "-c", LAUNCHER, "--config", str(path), "--quiet", "--shared_filesystem"]
     launcher = subprocess.Popen([*command, *dask_flags(client)], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -410,6 +440,7 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     time.sleep(2.5)  # ... so nothing writes into the output after the clean-up (a task takes a second and more)
     left = sorted(str(p.relative_to(output)) for p in output.rglob("*"))
     assert left == ["_inventory.json", "_manifest.json"], left
+    assert sorted(p.name for p in temp.iterdir()) == []
 
 
 def test_tendency_on_dask_equals_numpys(small_archive, tmp_path, client):
