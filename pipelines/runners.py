@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
+from pipelines.output_lock import SUBMISSION_PREFIX
 from pipelines.stopping import BEAM_WORKER_MODULE, fail_run, remove_at_exit, remove_now
 from schemas.errors import UserError
 from transforms.units import DEFAULT_RANGES
@@ -487,7 +488,7 @@ def submission_temp_dir(options: PipelineOptions):
     if is_local_runner(options):
         yield
         return
-    folder = tempfile.mkdtemp(prefix="xarray-tfrecords-submit-")
+    folder = tempfile.mkdtemp(prefix=SUBMISSION_PREFIX)  # (where the output lock is not: pipelines.output_lock)
     remove_at_exit(folder)  # also when a stop ends the process itself (os._exit), mid-check or mid-job
     previous = tempfile.tempdir
     tempfile.tempdir = folder
