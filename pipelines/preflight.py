@@ -340,9 +340,10 @@ def _check_dask_scheduler(options: PipelineOptions) -> None:
     except _Stopped:
         raise Cancelled("the build was interrupted") from None
     except _NoDaskWorkers:
+        worker = f"dask worker {dask.address}" if dask.address else f"dask worker --scheduler-file {where}"
         raise UserError(
             f"DaskRunner: the Dask cluster at {where} has no workers (none joined within {timeout:g} s); "
-            "start some (dask worker SCHEDULER_ADDRESS, or cluster.scale(N)), or give queued ones longer "
+            f"start some ({worker}, or cluster.scale(N)), or give queued ones longer "
             "with --dask_connection_timeout=SECONDS"
         ) from None
     except (OSError, ValueError) as error:  # TimeoutError is an OSError

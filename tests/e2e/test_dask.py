@@ -368,7 +368,11 @@ def test_a_cluster_without_workers_fails_in_one_line_within_the_timeout(
     flags = [f"--dask_client_address={address}", "--dask_connection_timeout=2", "--shared_filesystem"]
     code, err = _one_line_within(20, ["--config", str(config), "--runner=DaskRunner", *flags], capsys)
     assert code == 2
-    assert err.startswith(f"error: DaskRunner: the Dask cluster at {address} has no workers (none joined within 2 s)")
+    assert err == (
+        f"error: DaskRunner: the Dask cluster at {address} has no workers (none joined within 2 s); start some "
+        f"(dask worker {address}, or cluster.scale(N)), or give queued ones longer with "
+        "--dask_connection_timeout=SECONDS"
+    )
     assert not (tmp_path / "out").exists()
 
 
