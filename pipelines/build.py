@@ -26,7 +26,7 @@ from pipelines.cli import (
     report_failure,
     started_up,
 )
-from pipelines.stopping import EXIT_CODES, StopOnSignal, exit_now, exit_quickly, stopped_line
+from pipelines.stopping import StopOnSignal, exit_now, exit_quickly, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
@@ -304,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(worker_output.getvalue())
             print(str(error))
             return 0
-        if stop.requested is not None:
+        if stop.ended():
             # Whatever the stop made fail on its way out (a cancelled write, a killed worker) is its doing.
             stop.end()
-            print(stopped_line(stop.requested), file=sys.stderr)
-            return EXIT_CODES[stop.requested]
+            print(stop.line(), file=sys.stderr)
+            return stop.exit_code()
         if isinstance(error, KeyboardInterrupt):  # not through our handler: a program that calls main()
             print(stopped_line(signal.SIGINT), file=sys.stderr)
             return EXIT_INTERRUPTED
