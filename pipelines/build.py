@@ -26,7 +26,7 @@ from pipelines.cli import (
     report_failure,
     started_up,
 )
-from pipelines.stopping import EXIT_CODES, StopOnSignal, exit_now, exit_quickly, stopped_line
+from pipelines.stopping import StopOnSignal, exit_now, exit_quickly, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
@@ -137,9 +137,6 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
             f"({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s); it now holds {schema.num_examples():,} samples in "
             f"{len(shards)} shard(s) of {plan.generation + 1} generations."
         )
-        own = dropped_line(plan.schema.counts)  # this generation's: the new steps' samples outside every split
-        if own:
-            print(own.replace("dropped:", "dropped of the new steps' samples:"))
     else:
         print(
             f"Wrote {schema.num_examples():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
@@ -147,16 +144,19 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
         )
     if len(schema.splits) > 1:
         print("  " + ", ".join(f"{name}: {schema.num_examples(name):,}" for name in schema.splits))
+    for name, described in schema.sample.get("splits", {}).items():
+        if described.get("no_data_yet") and not schema.num_examples(name):
+            print(f"  {name}: no data yet ({described['no_data_yet']}); an --append with its steps fills it")
     print(graph_line(plan))
     if plan.unstated_calendar:
         print(_calendar_line(plan.unstated_calendar))
     reads = store_reads_line(counters or {}, "the store" if plan.zarr_store is not None else "NetCDF-4 chunks")
     if reads:
         print(reads)
-    counts = schema.counts
+    counts = _own_counts(plan, schema)  # an append's summary says what it did, not what earlier generations did
     dropped = dropped_line(counts)
     if dropped:
-        print(dropped)
+        print(dropped.replace("dropped:", "dropped of the new steps' samples:") if plan.generation else dropped)
     with_nan = counts.get("samples_with_nan", 0)
     filled = with_nan and plan.nan_policy == "fill"
     stats = {}
@@ -186,6 +186,27 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     # (importing each output's parser.py as the module "parser" would return the first one twice).
     print("    from schemas import load_dataset")
     print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
+
+
+def _own_counts(plan: BuildPlan, schema: Schema) -> dict[str, int]:
+    """This build's counts: the output's for a first build; an append's own (schema.json sums every generation's),
+    from generations.json, or where it cannot be read, those planning knew (gaps, outside the splits)."""
+    if not plan.generation:
+        return dict(schema.counts)
+    import fsspec
+
+    from planning.run.generations import DIGEST_KEY, GENERATIONS_FILE, loads
+
+    path = f"{plan.output.rstrip('/')}/{GENERATIONS_FILE}"
+    try:
+        with fsspec.open(path, "r") as stream:
+            text = stream.read()
+        committed = int(schema.sources.get("generations", plan.generation + 1))
+        entries = loads(text, path, committed, schema.sources.get(DIGEST_KEY))
+        counts = entries[plan.generation].get("counts")
+    except (OSError, UserError, IndexError, ValueError):
+        counts = None
+    return dict(counts) if isinstance(counts, dict) else dict(plan.schema.counts)
 
 
 def _calendar_line(paths: tuple[str, ...]) -> str:
@@ -283,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(worker_output.getvalue())
             print(str(error))
             return 0
-        if stop.requested is not None:
+        if stop.ended():
             # Whatever the stop made fail on its way out (a cancelled write, a killed worker) is its doing.
             stop.end()
-            print(stopped_line(stop.requested), file=sys.stderr)
-            return EXIT_CODES[stop.requested]
+            print(stop.line(), file=sys.stderr)
+            return stop.exit_code()
         if isinstance(error, KeyboardInterrupt):  # not through our handler: a program that calls main()
             print(stopped_line(signal.SIGINT), file=sys.stderr)
             return EXIT_INTERRUPTED

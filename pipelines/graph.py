@@ -55,22 +55,24 @@ from planning.config import BuildConfig, with_absolute_paths
 from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
+from planning.positions import check_time_features_unchanged
 from planning.run.cancellation import allow_writes, cancel_writes, check_stopped
 from planning.run.contracts import METRICS_NAMESPACE
 from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
-from planning.specs import StageSpecs, compile_specs, finalize_spec, run_files, tendency_spec
+from planning.specs import StageSpecs, compile_specs, field_spec, finalize_spec, run_files, tendency_spec
 from planning.write_strategy import choose_write_strategy, lay_out
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples
+from transforms.field import ComputeFieldStats, field_summary
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.in_place import check_disk_space, reserve_shards
-from transforms.stats import ComputeStats
+from transforms.stats import ComputeStats, merge_by_name
 from transforms.streamed import StreamBlocks
 from transforms.tendency import ComputeTendency, tendency_summary
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
@@ -118,14 +120,26 @@ def build_pipeline(
             | "SpreadTendencyUnits" >> beam.Reshuffle()
             | "ComputeTendency" >> ComputeTendency(specs.tendency)
         )
+    field = None
+    if specs.field is not None:  # stats.over: field: the source's steps and cells, read by units of their own
+        field = (
+            pipeline
+            | "EnumerateFieldUnits" >> EnumerateUnits(specs.field.plan.units, None, ranges)
+            | "SpreadFieldUnits" >> beam.Reshuffle()
+            | "ComputeFieldStats" >> ComputeFieldStats(specs.field)
+        )
+    # The statistics read from the source by units of their own: {split: SplitSummary} elements.
+    of_source = [branch for branch in (tendency, field) if branch is not None]
+    if len(of_source) > 1:
+        of_source = [tuple(of_source) | "JoinSourceStats" >> beam.Flatten()]
     if stream_blocks:  # Schema, one element, once committed
-        inputs = spread if tendency is None else (spread, tendency)
+        inputs = (spread, *of_source) if of_source else spread
         return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
     blocks = spread | "CutSamples" >> CutSamples(specs.cut)  # Block: one unit's samples and counts
     shards = blocks | "WriteShards" >> WriteShards(specs.write)  # ShardResult, one per shard written
     summaries = blocks | "ComputeStats" >> ComputeStats(specs.stats)  # {split: SplitSummary}, one element
-    if tendency is not None:
-        summaries = (summaries, tendency) | "JoinTendency" >> beam.Flatten()
+    if of_source:
+        summaries = (summaries, *of_source) | "JoinTendency" >> beam.Flatten()
     return (shards, summaries) | "Finalize" >> Finalize(specs.finalize)  # Schema, one element, once committed
 
 
@@ -185,8 +199,11 @@ def _run_build(
         inventory = join(config.output.path, INVENTORY_FILE)
         committed, held = None, None
         if append:
-            committed, held = committed_generations(config.output.path, config.model_dump(mode="json", by_alias=True))
+            as_json = config.model_dump(mode="json", by_alias=True)
+            committed, held = committed_generations(config.output.path, as_json, restore=not dry_run)
         plan = make_plan(config, cached_probes=load_probes(inventory, config.input.concat_dim), held=held)
+        if committed is not None:
+            check_time_features_unchanged(committed.features, plan.schema.features)
         check_stopped()
         # A local output on a filesystem the workers share: bucket files, progress markers and
         # in-place writes need it. (A local run's work dir for a remote output is in local temp.)
@@ -219,15 +236,15 @@ def _run_build(
         manifest = plan.manifest()
         check_stopped()  # a stop during planning: nothing written yet
         # A failed run removes what it wrote: a build, all of it; an append, its own shards only.
-        mine = manifest
-        if committed is not None:
-            manifest = prepare_append(plan.output, manifest, committed)
+        mine, earlier = manifest, None
+        if committed is not None:  # (a failed append puts the manifest before it back: it wrote nothing)
+            manifest, earlier = prepare_append(plan.output, manifest, committed)
             mine = Manifest(frozenset(plan.shard_names), manifest.runs)
         else:
             prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)
         # Removed once, by this thread unwinding or by a stop it does not answer in time (pipelines.stopping).
-        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work))
+        cleanup = RunCleanup(functools.partial(_remove_run_files, plan.output, mine, work, earlier))
         clean_up_on_stop(cleanup)
         try:
             check_stopped()
@@ -272,7 +289,7 @@ def _run_build(
 
 def _parallel_tasks(plan: BuildPlan, specs: StageSpecs) -> int:
     """How many of the run's steps could run at once: its units (the tendency's too), or its shards' sorts."""
-    units = len(plan.units) + (len(specs.tendency.plan.units) if specs.tendency is not None else 0)
+    units = len(plan.units) + sum(len(extra.plan.units) for extra in (specs.tendency, specs.field) if extra is not None)
     return max(units, plan.num_shards if specs.write.bucket_dir is not None else 1)
 
 
@@ -282,9 +299,16 @@ def _commit_without_samples(plan: BuildPlan, committed: Schema) -> Schema:
     Its samples are counted as dropped, and the next append does not plan those steps again.
     """
     check_stopped()
-    manifest = prepare_append(plan.output, plan.manifest(), committed)
-    tendency = tendency_spec(plan)  # (its new steps may still add pairs of steps)
-    finalize_output(finalize_spec(plan), [], tendency_summary(tendency) if tendency is not None else {})
+    manifest, earlier = prepare_append(plan.output, plan.manifest(), committed)
+    tendency, field = tendency_spec(plan), field_spec(plan)  # (its new steps may still add pairs, and values)
+    summaries = merge_by_name(
+        [tendency_summary(tendency) if tendency is not None else {}, field_summary(field) if field is not None else {}]
+    )
+    try:
+        finalize_output(finalize_spec(plan), [], summaries)
+    except BaseException:
+        remove_run_files(plan.output, Manifest(frozenset(), manifest.runs), None, earlier)
+        raise
     record_complete(plan.output, manifest)
     return load_schema(plan.output)
 
@@ -313,7 +337,7 @@ def run_counters(result: PipelineResult) -> dict[str, int]:
     return out
 
 
-def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool:
+def _remove_run_files(output: str, manifest: Manifest, work: str | None, earlier: bytes | None = None) -> bool:
     """Remove what a failed or stopped run wrote, once no write of it runs any more; whether the output was its own."""
     # Other worker threads may still be writing: stop them first, or they would write again
     # into what is being removed.
@@ -324,7 +348,7 @@ def _remove_run_files(output: str, manifest: Manifest, work: str | None) -> bool
         # A job that still runs would write again into what is removed, or commit shards that are gone.
         logger.warning("%s; its files were left (--overwrite removes them once it has stopped)", job.problem)
         return True
-    return remove_run_files(output, manifest, work)
+    return remove_run_files(output, manifest, work, earlier)
 
 
 def job_graph_size(pipeline: beam.Pipeline) -> int:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from schemas.schema import Feature, Schema
 
 EXIT_VERIFY_FAILED = EXIT_FAILED
+#: The reader of our output left (``inspect OUT | head``): what a tool killed by SIGPIPE exits with (128 + 13).
+EXIT_CLOSED_PIPE = 141
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,14 +32,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only this split (default: every split; --plot: train if there is one, else the first)",
     )
     parser.add_argument("--verify", action="store_true", help="read every shard: CRCs, record counts, feature shapes")
+    parser.add_argument(
+        "--source",
+        type=int,
+        metavar="N",
+        help="with --verify: re-read N random samples from the output's inputs with xarray and compare every "
+        "feature bit for bit (--seed picks them)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="write a page of random samples and histograms to this PNG")
     parser.add_argument("--map", action="store_true", help="add the samples' footprints on a lat/lon map to --plot")
     parser.add_argument("--samples", type=int, default=4, metavar="N", help="samples on the --plot page (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="which random samples --plot shows (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="which random samples --plot shows and --source re-reads (default 0)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     args = parser.parse_args(argv)
     if args.map and not args.plot:
         parser.error("--map adds a map to the --plot page: add --plot out.png")
+    if args.source is not None and not args.verify:
+        parser.error("--source checks samples against the inputs as part of --verify: add --verify")
+    if args.source is not None and args.source < 1:
+        parser.error(f"--source must be at least 1, not {args.source}")
     if args.samples < 1:
         parser.error(f"--samples must be at least 1, not {args.samples}")
     return args
@@ -110,10 +125,20 @@ def _count(shard) -> str:
     return f"{shard.examples:,} samples in {shard.records:,} records"
 
 
+def _awaiting(schema: Schema, split: str) -> str:
+    """Why a split holds no sample, as schema.json says it (its range lies beyond the input's steps)."""
+    described = (schema.sample or {}).get("splits", {}).get(split, {})
+    reason = described.get("no_data_yet") if isinstance(described, dict) else None
+    return f": no data yet ({reason}); an --append with its steps fills it" if reason else ""
+
+
 def split_lines(schema: Schema, files: dict[str, int], only: str | None) -> list[str]:
     lines = ["Splits"]
     for name, shards in schema.splits.items():
         if only and name != only:
+            continue
+        if not shards:
+            lines.append(f"  {name}: 0 samples{_awaiting(schema, name)}")
             continue
         examples = [s.examples for s in shards]
         size = sum(files.get(s.file, 0) for s in shards)
@@ -151,6 +176,9 @@ def geometry_lines(schema: Schema) -> list[str]:
     calendar = f" ({sample['calendar']} calendar)" if "calendar" in sample and along_concat else ""
     dim = "" if along_concat else f"{sample['split_dim']} "
     for name, split in sample.get("splits", {}).items():
+        if split.get("first") is None:
+            lines.append(f"  split {name}: no step of the input yet")
+            continue
         lines.append(f"  split {name}: {dim}{split['first']} to {split['last']}{calendar}")
     new_dim = sample.get("new_dim")
     if new_dim:
@@ -228,7 +256,8 @@ def stats_lines(stats: dict[str, Any] | None, schema: Schema) -> list[str]:
             continue
         rows.extend(_stat_rows(name, units.get(name, ""), s, schema.coords, filled))
     reference = stats.get("reference_split")
-    title = f"Statistics (stats.json, split {reference}; used by normalize=True)" if reference else "Statistics"
+    over = f", over the {stats['over']}" if stats.get("over") in ("samples", "field") else ""  # (stats.over)
+    title = f"Statistics (stats.json, split {reference}{over}; used by normalize=True)" if reference else "Statistics"
     description = textwrap.wrap(stats.get("description", ""), 100, initial_indent="  ", subsequent_indent="  ")
     return [title, *description, *_table(rows, align="<<" + ">" * (len(rows[0]) - 2))]
 
@@ -293,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
         from schemas.verify import VerifyError, verify_output
 
         try:
-            print(verify_output(path, args.split).summary())
+            report = verify_output(path, args.split, source_samples=args.source or 0, seed=args.seed)
+            print(report.summary())
         except VerifyError as error:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
@@ -311,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.verbose)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # (a closed pipe shows here, not at exit, where Python would print its own message)
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -324,6 +358,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {with_fix(str(error), 'the shard is damaged: build the output again')}", file=sys.stderr)
             return EXIT_VERIFY_FAILED
         return report_failure(error, args.verbose, subject=args.output)
+
+
+def _closed_pipe() -> int:
+    """Stop quietly once whoever read our output has gone: the rest of it goes nowhere (as Python's docs on
+    SIGPIPE advise), so flushing at exit raises nothing more."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

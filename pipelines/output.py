@@ -18,12 +18,21 @@ from planning.inputs.probe_cache import FORMAT as INVENTORY_FORMAT
 from planning.run import generations
 from planning.run.generations import GENERATIONS_FILE, Held, check_config, held_of
 from planning.run.manifest import BOOKKEEPING, METADATA, Manifest, is_bookkeeping, manifest_from_schema
-from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TMP_DIR, join, relative, run_dir
+from planning.run.names import (
+    INVENTORY_FILE,
+    MANIFEST_FILE,
+    TMP_DIR,
+    join,
+    new_temporary_token,
+    relative,
+    run_dir,
+    temporary_path,
+)
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE, Schema
 from schemas.urls import is_remote
 from transforms.files import read_bytes, remove_if_empty, remove_tree, write_atomically
-from transforms.finalize import check_owns_output, owns_output
+from transforms.finalize import check_owns_output, owns_output, restore_committed
 
 logger = logging.getLogger(__name__)
 #: Foreign files named in a refusal.
@@ -182,21 +191,35 @@ def record_complete(output: str, manifest: Manifest) -> None:
     write_atomically(join(output, MANIFEST_FILE), [dataclasses.replace(manifest, runs=frozenset()).dumps().encode()])
 
 
-def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> bool:
+def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earlier: bytes | None = None) -> bool:
     """Delete what a failed run wrote (shards, metadata, temporaries, its working directory); keep bookkeeping.
 
     If another build has cleared the output since (its manifest names another run), the files
     named like this run's are that build's: only this run's own directories are removed then.
     Returns whether the output was still this run's. A run killed outright cannot do this; the
-    next run with --overwrite does (prepare_output).
+    next run with --overwrite does (prepare_output). An append's (``earlier``: the manifest before
+    it, put back once all it wrote is gone) first puts back the committed metadata its commit
+    replaced, if it was stopped during its commit.
     """
     owned = all(owns_output(output, run) for run in manifest.runs)
     files = []
+    whole = owned
     if owned:
+        for run in manifest.runs:
+            try:
+                restore_committed(output, run_dir(output, run))
+            except Exception as error:  # cleaning up must not hide why the run failed
+                whole = False
+                logger.warning("could not put back the committed metadata of %s: %s", output, error)
         try:
             files = [name for name in _files(output)[0] if manifest.owns(name) and name not in BOOKKEEPING]
         except Exception as error:  # cleaning up must not hide why the run failed
+            whole = False
             logger.warning("could not list %s: %s", output, error)
+        committed = _listed(output) if SCHEMA_FILE not in manifest.files else set()
+        if committed & set(files):  # an append stopped after its commit: its shards are the output's now
+            whole = False  # (and the manifest naming them stays)
+            files = [name for name in files if name not in committed]
     ordered = [SCHEMA_FILE] if SCHEMA_FILE in files else []
     paths = [join(output, name) for name in [*ordered, *(f for f in files if f != SCHEMA_FILE)]]
     paths += [run_dir(output, run) for run in manifest.runs]
@@ -204,7 +227,13 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> b
         try:
             remove_tree(path, inside=output)
         except Exception as error:  # cleaning up must not hide why the run failed
+            whole = False
             logger.warning("could not remove %s: %s", path, error)
+    if whole and earlier is not None:  # (with a file left, the manifest naming it stays: --overwrite removes it)
+        try:
+            _put_back(join(output, MANIFEST_FILE), earlier)
+        except Exception as error:  # cleaning up must not hide why the run failed
+            logger.warning("could not put back %s: %s", join(output, MANIFEST_FILE), error)
     if work_dir is not None and work_dir not in paths:
         try:
             remove_tree(work_dir)
@@ -214,13 +243,38 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None) -> b
     return owned
 
 
-def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
+def _listed(output: str) -> set[str]:
+    """The files the output's schema.json lists (none if it has none, or one this tool cannot read)."""
+    try:
+        schema = Schema.loads(_text(join(output, SCHEMA_FILE)) or "")
+    except Exception:  # (no schema.json, or not one of ours: it lists nothing to keep)
+        return set()
+    return {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index) if name}
+
+
+def _put_back(path: str, data: bytes) -> None:
+    """Write a file under a temporary name and rename it, as a stopped run's clean-up may (its writes are refused)."""
+    temporary = temporary_path(path, new_temporary_token())
+    try:
+        with FileSystems.create(temporary) as stream:
+            stream.write(data)
+        FileSystems.rename([temporary], [path])
+    finally:
+        if FileSystems.exists(temporary):
+            FileSystems.delete([temporary])
+
+
+def committed_generations(path: str, config: dict, restore: bool = True) -> tuple[Schema, Held]:
     """The output an append adds to: its committed schema, and what its generations hold.
 
     UserError if there is none, if it was built before appends were recorded, or if ``config``
     (the append's, as JSON) differs from the one it was built with in anything but its input files.
+    ``restore``: first put back the committed metadata an append killed during its commit replaced (not in a
+    dry run, which writes nothing).
     """
     schema_path, record_path = join(path, SCHEMA_FILE), join(path, GENERATIONS_FILE)
+    if restore:
+        _restore_stopped_commits(path)
     text = _text(schema_path) if _is_file(schema_path) else None
     if text is None:
         raise UserError(f"output: {path} holds no complete output to append to (no {SCHEMA_FILE}); build it first")
@@ -237,17 +291,34 @@ def committed_generations(path: str, config: dict) -> tuple[Schema, Held]:
             "with --overwrite, then --append adds to it"
         )
     check_config(schema.config, config, json_default)  # (keys added since it was built mean their defaults)
+    built = schema.config if isinstance(schema.config, dict) else {}
+    stats, sample = built.get("stats") or {}, built.get("sample") or {}
+    if isinstance(stats, dict) and isinstance(sample, dict) and sample.get("roles") and "over" not in stats:
+        # Its statistics counted every cut value of a variable, the steps and cells no role stores too.
+        raise UserError(
+            f"output: {path} was built with sample.roles before its statistics counted only the values the records "
+            "store, so an append would merge two different counts; rebuild it once with --overwrite, then --append "
+            "adds to it"
+        )
     committed = int(schema.sources.get("generations", 1))
     entries = generations.loads(record, record_path, committed, schema.sources.get(generations.DIGEST_KEY))
     return schema, held_of(entries, record_path)
 
 
-def prepare_append(path: str, manifest: Manifest, committed: Schema) -> Manifest:
+def _restore_stopped_commits(path: str) -> None:
+    """Put back the committed metadata an append killed during its commit replaced (what its manifest's runs kept)."""
+    manifest_path = join(path, MANIFEST_FILE)
+    record = Manifest.loads(_text(manifest_path) or "", manifest_path) if _is_file(manifest_path) else None
+    for run in record.runs if record else ():
+        restore_committed(path, run_dir(path, run))
+
+
+def prepare_append(path: str, manifest: Manifest, committed: Schema) -> tuple[Manifest, bytes | None]:
     """Before an append writes: remove what an earlier append that never committed left; record the union manifest.
 
     The committed shards, their indexes and the metadata stay untouched; any file this tool did not
-    write is refused as prepare_output refuses it. Returns the manifest recorded: every file of the
-    earlier generations and of this one.
+    write is refused as prepare_output refuses it. Returns the manifest recorded (every file of the
+    earlier generations and of this one) and the one it replaced, as it was (put back if the append fails).
     """
     files, links = _files(path)
     record = _record(path, files)
@@ -264,6 +335,7 @@ def prepare_append(path: str, manifest: Manifest, committed: Schema) -> Manifest
     for run in record.runs:
         remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
+    earlier = read_bytes(join(path, MANIFEST_FILE)) if MANIFEST_FILE in files else None
     union = Manifest(record.files | manifest.files, manifest.runs)
     write_atomically(join(path, MANIFEST_FILE), [union.dumps().encode()])
-    return union
+    return union, earlier

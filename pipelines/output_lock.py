@@ -47,9 +47,18 @@ def _canonical(output: str) -> str:
     return os.path.realpath(os.path.expanduser(output))
 
 
+#: The name of a remote run's private temp folder starts so (pipelines.runners.submission_temp_dir). It stands in
+#: for the temp directory while the run stages its files, and it is the run's own: a lock in it meets no other build.
+SUBMISSION_PREFIX = "xarray-tfrecords-submit-"
+
+
 def lock_folder() -> str:
-    """This user's folder of lock files (in the temp directory, so $TMPDIR moves it)."""
-    return os.path.join(tempfile.gettempdir(), f"xarray-tfrecords-locks-{os.geteuid()}")
+    """This user's folder of lock files (in the temp directory, so $TMPDIR moves it; beside a run's submission
+    folder, never in it)."""
+    temp = tempfile.gettempdir()
+    if os.path.basename(temp).startswith(SUBMISSION_PREFIX):
+        temp = os.path.dirname(temp)
+    return os.path.join(temp, f"xarray-tfrecords-locks-{os.geteuid()}")
 
 
 def open_private_folder(folder: str, subject: str = "output lock") -> int:

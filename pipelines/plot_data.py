@@ -24,6 +24,8 @@ class Scan:
 
     samples: dict[str, np.ndarray]
     origins: list[tuple[str, int]]  # (shard file, sample position in the shard)
+    #: where a variable's values were filled (nan_policy: fill, marked by its mask/ feature): shown as NaN
+    filled: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.origins)
@@ -58,10 +60,24 @@ def scan_output(reader: Reader, rng: np.random.Generator, max_samples: int = 500
     return Scan(samples, origins)
 
 
+def hide_filled(schema: Schema, scan: Scan) -> None:
+    """Values nan_policy: fill filled (where their mask/ feature says 1) become NaN in ``scan.samples``, so no image,
+    line or histogram takes a fill value for data; ``scan.filled`` keeps where they were."""
+    for feature in schema.features:
+        of = feature.source.get("of")
+        if feature.role != "mask" or of not in scan.samples or feature.name not in scan.samples:
+            continue
+        filled = scan.samples[feature.name] != 0
+        values = scan.samples[of].astype(np.float32, copy=True)
+        values[filled] = np.nan
+        scan.samples[of], scan.filled[of] = values, filled
+
+
 def unstack(schema: Schema, scan: Scan) -> list[Feature]:
     """The variables to draw: stacked features split back into their channels' variables.
 
-    Adds each channel's values to ``scan.samples`` under its variable's name.
+    Adds each channel's values to ``scan.samples`` (and where they were filled to ``scan.filled``) under its
+    variable's name.
     """
     variables = []
     for feature in schema.variable_features:
@@ -75,6 +91,8 @@ def unstack(schema: Schema, scan: Scan) -> list[Feature]:
         values = scan.samples[feature.name]
         for i, name in enumerate(channels):
             scan.samples[name] = np.take(values, i, axis=axis + 1)  # after the leading sample axis
+            if feature.name in scan.filled:
+                scan.filled[name] = np.take(scan.filled[feature.name], i, axis=axis + 1)
             source = feature.source["variables"].get(name, {})
             variables.append(Feature(name, feature.dtype, shape, dims, "variable", source))
     return variables
@@ -110,7 +128,7 @@ def is_time(feature: Feature) -> bool:
     return feature.role == "coord" and _units(feature).startswith(EPOCH_UNITS)
 
 
-def _dim_kind(schema: Schema, dim: str) -> str | None:
+def dim_kind(schema: Schema, dim: str) -> str | None:
     """'lat', 'lon' or None for a dim, from its coord feature's units or else its name."""
     for feature in schema.features:
         if feature.role == "coord" and feature.source.get("dim") == dim:
@@ -125,7 +143,7 @@ def _dim_kind(schema: Schema, dim: str) -> str | None:
 def find_latlon(schema: Schema) -> tuple[str, str] | None:
     """The (latitude, longitude) dims of the samples, if the output has both."""
     dims = [a["dim"] for a in schema.sample.get("axes", [])] or [f.source.get("dim") for f in schema.features]
-    kinds = {_dim_kind(schema, d): d for d in dims if d}
+    kinds = {dim_kind(schema, d): d for d in dims if d}
     return (kinds["lat"], kinds["lon"]) if "lat" in kinds and "lon" in kinds else None
 
 
@@ -234,7 +252,7 @@ def select_plane(schema: Schema, feature: Feature, values: np.ndarray) -> Plane:
         index.append(i)
     plane = values[tuple(index)]
     ydim, xdim = dims[-2], dims[-1]
-    if _dim_kind(schema, xdim) == "lat" or _dim_kind(schema, ydim) == "lon":
+    if dim_kind(schema, xdim) == "lat" or dim_kind(schema, ydim) == "lon":
         plane, ydim, xdim = plane.T, xdim, ydim
     return Plane(plane, ydim, xdim, ", ".join(fixed))
 
@@ -274,6 +292,15 @@ def _fill_gaps(coord: np.ndarray) -> np.ndarray:
     return out
 
 
+def unwrapped(longitudes: np.ndarray) -> np.ndarray:
+    """Longitudes in degrees made continuous (330, 345, 360, 375 for 330, 345, 0, 15: a selection across the seam
+    runs on), NaN (rows no sample covers) kept: so cells are not drawn across the whole globe between them."""
+    out = np.array(longitudes, dtype=np.float64)
+    known = ~np.isnan(out)
+    out[known] = np.unwrap(out[known], period=360.0)
+    return out
+
+
 def _index(sample: dict[str, Any], dim: str) -> int:
     return int(sample[f"index/{dim}"]) if f"index/{dim}" in sample else 0
 
@@ -304,4 +331,119 @@ def build_mosaic(schema: Schema, scan: Scan, feature: Feature, reference: int, l
         lat_values[y : y + block.shape[0]] = sample_coord(schema, sample, lat)
         lon_values[x : x + block.shape[1]] = sample_coord(schema, sample, lon)
     matches = ", ".join(_position_text(schema, ref, dim) for dim in other_dims)
-    return Mosaic(_fill_gaps(lat_values), _fill_gaps(lon_values), grid, len(rows), matches)
+    return Mosaic(_fill_gaps(lat_values), _fill_gaps(unwrapped(lon_values)), grid, len(rows), matches)
+
+
+def footprint(mosaic: Mosaic, schema: Schema, sample: dict[str, Any], latlon: tuple[str, str]) -> tuple[slice, slice]:
+    """The rows and columns of the mosaic a sample covers (from its index/*, so across the seam too)."""
+    out = []
+    for dim in latlon:
+        start, values = _index(sample, dim), sample_coord(schema, sample, dim)
+        out.append(slice(start, start + (len(values) if values is not None else 1)))
+    return out[0], out[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# A curvilinear grid: latitude and longitude as 2-D coordinates the records carry
+
+
+def _aux_kind(feature: Feature) -> str | None:
+    attrs = feature.source.get("attrs", {})
+    units = str(attrs.get("units", "")).strip().lower()
+    name = str(feature.source.get("coordinate", feature.name)).lower()
+    if units in LAT_UNITS or attrs.get("standard_name") == "latitude" or name in LAT_NAMES:
+        return "lat"
+    if units in LON_UNITS or attrs.get("standard_name") == "longitude" or name in LON_NAMES:
+        return "lon"
+    return None
+
+
+def cell_corners(centres: np.ndarray) -> np.ndarray:
+    """The (ny + 1, nx + 1) corners of cells given their (ny, nx) centres: midway between, extrapolated at the edges
+    (a dim one cell long: a zero-width edge)."""
+    out = np.asarray(centres, dtype=np.float64)
+    for axis in (0, 1):
+        first, last = np.take(out, [0], axis), np.take(out, [-1], axis)
+        if out.shape[axis] > 1:
+            first = 2 * first - np.take(out, [1], axis)
+            last = 2 * last - np.take(out, [-2], axis)
+        out = np.concatenate([first, out, last], axis=axis)
+    return (out[:-1, :-1] + out[1:, :-1] + out[:-1, 1:] + out[1:, 1:]) / 4
+
+
+def find_curvilinear(schema: Schema) -> tuple[Feature, Feature] | None:
+    """The records' own 2-D latitude and longitude (config ``coords:`` of a curvilinear grid) on the same dims."""
+    grids = [f for f in schema.features if f.role == "aux_coord" and len(f.dims) == 2]
+    for lat in (f for f in grids if _aux_kind(f) == "lat"):
+        for lon in (f for f in grids if _aux_kind(f) == "lon"):
+            if set(lat.dims) == set(lon.dims):
+                return lat, lon
+    return None
+
+
+@dataclasses.dataclass
+class Cells:
+    """A sample's values on its own 2-D latitudes and longitudes (y, x as the latitude feature lays them)."""
+
+    lat: np.ndarray
+    lon: np.ndarray
+    values: np.ndarray
+
+
+@dataclasses.dataclass
+class CurvilinearMosaic:
+    """The scanned samples sharing the reference's other coordinates, each on its own cells."""
+
+    cells: list[Cells]
+    matches: str
+    centre: float  # the longitude every cell's are taken within 180 degrees of
+    unplaced: int = 0  # samples read whose coordinates are not all finite (a model's land points): not drawn
+
+    def near_centre(self, longitudes: np.ndarray) -> np.ndarray:
+        return self.centre + np.mod(longitudes - self.centre + 180.0, 360.0) - 180.0
+
+    @property
+    def samples(self) -> int:
+        return len(self.cells)
+
+
+def sample_cells(schema: Schema, feature: Feature, sample: dict[str, Any], grid: tuple[Feature, Feature]) -> Cells:
+    """A sample's plane of ``feature`` on the 2-D grid (its mean where it lacks the grid's dims)."""
+    lat, lon = grid
+    lat_values = np.asarray(sample[lat.name], dtype=np.float64)
+    lon_values = np.asarray(sample[lon.name], dtype=np.float64)
+    if lon.dims != lat.dims:
+        lon_values = lon_values.T
+    values = np.asarray(sample[feature.name])
+    if set(lat.dims) <= set(feature.dims) and feature.dims[-2:] in (lat.dims, lat.dims[::-1]):
+        plane = select_plane(schema, feature, values)
+        block = plane.values if (plane.ydim, plane.xdim) == lat.dims else plane.values.T
+    else:
+        block = np.full(lat_values.shape, np.nanmean(values) if values.size else np.nan)
+    return Cells(lat_values, lon_values, np.asarray(block, dtype=np.float64))
+
+
+def build_curvilinear(
+    schema: Schema, scan: Scan, feature: Feature, reference: int, grid: tuple[Feature, Feature]
+) -> CurvilinearMosaic:
+    """The scanned samples that share the reference sample's other indices (time, level, ...), on their cells;
+    longitudes within 180 degrees of the reference's first, so none is drawn across the seam."""
+    dims = set(grid[0].dims)
+    others = [f.name for f in schema.features if f.role == "index" and f.source.get("dim") not in dims]
+    ref = scan.sample(reference)
+    same = np.ones(len(scan), dtype=bool)
+    for name in others:
+        same &= scan.samples[name] == ref[name]
+    every = [sample_cells(schema, feature, scan.sample(i), grid) for i in np.flatnonzero(same)]
+    cells = [c for c in every if np.isfinite(c.lat).all() and np.isfinite(c.lon).all()]
+    if not cells:
+        raise UserError(
+            f"--map: the {len(every)} samples read that share sample A's coordinates have no finite "
+            f"{grid[0].name} and {grid[1].name} to place them at; drop --map"
+        )
+    matches = ", ".join(_position_text(schema, ref, name.split("/", 1)[1]) for name in others)
+    centre = float(np.median(cells[0].lon))
+    mosaic = CurvilinearMosaic(cells, matches, centre, len(every) - len(cells))
+    for cell in cells:
+        cell.lon = mosaic.near_centre(cell.lon)
+    return mosaic

@@ -10,19 +10,28 @@ import numpy as np
 
 from pipelines.plot_data import (
     GREGORIAN,
+    CurvilinearMosaic,
     Mosaic,
     Scan,
+    build_curvilinear,
     build_mosaic,
     calendar,
+    cell_corners,
     describe_sample,
+    dim_kind,
+    find_curvilinear,
     find_latlon,
+    footprint,
     format_date,
+    hide_filled,
     is_time,
     pooled,
+    sample_cells,
     sample_coord,
     scan_output,
     select_plane,
     unstack,
+    unwrapped,
 )
 from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
@@ -38,6 +47,16 @@ def plot_output(
     path: str, png: str, split: str | None = None, samples: int = 4, seed: int = 0, with_map: bool = False
 ) -> str:
     """Draw a page of ``samples`` random samples of a split to ``png`` (local path or fsspec URL)."""
+    figure = draw_page(path, split, samples, seed, with_map)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    with fsspec.open(png, "wb") as stream:
+        stream.write(buffer.getvalue())
+    return png
+
+
+def draw_page(path: str, split: str | None = None, samples: int = 4, seed: int = 0, with_map: bool = False):
+    """The --plot page as a matplotlib Figure (rendered with Agg, no pyplot state)."""
     schema = load_schema(path)
     split = split or default_split(list(schema.splits))
     reader = Reader(path, split, schema=schema)
@@ -45,16 +64,18 @@ def plot_output(
     scan = scan_output(reader, rng)
     picks = sorted(rng.choice(len(scan), size=min(samples, len(scan)), replace=False).tolist())
     latlon = find_latlon(schema)
-    if with_map and latlon is None:
-        coords = ", ".join(f.name for f in schema.features if f.role == "coord") or "none"
+    curvilinear = find_curvilinear(schema) if latlon is None else None
+    if with_map and latlon is None and curvilinear is None:
+        coords = ", ".join(f.name for f in schema.features if f.role in ("coord", "aux_coord")) or "none"
         raise UserError(
-            f"{path}: --map needs latitude and longitude coordinates (lat/lon or latitude/longitude); "
-            f"this output's coordinates are: {coords}; drop --map"
+            f"{path}: --map needs latitude and longitude coordinates (lat/lon or latitude/longitude dims, or 2-D "
+            f"ones in every record: config coords); this output's coordinates are: {coords}; drop --map"
         )
     try:
         stats = load_stats(path).get("variables", {})
     except FileNotFoundError:
         stats = {}
+    hide_filled(schema, scan)
     all_variables = unstack(schema, scan)
     variables = all_variables[:MAX_COLUMNS]
     if not variables:
@@ -64,7 +85,11 @@ def plot_output(
 
     # Names and units are shown as written: a "$" in them is no TeX (mathtext would fail on it).
     with matplotlib.rc_context({"text.parse_math": False}):
-        mosaic = build_mosaic(schema, scan, variables[0], picks[0], latlon) if with_map else None
+        mosaic = None
+        if with_map and latlon is not None:
+            mosaic = build_mosaic(schema, scan, variables[0], picks[0], latlon)
+        elif with_map:
+            mosaic = build_curvilinear(schema, scan, variables[0], picks[0], curvilinear)
         page = Page(variables, len(picks), mosaic)
         title = f"{path} · split {split!r} · {schema.num_examples(split):,} samples · shuffle seed {schema.seed}"
         if len(all_variables) > MAX_COLUMNS:
@@ -72,14 +97,12 @@ def plot_output(
         page.figure.suptitle(title, fontsize=FONT + 3, fontweight="bold")
         for row, i in enumerate(picks):
             draw_sample_row(page.rows[row], schema, variables, scan, i, _letter(row))
-        draw_histograms(page.histograms, variables, scan, stats)
-        if mosaic is not None:
+        draw_histograms(page.histograms, schema, variables, scan, stats)
+        if isinstance(mosaic, Mosaic):
             draw_map(page.map, schema, variables[0], scan, picks, latlon, mosaic)
-        buffer = io.BytesIO()
-        page.figure.savefig(buffer, format="png", dpi=110)
-    with fsspec.open(png, "wb") as stream:
-        stream.write(buffer.getvalue())
-    return png
+        elif mosaic is not None:
+            draw_curvilinear_map(page.map, schema, variables[0], scan, picks, curvilinear, mosaic)
+    return page.figure
 
 
 def _letter(row: int) -> str:
@@ -89,7 +112,7 @@ def _letter(row: int) -> str:
 class Page:
     """The figure: one row per sample, a row of histograms, and the map row if asked for."""
 
-    def __init__(self, variables: list[Feature], samples: int, mosaic: Mosaic | None):
+    def __init__(self, variables: list[Feature], samples: int, mosaic: Mosaic | CurvilinearMosaic | None):
         # A bare Figure renders with Agg and touches no pyplot state: no display, no backend switch
         # in a notebook that calls this.
         from matplotlib.figure import Figure
@@ -99,7 +122,8 @@ class Page:
         heights = [SAMPLE_HEIGHT] * samples + [HIST_HEIGHT]
         if mosaic is not None:
             # Size the row to the grid's shape, so that degrees come out about square.
-            lat_span, lon_span = np.ptp(mosaic.lat) or 1.0, np.ptp(mosaic.lon) or 1.0
+            lat, lon = _extent(mosaic)
+            lat_span, lon_span = np.ptp(lat) or 1.0, np.ptp(lon) or 1.0
             heights.append(float(np.clip(0.8 * width * lat_span / lon_span + 1.0, 3.0, 9.0)))
         self.figure = Figure(figsize=(width, sum(heights) + 0.6), layout="constrained")
         subfigures = np.atleast_1d(self.figure.subfigures(len(heights), 1, height_ratios=heights))
@@ -107,6 +131,16 @@ class Page:
         hist = subfigures[samples]
         self.histograms = (hist, np.atleast_1d(hist.subplots(1, columns)))
         self.map = (subfigures[-1], subfigures[-1].subplots(1, 1)) if mosaic is not None else None
+
+
+def _extent(mosaic: Mosaic | CurvilinearMosaic) -> tuple[np.ndarray, np.ndarray]:
+    """Every latitude and longitude the map shows."""
+    if isinstance(mosaic, Mosaic):
+        return mosaic.lat, mosaic.lon
+    return (
+        np.concatenate([c.lat.reshape(-1) for c in mosaic.cells]),
+        np.concatenate([c.lon.reshape(-1) for c in mosaic.cells]),
+    )
 
 
 def _title(feature: Feature) -> str:
@@ -180,7 +214,15 @@ def _dated_ticks(axis, own: str) -> None:
 
 
 def _image_axis(axis, schema: Schema, sample, dim: str, n: int) -> tuple[np.ndarray, str]:
-    """An image's coordinates along a dim and its label; times as dates of their own calendar."""
+    """An image's coordinates along a dim and its label; times as dates of their own calendar, longitudes
+    across the seam run on (345, 360, 375 shown as 345, 0, 15)."""
+    coord = sample_coord(schema, sample, dim)
+    if dim_kind(schema, dim) == "lon" and coord is not None and len(coord) == n and n > 1:
+        values = unwrapped(coord)
+        if np.all(np.diff(values) > 0) or np.all(np.diff(values) < 0):
+            _degrees_east_axis(axis)
+            units = _coord_units(schema, dim)
+            return values, f"{dim} ({units})" if units else dim
     values, label = _axis_values(schema, sample, dim, n)
     time_feature = _time_feature(schema, dim)
     if time_feature is None or label.endswith("(index)"):
@@ -196,7 +238,8 @@ def draw_image(ax, subfigure, schema: Schema, feature: Feature, sample) -> None:
     y, ylabel = _image_axis(ax.yaxis, schema, sample, plane.ydim, ny)
     x, xlabel = _image_axis(ax.xaxis, schema, sample, plane.xdim, nx)
     cmap, vmin, vmax = _colour_limits(plane.values)
-    mesh = ax.pcolormesh(x, y, plane.values, shading="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
+    values = np.ma.masked_invalid(plane.values)  # NaN and filled values: left blank
+    mesh = ax.pcolormesh(x, y, values, shading="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
     colorbar = subfigure.colorbar(mesh, ax=ax, shrink=0.9, pad=0.02)
     colorbar.ax.tick_params(labelsize=FONT - 1)
     ax.set_title(_title(feature) + (f" at {plane.fixed}" if plane.fixed else ""), fontsize=FONT + 1)
@@ -233,7 +276,18 @@ def draw_line(ax, schema: Schema, feature: Feature, sample) -> None:
     ax.grid(alpha=0.3)
 
 
-def draw_histograms(row, variables: list[Feature], scan: Scan, stats: dict) -> None:
+def _filled_note(schema: Schema, feature: Feature, scan: Scan) -> str:
+    """What the histogram of ``feature`` leaves out or cannot: values nan_policy: fill filled."""
+    if feature.name in scan.filled:
+        count = int(np.count_nonzero(scan.filled[feature.name]))
+        return f", {count:,} filled left out" if count else ""
+    config = schema.config
+    if config.get("nan_policy") == "fill" and np.issubdtype(scan.samples[feature.name].dtype, np.floating):
+        return f" (filled ones, = {config.get('fill_value')}, among them: no mask/ feature tells them)"
+    return ""
+
+
+def draw_histograms(row, schema: Schema, variables: list[Feature], scan: Scan, stats: dict) -> None:
     subfigure, axes = row
     subfigure.suptitle(
         f"Values of the {len(scan):,} samples read; the band is mean ± std over all samples (stats.json)",
@@ -251,7 +305,7 @@ def draw_histograms(row, variables: list[Feature], scan: Scan, stats: dict) -> N
             ax.axvspan(mean - std, mean + std, color="tab:orange", alpha=0.25, label="mean ± std")
             ax.axvline(mean, color="tab:red", linewidth=1.5, label=f"mean {mean:.4g}")
             ax.legend(fontsize=FONT - 1, loc="upper right", framealpha=0.8)
-        ax.set_title(f"{feature.name}: {finite.size:,} values", fontsize=FONT + 1)
+        ax.set_title(f"{feature.name}: {finite.size:,} values{_filled_note(schema, feature, scan)}", fontsize=FONT + 1)
         ax.set_xlabel(_units(feature) or feature.name, fontsize=FONT)
         ax.set_ylabel("count", fontsize=FONT)
         ax.tick_params(labelsize=FONT - 1)
@@ -275,7 +329,8 @@ def draw_map(row, schema: Schema, feature: Feature, scan: Scan, picks: list[int]
     lat_dim, lon_dim = latlon
     for number, i in enumerate(picks):
         sample = scan.sample(i)
-        lats, lons = sample_coord(schema, sample, lat_dim), sample_coord(schema, sample, lon_dim)
+        rows, columns = footprint(mosaic, schema, sample, latlon)  # on the mosaic's longitudes: across the seam too
+        lats, lons = mosaic.lat[rows], mosaic.lon[columns]
         if lats.size == 1 and lons.size == 1:  # a point sample: a box of one cell would be invisible
             ax.plot(lons, lats, marker="o", markersize=8, markerfacecolor="white", markeredgecolor="black", mew=2)
             anchor = (float(lons[0]), float(lats[0]))
@@ -297,6 +352,7 @@ def draw_map(row, schema: Schema, feature: Feature, scan: Scan, picks: list[int]
     margin_lat, margin_lon = 0.03 * (lat1 - lat0), 0.03 * (lon1 - lon0)
     ax.set_xlim(lon0 - margin_lon, lon1 + margin_lon)
     ax.set_ylim(lat0 - margin_lat, lat1 + margin_lat)
+    _degrees_east(ax)
     ax.set_xlabel(f"{lon_dim} (°E)", fontsize=FONT)
     ax.set_ylabel(f"{lat_dim} (°N)", fontsize=FONT)
     ax.tick_params(labelsize=FONT - 1)
@@ -308,7 +364,79 @@ def draw_map(row, schema: Schema, feature: Feature, scan: Scan, picks: list[int]
     subfigure.suptitle(
         f"Where the samples lie: A-{_letter(len(picks) - 1)} on the {len(mosaic.lat)} x {len(mosaic.lon)} source grid "
         f"(dashed). Background: {what}, from the {mosaic.samples:,} samples read that share sample A's "
-        f"{mosaic.matches or 'coordinates'}; blank where none was read",
+        f"{mosaic.matches or 'coordinates'}; blank where none was read{_blank_too(scan, mosaic.values)}",
+        fontsize=FONT + 1,
+        x=0.01,
+        ha="left",
+        fontweight="bold",
+        wrap=True,
+    )
+
+
+def _blank_too(scan: Scan, values: np.ndarray) -> str:
+    """Why else the map may be blank somewhere: NaN in the data, or values nan_policy: fill filled."""
+    if any(np.any(filled) for filled in scan.filled.values()):
+        return " or a value was filled (or NaN)"
+    return " or a value is NaN" if np.isnan(values).any() else ""
+
+
+def _degrees_east(ax) -> None:
+    _degrees_east_axis(ax.xaxis)
+
+
+def _degrees_east_axis(axis) -> None:
+    """Longitude ticks as degrees in [0, 360): a map across the seam runs on past 360 (or below 0)."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value % 360:g}"))
+
+
+def draw_curvilinear_map(
+    row, schema: Schema, feature: Feature, scan: Scan, picks: list[int], grid, mosaic: CurvilinearMosaic
+) -> None:
+    """The samples on their own 2-D latitudes and longitudes (a curvilinear grid), outlined where picked."""
+    subfigure, ax = row
+    cmap, vmin, vmax = _colour_limits(np.concatenate([c.values.reshape(-1) for c in mosaic.cells]))
+    if vmin is None:  # one colour scale for every sample's cells
+        finite = np.concatenate([c.values[np.isfinite(c.values)] for c in mosaic.cells])
+        vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+    mesh = None
+    for cells in mosaic.cells:
+        values = np.ma.masked_invalid(cells.values)
+        mesh = ax.pcolormesh(cells.lon, cells.lat, values, shading="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
+    colorbar = subfigure.colorbar(mesh, ax=ax, shrink=0.85, pad=0.01)
+    colorbar.set_label(_title(feature), fontsize=FONT)
+    colorbar.ax.tick_params(labelsize=FONT - 1)
+    for number, i in enumerate(picks):
+        cells = sample_cells(schema, feature, scan.sample(i), grid)
+        if not (np.isfinite(cells.lat).all() and np.isfinite(cells.lon).all()):
+            continue  # (not placed: the title counts it)
+        lat, lon = cell_corners(cells.lat), cell_corners(mosaic.near_centre(cells.lon))  # around its cells
+        edge_lat = np.concatenate([lat[0, :], lat[1:, -1], lat[-1, -2::-1], lat[-2::-1, 0]])
+        edge_lon = np.concatenate([lon[0, :], lon[1:, -1], lon[-1, -2::-1], lon[-2::-1, 0]])
+        for colour, width in (("white", 3.5), ("black", 1.5)):  # a halo keeps it visible on any colour
+            ax.plot(edge_lon, edge_lat, color=colour, linewidth=width)
+        top = int(np.argmax(edge_lat))
+        ax.annotate(
+            _letter(number),
+            (float(edge_lon[top]), float(edge_lat[top])),
+            xytext=(4, 4),
+            textcoords="offset points",
+            fontsize=FONT + 2,
+            fontweight="bold",
+            bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "black", "linewidth": 0.8},
+        )
+    lat_name, lon_name = (str(f.source.get("coordinate", f.name)) for f in grid)
+    _degrees_east(ax)
+    ax.set_xlabel(f"{lon_name} (°E)", fontsize=FONT)
+    ax.set_ylabel(f"{lat_name} (°N)", fontsize=FONT)
+    ax.tick_params(labelsize=FONT - 1)
+    subfigure.suptitle(
+        f"Where the samples lie: A-{_letter(len(picks) - 1)} outlined on their own {lat_name}/{lon_name} "
+        f"(a curvilinear grid). Background: {feature.name}, from the {mosaic.samples:,} samples "
+        f"read that share sample A's {mosaic.matches or 'coordinates'}, each on its cells; blank where none was "
+        f"read{_blank_too(scan, np.concatenate([c.values.reshape(-1) for c in mosaic.cells]))}"
+        + (f"; {mosaic.unplaced:,} without finite coordinates not drawn" if mosaic.unplaced else ""),
         fontsize=FONT + 1,
         x=0.01,
         ha="left",

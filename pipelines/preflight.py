@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import importlib.util
 import logging
 import os
@@ -30,6 +33,7 @@ from pipelines.runners import (
     ships_code,
 )
 from planning.config import BuildConfig
+from planning.run.cancellation import Cancelled, is_stopped
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -308,9 +312,14 @@ def _check_writable(flag: str, location: str) -> None:
 
 
 def _check_dask_scheduler(options: PipelineOptions) -> None:
-    """The scheduler answers (else the build would fail after planning, with the output already cleared)."""
+    """The scheduler answers and has workers, within --dask_connection_timeout (else the build would fail after
+    planning, with the output already cleared, or wait for ever).
+
+    Dask's own timeout bounds the connection only: its handshake waits for ever on an address that accepts
+    connections and never answers (a port forwarded to nothing, a stopped scheduler's host), and a client of a
+    cluster without workers waits for them without a word. So the whole check runs under one deadline.
+    """
     from apache_beam.runners.dask.dask_runner import DaskOptions
-    from distributed import Client
 
     dask = options.view_as(DaskOptions)
     if not (dask.address or dask.scheduler_file):
@@ -318,16 +327,103 @@ def _check_dask_scheduler(options: PipelineOptions) -> None:
             "DaskRunner needs the cluster's scheduler: --dask_client_address=tcp://HOST:PORT "
             "(or --dask_scheduler_file=FILE); see docs/guides/dask.md"
         )
-    where = dask.address or dask.scheduler_file
-    timeout = {"timeout": dask.timeout} if dask.timeout is not None else {}
-    try:
-        with Client(address=dask.address, scheduler_file=dask.scheduler_file, **timeout) as client:
-            workers = len(client.scheduler_info().get("workers", {}))
-            remember_dask_threads(dask.address, dask.scheduler_file, sum(client.nthreads().values()))
-    except (OSError, ValueError) as error:
+    timeout = _dask_timeout(dask.timeout)
+    if dask.scheduler_file and not os.path.isfile(os.path.expanduser(dask.scheduler_file)):
         raise UserError(
-            f"DaskRunner: no Dask scheduler answers at {where} ({_reason(error)}); start the cluster first, "
-            "or fix --dask_client_address"
+            f"--dask_scheduler_file={dask.scheduler_file} does not exist; start the scheduler with "
+            f"--scheduler-file {dask.scheduler_file} first, or fix the path"
+        )
+    where = dask.address or dask.scheduler_file
+    flag = "--dask_client_address" if dask.address else "--dask_scheduler_file"
+    try:
+        threads = _run_coroutine(_ask_dask_scheduler(dask.address, dask.scheduler_file, timeout))
+    except _Stopped:
+        raise Cancelled("the build was interrupted") from None
+    except _NoDaskWorkers:
+        worker = f"dask worker {dask.address}" if dask.address else f"dask worker --scheduler-file {where}"
+        raise UserError(
+            f"DaskRunner: the Dask cluster at {where} has no workers (none joined within {timeout:g} s); "
+            f"start some ({worker}, or cluster.scale(N)), or give queued ones longer "
+            "with --dask_connection_timeout=SECONDS"
         ) from None
-    if workers == 0:
-        logger.warning("the Dask cluster at %s has no workers yet: the build waits until some join", where)
+    except (OSError, ValueError) as error:  # TimeoutError is an OSError
+        reason = _reason(error) if str(error) else f"no answer within {timeout:g} s"
+        raise UserError(
+            f"DaskRunner: no Dask scheduler answers at {where} ({reason}); start the cluster first, "
+            f"or fix {flag} (--dask_connection_timeout=SECONDS waits longer)"
+        ) from None
+    remember_dask_threads(dask.address, dask.scheduler_file, threads)
+
+
+class _NoDaskWorkers(Exception):
+    """The scheduler answered, and no worker joined it in time."""
+
+
+def _dask_timeout(chosen) -> float:
+    """Seconds the scheduler check may take: --dask_connection_timeout, or Dask's own connect timeout (30 s)."""
+    if chosen is None:
+        from dask.config import get
+        from dask.utils import parse_timedelta
+
+        return float(parse_timedelta(get("distributed.comm.timeouts.connect"), default="seconds"))
+    if not isinstance(chosen, int) or chosen <= 0:  # Beam's parser turns a value that is no integer into a sentinel
+        raise UserError("--dask_connection_timeout: give a whole number of seconds, at least 1 (e.g. 30)")
+    return float(chosen)
+
+
+def _run_coroutine(coroutine):
+    """Run ``coroutine`` to its end: here, or in a thread of its own where this thread runs an event loop (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+async def _ask_dask_scheduler(address: str | None, scheduler_file: str | None, timeout: float) -> int:
+    """The threads of the cluster's workers, once at least one has joined; the whole exchange within ``timeout``."""
+    from distributed import Client
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    client = Client(
+        address=address, scheduler_file=scheduler_file, asynchronous=True, timeout=timeout, set_as_default=False
+    )
+    try:
+        await _unless_stopped(asyncio.wait_for(client, timeout))
+        try:
+            await _unless_stopped(client.wait_for_workers(1, timeout=max(deadline - loop.time(), 0.001)))
+        except TimeoutError:  # (Dask's WorkerStartTimeoutError is one)
+            raise _NoDaskWorkers from None
+        remaining = max(deadline - loop.time(), 0.001)
+        return sum((await _unless_stopped(asyncio.wait_for(client.nthreads(), remaining))).values())
+    finally:
+        with contextlib.suppress(Exception):  # closing must not hide the answer, nor wait on a silent scheduler
+            await asyncio.wait_for(client.close(), CLOSE_WAIT)
+
+
+#: Seconds between two looks for a stop (Ctrl-C, SIGTERM) while the scheduler check waits.
+STOP_POLL = 0.1
+
+
+class _Stopped(Exception):
+    """A stop came while the scheduler check waited (raised as Cancelled outside the event loop)."""
+
+
+async def _unless_stopped(awaitable):
+    """``awaitable``'s result; a stop ends the wait at once, so that a stopped build unwinds and cleans up in its
+    own time instead of its stop's grace."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=STOP_POLL)
+            if is_stopped() and not task.done():
+                raise _Stopped
+        return task.result()
+    finally:
+        task.cancel()
+
+
+#: Seconds to wait for a Dask client of the scheduler check to close.
+CLOSE_WAIT = 2.0

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import functools
 import io
 import json
 import logging
 import os
-import shutil
+import re
+import signal
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
@@ -23,7 +26,8 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from pipelines.stopping import BEAM_WORKER_MODULE, remove_at_exit, remove_now
+from pipelines.output_lock import SUBMISSION_PREFIX
+from pipelines.stopping import BEAM_WORKER_MODULE, fail_run, remove_at_exit, remove_now
 from schemas.errors import UserError
 from transforms.units import DEFAULT_RANGES
 
@@ -347,9 +351,95 @@ _QUIET_WORKER = b"-m pipelines.beam_worker " + BEAM_WORKER_MODULE
 _NO_TIMED_FLUSH_MS = 2**31 - 1
 
 
+#: The environment of this tool's local worker processes: Beam's subprocess environment, each process watched
+#: (_watched_worker_handler). A name of its own, so that Beam's handler of its own environment stays as it is.
+WATCHED_SUBPROCESS_SDK = "xarray_tfrecords:env:watched_subprocess_sdk:v1"
+
+
+def worker_death(error: BaseException) -> str:
+    """What a build says of a worker process that died, from the error Beam raises for it (its exit code in it)."""
+    found = re.search(r"return code (-?\d+)", str(error))
+    code = int(found[1]) if found else None
+    if code is not None and code < 0 and -code in signal.valid_signals():
+        how = f"killed by {signal.Signals(-code).name}"
+        if -code == signal.SIGKILL:
+            how += ", as the out-of-memory killer ends a process"
+    elif code is not None:
+        how = f"exit code {code}"
+    else:
+        how = " ".join(str(error).split()) or type(error).__name__
+    return f"a worker process of the local runner died ({how})"
+
+
+#: What to do about a worker process that died: most often, memory ran out.
+WORKER_DEATH_FIX = (
+    "if memory ran out, run fewer at once (--direct_num_workers=N) "
+    "or use threads (--direct_running_mode=multi_threading)"
+)
+
+
+@functools.cache
+def _watched_worker_handler() -> None:
+    """Register the handler of WATCHED_SUBPROCESS_SDK: Beam's handler of a worker process, which also acts when the
+    process dies.
+
+    Beam's own runs the process from a thread that raises when it exits with an error, and tells no one: the runner
+    waits for ever for the results of the bundles the process had (a worker the out-of-memory killer ended froze
+    the build at "cut 0/1 units"). This one fails those bundles, as a worker that reports an error fails them,
+    so the runner unwinds and the build fails in one line; and it tells the build's stop
+    (pipelines.stopping.fail_run), which ends the build itself if the runner does not unwind in time.
+    """
+    from apache_beam.runners.portability import local_job_service
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    @worker_handlers.WorkerHandler.register_environment(WATCHED_SUBPROCESS_SDK, bytes)
+    class WatchedSubprocessSdkWorkerHandler(worker_handlers.SubprocessSdkWorkerHandler):
+        def start_worker(self):
+            # As Beam's own, the process's thread aside.
+            self.worker = local_job_service.SubprocessSdkWorker(
+                self._worker_command_line, self.control_address, self.provision_info, self.worker_id
+            )
+            self._stopped = threading.Event()
+            self.worker_thread = threading.Thread(name="run_worker", target=self._run_watched)
+            self.worker_thread.start()
+
+        def stop_worker(self):
+            self._stopped.set()
+            super().stop_worker()
+
+        def _run_watched(self):
+            try:
+                self.worker.run()  # raises once the process exits with an error (a clean exit, 0, is the run's end)
+            except Exception as error:
+                reason = worker_death(error)
+                logger.debug("%s: %s", reason, error)
+                fail_run(reason, WORKER_DEATH_FIX)  # first: the line the build ends with, however it unwinds
+                # The runner may still send the dead process work: every instruction fails until it lets go.
+                while True:
+                    _fail_instructions(self.control_conn, f"{reason}; {WORKER_DEATH_FIX}")
+                    if self._stopped.wait(0.1):
+                        return
+
+
+def _fail_instructions(connection, error: str) -> None:
+    """Answer every instruction still waiting on a worker's control connection with ``error``.
+
+    An answer with an error is what the runner waits for (``ControlConnection.abort`` is not: the runner's wait for
+    a bundle's data polls only for an answer). The pending instructions are the connection's ``_futures_by_id``,
+    Beam's own bookkeeping; if a Beam version keeps them elsewhere, the build's stop still ends the build.
+    """
+    from apache_beam.portability.api import beam_fn_api_pb2
+
+    pending = getattr(connection, "_futures_by_id", None)
+    for instruction, future in list(pending.items() if isinstance(pending, dict) else ()):
+        with contextlib.suppress(Exception):
+            future.set(beam_fn_api_pb2.InstructionResponse(instruction_id=instruction, error=error))
+
+
 def _local_runner_class():
-    """Beam's FnApiRunner, whose worker processes leave Ctrl-C and SIGTERM to this process, and whose in-process
-    workers send only whole elements (_NO_TIMED_FLUSH_MS).
+    """Beam's FnApiRunner, whose worker processes leave Ctrl-C and SIGTERM to this process, whose in-process
+    workers send only whole elements (_NO_TIMED_FLUSH_MS), and whose worker processes are watched: one that dies
+    ends the build (_watched_worker_handler).
 
     A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers:
     each printed its own KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored
@@ -379,6 +469,9 @@ def _local_runner_class():
                 if ours and os.name == "posix":
                     command = environment.payload.replace(b"-m " + BEAM_WORKER_MODULE, _QUIET_WORKER)
                     environment.payload = b"trap '' INT TERM; exec " + command
+                if ours:
+                    _watched_worker_handler()
+                    environment.urn = WATCHED_SUBPROCESS_SDK
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner
@@ -395,14 +488,15 @@ def submission_temp_dir(options: PipelineOptions):
     if is_local_runner(options):
         yield
         return
-    folder = tempfile.mkdtemp(prefix="xarray-tfrecords-submit-")
+    folder = tempfile.mkdtemp(prefix=SUBMISSION_PREFIX)  # (where the output lock is not: pipelines.output_lock)
+    remove_at_exit(folder)  # also when a stop ends the process itself (os._exit), mid-check or mid-job
     previous = tempfile.tempdir
     tempfile.tempdir = folder
     try:
         yield
     finally:
         tempfile.tempdir = previous
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_now(folder)
 
 
 def runner_context(options: PipelineOptions) -> contextlib.AbstractContextManager:

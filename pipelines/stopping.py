@@ -16,6 +16,10 @@ handler raises nothing. The signal reaches a thread of this module through a pip
    ever); if it does not, cleans up itself: waits for the writes in flight, removes the run's files,
    prints the one line and ends the process (``os._exit``). A last timer ends the process
    even if that clean-up hangs.
+
+A failure that no exception brings to the main thread (a Beam worker process that died: its
+runner waits for it for ever) ends the build the same way, with its own line and exit code 1
+(``fail_run``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from pipelines.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
 from planning.run.cancellation import cancel, cancel_writes
 
 #: Seconds the main thread has to unwind and clean up after the signal before this module does.
@@ -131,6 +135,23 @@ def stopped_line(signum: int) -> str:
     return f"error: {what}; {cancelled}the run's files were removed and the output is not complete"
 
 
+def failed_line(reason: str, fix: str = "") -> str:
+    fix = f"; {fix}" if fix else ""
+    return f"error: {reason}; the run's files were removed and the output is not complete{fix}"
+
+
+_active: StopOnSignal | None = None
+
+
+def fail_run(reason: str, fix: str = "") -> bool:
+    """End the build with ``reason`` as a stop would, for a failure the main thread may never hear of (a Beam
+    worker process that died: its runner may wait for it for ever). The main thread has ``GRACE`` seconds to unwind
+    and end with this line; else the stop ends the build itself. Ignored once a stop is on (what it kills dies of
+    it). Whether a stop takes it: False where none watches (the build is not run by its command)."""
+    stop = _active
+    return stop is not None and stop.fail(reason, fix)
+
+
 class RunCleanup:
     """Removing a run's files once, by whichever comes first: the main thread unwinding, or the stop."""
 
@@ -201,10 +222,13 @@ class StopOnSignal:
         self._signals = signals
         self._stream = stream
         self.requested: int | None = None
+        self.failure: str | None = None  # why the build failed, when fail() ended it
+        self._fix = ""  # and what to do about it
         self._ending = threading.Lock()  # taken by whichever ends the process: the main thread or the stop
         self._returned = threading.Event()
         self._main_ends = False
         self._stopping = False
+        self._starting = threading.Lock()  # one stop: by a signal or by a failure, whichever comes first
         self._installed = False
 
     def start(self) -> StopOnSignal:
@@ -216,7 +240,32 @@ class StopOnSignal:
         self._previous = {signum: signal.signal(signum, self._note) for signum in self._signals}
         self._installed = True
         threading.Thread(target=self._watch, name="stop-on-signal", daemon=True).start()
+        global _active
+        _active = self
         return self
+
+    def ended(self) -> bool:
+        """Whether the build ends by this stop: a signal came, or fail() was called."""
+        return self.requested is not None or self.failure is not None
+
+    def line(self) -> str:
+        """The build's last line after the stop: the failure's, else the signal's."""
+        return failed_line(self.failure, self._fix) if self.failure is not None else stopped_line(self.requested)
+
+    def exit_code(self) -> int:
+        return EXIT_FAILED if self.failure is not None else EXIT_CODES.get(self.requested, 128 + self.requested)
+
+    def fail(self, reason: str, fix: str = "") -> bool:
+        """Stop the build for a failure (fail_run): as a signal does, with ``reason`` in its line and exit code 1."""
+        with self._starting:
+            if self._returned.is_set():
+                return False
+            if self.requested is not None or self._stopping:
+                return True  # a stop is on: what it kills dies of it
+            self._stopping = True
+            self.failure, self._fix = reason, fix
+        threading.Thread(target=self._stop, name="stop", daemon=True).start()
+        return True
 
     def end(self) -> None:
         """The main thread is ending the process after a stop: wait here if the stop is ending it instead."""
@@ -226,6 +275,9 @@ class StopOnSignal:
     def close(self) -> None:
         if not self._installed:
             return
+        global _active
+        if _active is self:
+            _active = None
         if not self._main_ends:
             self._ending.acquire()  # a stop that is ending the process now must not be cut short
         self._returned.set()
@@ -241,10 +293,13 @@ class StopOnSignal:
                 os.close(self._read)
                 os.close(self._write)
                 return
-            if byte[0] in self._signals and not self._stopping:
-                self._stopping = True
-                if self.requested is None:
-                    self.requested = byte[0]
+            with self._starting:
+                start = byte[0] in self._signals and not self._stopping
+                if start:
+                    self._stopping = True
+                    if self.requested is None:
+                        self.requested = byte[0]
+            if start:
                 threading.Thread(target=self._stop, name="stop", daemon=True).start()
 
     def _note(self, signum, frame) -> None:
@@ -258,15 +313,20 @@ class StopOnSignal:
             self.requested = signum
 
     def _stop(self) -> None:
-        signum = self.requested
-        code = EXIT_CODES.get(signum, 128 + signum)
+        code = self.exit_code()
         job = _job
         limit = GRACE + CLEANUP_LIMIT + (JOB_LIMIT if job is not None else 0.0)
         threading.Thread(target=self._last_resort, args=(code, limit), name="stop-last-resort", daemon=True).start()
         cancel()
+        if self.failure is not None:
+            # The failure's own way out first (fail_run's caller makes the runner unwind): the other worker
+            # processes are not killed meanwhile, as the runner's unwinding waits for them to end their bundles.
+            self._returned.wait(GRACE)
+            self._end(code, cleanup=True)
+            return
         if job is not None and not self._stop_job(job):
             # Removing files a running job writes would only make it commit a broken output.
-            self._end(signum, code, cleanup=False)
+            self._end(code, cleanup=False)
             return
         deadline = time.monotonic() + GRACE
         while True:
@@ -276,7 +336,7 @@ class StopOnSignal:
             beam_killed = any(beam for _, beam in kill_children(reap=False))
             if beam_killed or time.monotonic() >= deadline or self._returned.wait(0.05):
                 break
-        self._end(signum, code, cleanup=True)
+        self._end(code, cleanup=True)
 
     def _stop_job(self, job: Job) -> bool:
         """Cancel the remote job, waiting until none of it runs; whether it stopped."""
@@ -285,7 +345,7 @@ class StopOnSignal:
             self._stream.flush()
         return job.stop()
 
-    def _end(self, signum: int, code: int, cleanup: bool) -> None:
+    def _end(self, code: int, cleanup: bool) -> None:
         """End the process for a main thread that did not unwind in time (unless it is ending it itself)."""
         if self._returned.is_set() or not self._ending.acquire(blocking=False):
             return  # the main thread ended, or is ending, the build itself
@@ -296,7 +356,7 @@ class StopOnSignal:
                 remove()
         kill_children(reap=True)
         with contextlib.suppress(Exception):
-            self._stream.write(stopped_line(signum) + "\n")
+            self._stream.write(self.line() + "\n")
             self._stream.flush()
         exit_now(code)
 
@@ -305,6 +365,7 @@ class StopOnSignal:
             return
         kill_children(reap=True)
         what = "stopped by SIGTERM" if code == EXIT_CODES[signal.SIGTERM] else "interrupted"
+        what = self.failure if self.failure is not None else what
         line = f"error: {what}; cleaning up took too long: the output is not complete (--overwrite replaces it)\n"
         with contextlib.suppress(OSError):
             os.write(2, line.encode())

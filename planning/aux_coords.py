@@ -11,6 +11,7 @@ counted in statistics, normalised, or subject to nan_policy. Scalar coordinates 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from planning.config.model import BuildConfig
 from planning.inputs.inventory import Inventory
 from planning.inputs.metadata import FileInfo, VariableInfo
+from planning.positions import OtherCoordinate
 from planning.run.contracts import SAMPLE_DIM
 from planning.run.variables import VariablePlan
 from planning.sampling import SampleGrid, Unit
@@ -128,6 +130,47 @@ def scalar_coordinates(inventory: Inventory) -> tuple[dict, ...]:
                 var = info.coordinates[name]
                 out[name] = {"name": name, "value": value, "dtype": var.dtype, "attrs": var.attrs}
     return tuple(out.values())
+
+
+def other_coordinates(inventory: Inventory, dataset, named: Sequence[str] = ()) -> list[OtherCoordinate]:
+    """The files' coordinates that are not a dim's own (planning.positions.OtherCoordinate), each loaded on the
+    selected grid only when asked: where time features find a scalar or curvilinear grid's longitude. ``named``:
+    config ``coords``, which may name plain variables of a grid file."""
+    out, seen = [], set()
+    found = [
+        (name, var, info)
+        for info in (inventory.reference, *inventory.static_files)
+        for name, var in info.coordinates.items()
+    ]
+    found += [(name, *hit) for name in named if (hit := _find(inventory, name)) is not None]
+    for name, var, info in found:
+        if name in seen:
+            continue
+        seen.add(name)
+        load = functools.partial(_load_coordinate, inventory, info, var, dataset)
+        out.append(OtherCoordinate(name, tuple(var.dims), dict(var.attrs), load))
+    return out
+
+
+def _load_coordinate(inventory: Inventory, info: FileInfo, var: VariableInfo, dataset) -> np.ndarray:
+    """A static coordinate's values on the selected grid, read whole from the file (or store) describing it."""
+    if not var.dims:
+        return np.asarray(info.scalar_values.get(var.name))  # (text or a time: not numeric, so not taken)
+    if inventory.zarr is not None:
+        from planning.formats.zarr_store import open_store, open_store_dataset
+
+        with open_store_dataset(info.path, open_store(info.path), decode_times=False, indexes=False) as ds:
+            values = np.asarray(ds[var.name].values)
+    else:
+        from planning.reads.slabs import FileReader
+
+        shape, dims = tuple(info.sizes[d] for d in var.dims), tuple(var.dims)
+        feature = Feature(coordinate_feature(var.name), "float32", shape, dims, ROLE)
+        plan = VariablePlan(var.name, dims, var.dtype, feature, info.path)
+        box = {d: (0, info.sizes[d]) for d in dims}
+        values = FileReader(info.path, info.nbytes).read([plan], box).values[var.name]
+    taken = [dataset.selection.indices(d, n) for d, n in zip(var.dims, values.shape)]
+    return values[np.ix_(*taken)]
 
 
 def _record_dtype(values: np.ndarray, plan: VariablePlan) -> np.ndarray:

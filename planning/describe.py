@@ -50,19 +50,24 @@ def sample_description(
         "grid_dims": [a.dim for a in grid.grid_axes],
         "grid_shape": list(grid.shape),
         "num_samples": sum(s.num_samples for s in splits),
-        "splits": {
-            s.name: {
-                "first": json_values(values[s.start : s.start + 1])[0],
-                "last": json_values(values[s.stop - 1 : s.stop])[0],
-                "index_range": [s.start - origin, s.stop - origin] if split_dim == concat_dim else [s.start, s.stop],
-            }
-            for s in splits
-        },
+        "splits": {s.name: _split_description(s, values, origin, split_dim == concat_dim) for s in splits},
     }
     if config.sample.roles:
         out["roles"] = {name: role.model_dump() for name, role in config.sample.roles.items()}
     if dataset.selection:
         out["selection"] = dataset.to_json()
+    return out
+
+
+def _split_description(split: SplitPlan, values, origin: int, along_concat: bool) -> dict:
+    """A split's steps in schema.json: first, last, index range; and why it holds no sample yet, if it holds none."""
+    out = {
+        "first": json_values(values[split.start : split.start + 1])[0] if split.stop > split.start else None,
+        "last": json_values(values[split.stop - 1 : split.stop])[0] if split.stop > split.start else None,
+        "index_range": [split.start - origin, split.stop - origin] if along_concat else [split.start, split.stop],
+    }
+    if split.awaiting is not None:
+        out["no_data_yet"] = split.awaiting
     return out
 
 

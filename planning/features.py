@@ -4,7 +4,7 @@ With sample.roles (inputs, targets, forcings), the sample is cut once, over ever
 takes (the config joins the roles' offsets into ``sample.offsets``) and the whole window; each
 role's feature ``<role>/<variable>`` is then that variable's values at the role's steps and, with
 ``crop``, the centred part of the window. A sample exists where all its steps exist, so where
-every role's do. Statistics stay per variable.
+every role's do. Statistics stay per variable, over the cells its role features store (stored_cells).
 """
 
 from __future__ import annotations
@@ -390,7 +390,13 @@ def role_values(feature: Feature, values: np.ndarray) -> np.ndarray:
         channel = dataclasses.replace(channel_feature(feature), source=cut)
         axis = 1 if source[CHANNEL_AXIS_KEY] == 0 else -1
         return np.stack([role_values(channel, values[name]) for name in source[CHANNELS_KEY]], axis=axis)
-    index: list = [slice(None)]
+    index = (slice(None), *role_index(feature))
+    return values[index] if len(index) > 1 else values
+
+
+def role_index(feature: Feature) -> tuple:
+    """Where a role's (unstacked) feature lies in one sample of its variable: per dim, its steps or crop."""
+    source, index = feature.source, []
     for dim in feature.dims:
         if dim in source.get(STEPS_KEY, {}):
             index.append(np.asarray(source[STEPS_KEY][dim]))
@@ -398,7 +404,27 @@ def role_values(feature: Feature, values: np.ndarray) -> np.ndarray:
             index.append(slice(*source[CROP_KEY][dim]))
         else:
             index.append(slice(None))
-    return values[tuple(index)] if len(index) > 1 else values
+    return tuple(index)
+
+
+def stored_cells(features: Sequence[Feature], variable: str, shape: Sequence[int]) -> np.ndarray | None:
+    """Which cells of one sample of ``variable`` (``shape``: its whole sample's) some record feature stores: the
+    union of its role features' steps and crops; None where every cell is stored (no roles)."""
+    stored = np.zeros(tuple(shape), dtype=bool)
+    found = False
+    for feature in features:
+        if ROLE_KEY not in feature.source:
+            continue
+        if is_role_stack(feature):
+            if variable not in feature.source[CHANNELS_KEY]:
+                continue
+            cut = {key: value for key, value in feature.source.items() if key in (STEPS_KEY, CROP_KEY)}
+            feature = dataclasses.replace(channel_feature(feature), source=cut)
+        elif variable_of(feature) != variable:
+            continue
+        stored[role_index(feature)] = True
+        found = True
+    return stored if found and not stored.all() else None
 
 
 def variable_of(feature: Feature) -> str:

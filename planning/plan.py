@@ -8,12 +8,12 @@ driver: each stage gets a small spec compiled from it (planning.specs) holding o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from planning import sizing
-from planning.aux_coords import coordinate_plans, scalar_coordinates, with_static_coordinates
+from planning.aux_coords import coordinate_plans, other_coordinates, scalar_coordinates, with_static_coordinates
 from planning.config.model import BuildConfig
 from planning.derived import derived_plans, plan_preprocess, preprocess_inputs
 from planning.describe import describe_build
@@ -98,6 +98,10 @@ class BuildPlan:
     generation_record: dict = dataclasses.field(default_factory=dict)
     #: config stats.tendency: the pairs of steps whose differences are summarised, and the units reading them
     tendency: TendencyPlan | None = None
+    #: config stats.over: field: the steps and cells each split's statistics count, and the units reading them
+    field: FieldPlan | None = None
+    #: config stats.over: what the statistics count ("samples": the records' values; "field": the source's)
+    stats_over: str = "samples"
 
     @property
     def grid(self) -> SampleGrid:
@@ -217,7 +221,93 @@ def plan_tendency(
     return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
 
 
-def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
+@dataclasses.dataclass(frozen=True, eq=False)
+class FieldPlan:
+    """stats.over: field: every step and cell of each split's selected region, each once, and the units reading them.
+
+    Its grid has the concat dim as windows of one step (a position is a step), ``stats.per`` dims
+    kept whole and every other dim iterated, so each (cell, step) lies in one unit alone, whatever
+    the samples' windows, strides, offsets and roles. It holds ranges, not arrays over the steps:
+    the job graph carries it, the same few bytes for a month as for 85 years.
+    """
+
+    grid: SampleGrid
+    units: Units
+    #: per split, in label order: its positions [start, stop) along the split dim
+    splits: tuple[tuple[int, int], ...]
+    split_dim: str
+    #: an append's steps [start, stop) along the concat dim held by earlier generations (counted there); None: none
+    held: tuple[int, int] | None = None
+    #: per grid dim, where its first unit starts: a variable without the dim is counted by the units starting there
+    firsts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def concat_dim(self) -> str:
+        return next(a.dim for a in self.grid.axes if a.role == "window")
+
+    @property
+    def counts_static(self) -> bool:
+        """Whether variables without the concat dim are counted: by the first generation alone (they do not grow)."""
+        return self.held is None
+
+    def labels(self, start: int, stop: int) -> np.ndarray:
+        """Per position in [start, stop) along the split dim: the index of the split holding it, -1 for none."""
+        return _split_labels(self.splits, start, stop)
+
+    def counted(self, start: int, stop: int) -> np.ndarray:
+        """Per step in [start, stop) along the concat dim: whether this run counts it (not held)."""
+        return _not_held(self.held, start, stop)
+
+
+def _split_labels(splits: Sequence[tuple[int, int]], start: int, stop: int) -> np.ndarray:
+    labels = np.full(stop - start, -1, dtype=np.int64)
+    for index, (low, high) in enumerate(splits):
+        labels[max(low, start) - start : max(min(high, stop), start) - start] = index
+    return labels
+
+
+def _not_held(held: tuple[int, int] | None, start: int, stop: int) -> np.ndarray:
+    counted = np.ones(stop - start, dtype=bool)
+    if held is not None:
+        low, high = held
+        counted[max(low, start) - start : max(min(high, stop), start) - start] = False
+    return counted
+
+
+def plan_field(
+    config: BuildConfig, grid: SampleGrid, splits: list[SplitPlan], plan_units_of, kept: HeldRange | None = None
+) -> FieldPlan | None:
+    """stats.over: field's grid and units (None with the default, over the samples).
+
+    ``plan_units_of(grid, bytes_per_position, making)``: the units of a grid (as the build plans its own);
+    ``kept``: an append's held steps (counted in the earlier generations' statistics).
+    """
+    if config.stats.over != "field":
+        return None
+    concat_dim, split_dim = config.input.concat_dim, config.split_dim
+    steps = grid.axis(concat_dim).length
+    per = set(config.stats.per)
+    axes = []
+    for axis in grid.axes:
+        if axis.dim == concat_dim:
+            axes.append(Axis.window(concat_dim, steps, 1, 1))
+        elif axis.dim in per:
+            axes.append(Axis.keep(axis.dim, axis.length))
+        else:
+            axes.append(Axis.iterate(axis.dim, axis.length))
+    field_grid = SampleGrid(tuple(axes))
+    ranges = tuple((s.start, s.stop) for s in splits)
+    held = None if kept is None else (kept.start, kept.stop)
+    in_split = _split_labels(ranges, 0, grid.axis(split_dim).length) >= 0
+    counted = _not_held(held, 0, steps)
+    making = {concat_dim: counted & in_split} if split_dim == concat_dim else {concat_dim: counted, split_dim: in_split}
+    # Per cell: its float64 copy, and what Moments makes of it.
+    units = plan_units_of(field_grid, 8, making)
+    firsts = {a.dim: int(spans[:, 0].min()) for a, spans in zip(field_grid.grid_axes, units.spans) if len(spans)}
+    return FieldPlan(field_grid, units, ranges, split_dim, held, firsts)
+
+
+def _check_stats_config(config: BuildConfig, splits: list[SplitPlan], appending: bool) -> None:
     for dim in config.stats.per:
         if dim not in config.sample.keep:
             raise UserError(
@@ -227,6 +317,14 @@ def _check_stats_config(config: BuildConfig, splits: list[SplitPlan]) -> None:
     names = [s.name for s in splits]
     if config.stats.reference_split is not None and config.stats.reference_split not in names:
         raise UserError(f"stats.reference_split: {config.stats.reference_split!r} is not a split ({', '.join(names)})")
+    reference = next(s for s in splits if s.name == (config.stats.reference_split or default_split(names)))
+    if reference.awaiting is not None and not appending:
+        others = [s.name for s in splits if s.num_samples]
+        raise UserError(
+            f"stats.reference_split: {reference.name!r} holds no sample yet ({reference.awaiting}), and its "
+            f"statistics normalise every split; set stats.reference_split to a split with data "
+            f"({', '.join(others)}), or build once its steps are in the input"
+        )
 
 
 def _coordinates(grid: SampleGrid, dataset: SelectedDataset) -> dict[str, tuple[np.ndarray, dict]]:
@@ -305,7 +403,12 @@ def make_plan(
     coordinates = coordinate_plans(config, inventory, grid, chosen)
     stacks = stack_plans(config, variables)
     time_features = plan_time_features(
-        config.sample.time_features, grid, config.input.concat_dim, coords, dataset.coordinate
+        config.sample.time_features,
+        grid,
+        config.input.concat_dim,
+        coords,
+        dataset.coordinate,
+        other_coordinates(inventory, dataset, config.coords),
     )
     extra = [c.feature for c in coordinates] + (time_features.features(grid) if time_features else [])
     features = record_features(grid, variables, stacks, coords, extra, config)
@@ -315,19 +418,22 @@ def make_plan(
     record_bytes = sizing.record_bytes(tuple(features))
     record_bound = sizing.record_bytes_bound(tuple(features), config.output.examples_per_record)
     values = _JsonValues(dataset.concat_values)
-    held_files = [HeldFile(f.path, f.start, f.stop, f.nbytes) for f in files]
+    held_files = [HeldFile(f.path, f.start, f.stop, f.nbytes, f.version) for f in files]
     if held is not None and config.input.new_dim:
         raise UserError(
             f"input.new_dim: --append adds steps along {config.input.concat_dim} to one run, not to members "
             f"({config.input.new_dim}); rebuild with --overwrite"
         )
-    kept = None if held is None else held_range(held, config.input.concat_dim, values, None if store else held_files)
+    known = cached_probes.keys() if cached_probes else ()  # (the last run's files: name one that changed since)
+    kept = None
+    if held is not None:
+        kept = held_range(held, config.input.concat_dim, values, None if store else held_files, known)
     if kept is not None and kept.start:
         _check_backfill(config, grid, dataset, kept)
     generation = 0 if held is None else held.generation
     origin = 0 if kept is None else kept.origin
     splits, placed, drops = assign_splits(config, grid, dataset, files, record_bound, kept, generation)
-    _check_stats_config(config, splits)
+    _check_stats_config(config, splits, held is not None)
     held = preprocess.held(tuple(a.dim for a in grid.axes)) if preprocess else ()
     making = placed.making(config.input.concat_dim)
     units, pieces = _plan_units(
@@ -350,6 +456,7 @@ def make_plan(
         return units
 
     tendency = plan_tendency(config, grid, dataset, splits, reference, tendency_units, kept)
+    field = plan_field(config, grid, splits, tendency_units, kept)
     # What workers read: the function's inputs, or the variables, and the coordinates of config `coords`.
     sources = dataset.source_index([*(preprocess.inputs if preprocess else variables), *coordinates])
     schema = describe_build(
@@ -389,6 +496,7 @@ def make_plan(
         fill_value=config.fill_value,
         missing_chunks=config.input.missing_chunks,
         stats_per=tuple(config.stats.per),
+        stats_over=config.stats.over,
         reference_split=reference,
         probes=inventory.probes,
         selection=dataset.selection,
@@ -401,6 +509,7 @@ def make_plan(
             generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
         ),
         tendency=tendency,
+        field=field,
     )
 
 

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from planning.config.model import MAX_SHARD_BYTES
+from planning.features import ROLE_KEY
 from planning.keys import keys_and_shards
 from planning.layout import ShardLayout
-from planning.plan import BuildPlan, TendencyPlan
+from planning.plan import BuildPlan, FieldPlan, TendencyPlan
 from planning.positions import Positions
 from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
@@ -108,10 +109,14 @@ class WriteSpec:
 
 @dataclasses.dataclass(frozen=True)
 class StatsSpec:
-    """ComputeStats: the splits, in label order, and the kept dims statistics are kept per index of."""
+    """ComputeStats: the splits, in label order, the kept dims statistics are kept per index of, and the record's
+    role features (sample.roles: which cells of a variable's samples the records store)."""
 
     split_names: tuple[str, ...]
     per: tuple[str, ...] = ()
+    features: tuple[Feature, ...] = ()
+    #: config stats.over: "field" leaves the values' moments to ComputeFieldStats (blocks give sample counts only)
+    over: str = "samples"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -122,6 +127,17 @@ class TendencySpec:
     cut: CutSpec
     plan: TendencyPlan
     split: str  # the reference split
+    per: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FieldSpec:
+    """ComputeFieldStats (stats.over: field): how the source is read (the cut spec's), which steps and cells each
+    split counts, per which kept dims."""
+
+    cut: CutSpec
+    plan: FieldPlan
+    split_names: tuple[str, ...]
     per: tuple[str, ...] = ()
 
 
@@ -144,6 +160,7 @@ class FinalizeSpec:
     generation: int = 0  # the generation this run commits (above 0: an append, merged into the output's earlier ones)
     generation_record: dict = dataclasses.field(default_factory=dict)  # its record in generations.json, so far
     tendency: bool = False  # config stats.tendency: stats.json gains `tendency`
+    over: str = "samples"  # config stats.over: what stats.json's statistics count
     concat_dim: str = ""
 
 
@@ -206,7 +223,16 @@ def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
 
 
 def stats_spec(plan: BuildPlan) -> StatsSpec:
-    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per)
+    roles = tuple(f for f in plan.schema.features if ROLE_KEY in f.source)
+    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per, roles, plan.stats_over)
+
+
+def field_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> FieldSpec | None:
+    """ComputeFieldStats' spec (None unless stats.over: field, or when no unit holds a step to count)."""
+    if plan.field is None or not len(plan.field.units):
+        return None
+    cut = dataclasses.replace(cut_spec(plan, files), positions_file=None)  # (positions: the samples', not read)
+    return FieldSpec(cut, plan.field, tuple(s.name for s in plan.splits), plan.stats_per)
 
 
 def tendency_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> TendencySpec | None:
@@ -234,6 +260,7 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         generation=plan.generation,
         generation_record=plan.generation_record,
         tendency=plan.tendency is not None,
+        over=plan.stats_over,
         concat_dim=plan.concat_dim,
     )
 
@@ -246,6 +273,7 @@ class StageSpecs:
     finalize: FinalizeSpec
     units_file: RunFile | None = None  # where workers load the units from (None: the graph holds them)
     tendency: TendencySpec | None = None  # config stats.tendency (None: off)
+    field: FieldSpec | None = None  # config stats.over: field (None: the samples')
 
 
 def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile] | None = None) -> StageSpecs:
@@ -258,4 +286,5 @@ def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile
         finalize_spec(plan, write.work_dir),
         (files or {}).get(UNITS),
         tendency_spec(plan, files),
+        field_spec(plan, files),
     )

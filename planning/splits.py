@@ -35,6 +35,9 @@ class SplitPlan:
     num_shards: int = 1
     first_shard: int = 0  # shards are numbered across splits: this split's are first_shard, first_shard + 1, ...
     generation: int = 0  # the build (0) or append (1, 2, ...) writing these shards: their names say it
+    #: its range holds no step of the input yet, lying after the last (or before the first): 0 samples, until an
+    #: append brings its steps
+    awaiting: str | None = None
 
 
 def _bound(value, dates: bool):
@@ -91,12 +94,18 @@ def split_ranges(config: BuildConfig, values: np.ndarray, attrs: dict | None = N
                 f"{_what_to_give(config, values, attrs or {})}"
             ) from None
         start, stop = int(span.start or 0), len(values) if span.stop is None else int(span.stop)
+        awaiting = None
         if stop <= start:
-            raise UserError(
-                f"splits.{name}.{dim}: [{low}, {high}] holds no {dim} step of the input "
-                f"({format_value(values[0])} to {format_value(values[-1])}); fix the range"
-            )
-        splits.append(SplitPlan(name, start, stop))
+            held = f"({format_value(values[0])} to {format_value(values[-1])})"
+            if start not in (0, len(values)) or dim != config.input.concat_dim:
+                raise UserError(
+                    f"splits.{name}.{dim}: [{low}, {high}] holds no {dim} step of the input {held}; fix the range"
+                )
+            # After the input's last step (or before its first): an append brings its steps (or a backfill).
+            start = stop = start
+            side = "after the input's last step" if start else "before the input's first step"
+            awaiting = f"[{low}, {high}] lies {side} {held}"
+        splits.append(SplitPlan(name, start, stop, awaiting=awaiting))
     ordered = sorted(splits, key=lambda s: s.start)
     for before, after in zip(ordered, ordered[1:]):
         if after.start < before.stop:
@@ -230,8 +239,11 @@ def assign_splits(
         raise UserError(f"input: every sample along {split_dim} {reason}; there is nothing to write")
     planned, first = [], 0
     for split, count in zip(splits, counts):
-        if count == 0 and not appending:
-            raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
+        if count == 0 and not appending and split.awaiting is None:
+            if split.stop < len(dataset.coordinate(split_dim)[0]) or split_dim != concat_dim:
+                raise UserError(f"splits.{split.name}: no whole sample fits in its range; widen it")
+            # It reaches the input's last step: the steps an append brings will complete its samples.
+            split = dataclasses.replace(split, awaiting="no whole sample fits in its steps yet")
         shards = num_shards(config, count, record_bound) if count else 0  # (an append adds none to a split)
         planned.append(
             dataclasses.replace(split, num_samples=count, num_shards=shards, first_shard=first, generation=generation)

@@ -102,6 +102,7 @@ def load_dataset(
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 
     schema = load_schema(path)
+    schema.check_has_samples(split, str(path))
     normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
@@ -120,14 +121,16 @@ def _in_epoch_order(path, split, schema, batch_size, normalize, normalization, e
     import tensorflow as tf
 
     from schemas import parser_template
-    from schemas.epochs import epoch_order
+    from schemas.epochs import checked_word, epoch_order
     from schemas.random_access import RandomAccessSource
 
     unknown = set(options) - {"drop_remainder", "normalized_fill"}
     if unknown:
         raise UserError(f"load_dataset(epoch=...): {', '.join(sorted(unknown))} do not apply to a global order")
+    # Checked now: inside tf.data a bad seed would surface as a generator's error, not as this line.
+    epoch, seed = checked_word(epoch, "epoch"), checked_word(0 if seed is None else seed, "seed")
     source = RandomAccessSource(path, split, schema=schema)
-    n, seed = len(source), 0 if seed is None else seed
+    n = len(source)
     source.records([])  # refuses packed records now, not inside tf.data
 
     def records():

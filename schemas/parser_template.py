@@ -52,6 +52,10 @@ def shard_paths(schema, data_dir, split):
     splits = schema["splits"]
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
+    if not splits[split]["shards"]:  # (tf.data would fail on an empty file list, naming no split)
+        reason = schema.get("sample", {}).get("splits", {}).get(split, {}).get("no_data_yet")
+        why = f" ({reason})" if reason else ""
+        raise ValueError(f"split {split!r} holds no samples yet{why}; append the data that reaches it, or read another")
     return [_shard_path(data_dir, shard["file"]) for shard in splits[split]["shards"]]
 
 
@@ -181,6 +185,32 @@ def parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normal
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+#: schema.json's record of its commit (its generations and their digest): this file serves only the commit it was
+#: generated for.
+_COMMIT_KEYS = ("generations", "generations_sha256")
+
+
+def check_committed(schema, data_dir):
+    """Refuse to read an output whose schema.json commits other generations than ``schema`` (this file's): an
+    append stopped during its commit leaves a parser.py written for a commit that never happened. (Shards
+    copied elsewhere without their schema.json are read as this file describes them.)"""
+    path = os.path.join(data_dir, "schema.json")
+    try:
+        with tf.io.gfile.GFile(path, "r") as stream:
+            committed = json.loads(stream.read()).get("sources", {})
+    except tf.errors.NotFoundError:
+        return
+    except (ValueError, AttributeError) as error:  # (not JSON, or not an object)
+        raise ValueError(f"{path}: not a schema of this tool ({error}); build the output again") from None
+    mine = schema.get("sources", {})
+    if any(committed.get(key) != mine.get(key) for key in _COMMIT_KEYS):
+        raise ValueError(
+            f"{path}: commits {committed.get('generations')} generation(s), not the {mine.get('generations')} this "
+            "parser.py was written for: an append stopped during its commit; run the same --append again (it puts "
+            "the committed files back, then completes), then import parser.py again"
+        )
+
+
 def _default_data_dir():
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.exists(os.path.join(here, "schema.json")):
@@ -223,9 +253,11 @@ if SCHEMA is not None:
                     "holding a `targets` role whose steps' previous steps the sample holds"
                 )
             normalization = {**NORMALIZATION, **RESIDUALS}
+        data_dir = data_dir or _default_data_dir()
+        check_committed(SCHEMA, data_dir)
         return build_dataset(
             SCHEMA,
-            data_dir or _default_data_dir(),
+            data_dir,
             split,
             batch_size,
             shuffle_buffer=shuffle_buffer,

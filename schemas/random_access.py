@@ -42,6 +42,7 @@ class RandomAccessSource:
         if split not in self.schema.splits:
             splits = ", ".join(self.schema.splits) or "none"
             raise UserError(f"{self.path}: no split {split!r}; it has: {splits}; choose one of those")
+        self.schema.check_has_samples(split, self.path)
         if self.schema.compression:
             raise UserError(
                 f"{self.path}: its shards are {self.schema.compression}-compressed, which cannot be read at an "

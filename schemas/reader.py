@@ -120,6 +120,7 @@ class Reader:
         if split not in self.schema.splits:
             splits = ", ".join(self.schema.splits) or "none"
             raise UserError(f"{self.path}: no split {split!r}; it has: {splits}; choose one of those")
+        self.schema.check_has_samples(split, self.path)
         self.split = split
         self.shards: tuple[Shard, ...] = self.schema.splits[split]
         self.features = self.schema.features

@@ -42,7 +42,12 @@ AREA_WEIGHT = "area_weight"
 BATCH = 128
 #: Roles whose dim every sample holds whole (no position along it).
 _WHOLE = ("keep", "lead")
-_SKIPPED_ROLES = ("index", "coord", "count")
+#: (time features: functions of the sample's coordinates, which the grid holds; their names, time_features/<name>,
+#: would be folders in a Zarr store)
+_SKIPPED_ROLES = ("index", "coord", "count", "time_feature")
+#: A role's feature's source (sample.roles): its role, its variable, its steps along the concat dim (places among
+#: the sample's offsets) and its crop of the window ([start, stop) of the window's cells).
+_ROLE_KEY, _VARIABLE_KEY, _STEPS_KEY, _CROP_KEY = "sample_role", "variable", "steps", "crop"
 
 
 def import_xarray():
@@ -183,9 +188,11 @@ class Reassembly:
         where: str = "output",
         layout: str = "grid",
         region: tuple[str | None, int, int] | None = None,
+        records: bool = False,
     ):
         """``region``: (dim, start, stop): reassemble only those cells of a grid dim (one output chunk); samples
-        reaching beyond them add only their part inside."""
+        reaching beyond them add only their part inside. ``records``: the samples are the output's own records
+        (whose roles agree wherever they share a cell), not a model's predictions."""
         if blend not in BLENDS:
             raise UserError(f"blend: {blend!r} is not one of {', '.join(BLENDS)}; choose one of those")
         if layout not in LAYOUTS:
@@ -194,11 +201,11 @@ class Reassembly:
             raise UserError(
                 f"{where}: schema.json has no grid (the output was built before reassembly existed); build it again"
             )
-        if schema.sample.get("roles"):
-            raise UserError(
-                f"{where}: built with sample.roles (features <role>/<variable> at their own steps and crops), which "
-                "reassembly does not place yet; reassemble an output built without roles"
-            )
+        self.records = records
+        # With sample.roles each feature <role>/<variable> holds its variable at its role's steps and crop: it is
+        # placed as that variable, at those cells only.
+        self._roles = bool(schema.sample.get("roles"))
+        self._roles_seen: dict[str, dict[str, tuple[int, ...]]] = {}  # variable -> {feature: its cells in time}
         self.schema, self.split, self.blend, self.where = schema, split, blend, where
         self.dims = {name: tuple(d) for name, d in (dims or {}).items()}
         self.axes = self._axes(schema, split)
@@ -214,12 +221,12 @@ class Reassembly:
             axis = self.axes[dim]
             self.axes[dim] = dataclasses.replace(axis, first=axis.first + start, length=stop - start)
         self.grid_axes = [a for a in self.axes.values() if not a.whole]
-        self.keys: set[tuple[int, ...]] = set()
+        self.keys: dict[tuple[int, ...], str] = {}  # each sample's key -> where it came from (errors name both)
         self.targets: dict[str, Target] = {}
         self.taken: set[str] = set()  # variables finished and given out (take_finished)
         self.extra_sizes: dict[str, int] = {}
         self.coverage = np.zeros([a.length for a in self.grid_axes], dtype=np.int32)
-        self._weights: dict[tuple[str, ...], np.ndarray] = {}
+        self._weights: dict[tuple, np.ndarray] = {}
         self._features = {f.name: f for f in schema.features}
         self._placed_dims = {a.dim for a in self.grid_axes}
         self._masks = {f.name: f.source.get("of") for f in schema.features if f.role == "mask"}
@@ -319,12 +326,14 @@ class Reassembly:
         returns their starts (``check_keys``). Their arrays are placed by ``place``, in as many passes as wanted."""
         starts = self.check_keys(batch)
         for i, key in enumerate(map(tuple, starts.tolist())):
-            if key in self.keys:
+            first = self.keys.get(key)
+            if first is not None:
+                also = "" if first == self.where else f" (also in {first})"
                 raise UserError(
-                    f"{self.where}: sample {self._key_text(batch, i)} was given twice; give each sample once "
+                    f"{self.where}: sample {self._key_text(batch, i)} was given twice{also}; give each sample once "
                     "(duplicate keys: two readers over one split, or a prediction written twice)"
                 )
-            self.keys.add(key)
+            self.keys[key] = self.where
         if len(starts) > 1 and len(set(map(tuple, starts.tolist()))) < len(starts):
             raise UserError(f"{self.where}: a batch holds one sample twice; give each sample once")
         grid = [a.dim for a in self.grid_axes]
@@ -357,8 +366,30 @@ class Reassembly:
                 if name in masks:
                     mask = masks[name] if whole else masks[name][rows]
                     values = np.where(mask != 0, np.nan, values.astype(np.float64))
-                for target, part in self._parts(name, feature, values):
-                    self._place(target, part, at, boxes)
+                for target, part, cells in self._parts(name, feature, values):
+                    self._place(target, part, at, boxes, cells)
+
+    def check_shapes(self, batch: Mapping[str, Any]) -> None:
+        """UserError unless every array of the samples would be placed (``place``) without one: names, shapes and
+        dims checked as placing them would, without placing them."""
+        for name, values in batch.items():
+            feature = self._features.get(name)
+            if not self._placed(name, feature):
+                continue
+            values = np.asarray(values)
+            for target, part, cells in self._parts(name, feature, values):
+                self._check_sample_shape(target, part, cells)
+
+    def _check_sample_shape(self, target: Target, values: np.ndarray, cells: tuple = ()) -> None:
+        cut = dict(cells)
+        want = tuple(
+            len(cut[d]) if d in cut else self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims
+        )
+        if values.shape[1:] != want:
+            raise UserError(
+                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
+                "give every sample one shape"
+            )
 
     def _rounds(self, starts: np.ndarray) -> Iterator[np.ndarray]:
         """Rows of ``starts`` in rounds: samples whose positions agree modulo the overlap span along every dim
@@ -383,26 +414,46 @@ class Reassembly:
         """The arrays among ``names`` placed together, one group per variable (with its mask, if it has one):
         each group can be placed, finished and let go before the next (``place``, then ``take_finished``)."""
         names = list(names)
-        groups = []
+        groups: list[tuple[str, ...]] = []
+        variables: list[set[str]] = []  # the variables each group places into
         for name in names:
-            if self._placed(name, self._features.get(name)):
+            feature = self._features.get(name)
+            if self._placed(name, feature):
                 masks = [m for m, of in self._masks.items() if of == name and m in names]
-                groups.append((name, *masks))
+                into = self._variables_of(name, feature)
+                # Features placing into one variable (roles' features of it) are one group: finished once.
+                joined = [i for i, held in enumerate(variables) if held & into]
+                group = (*[n for i in joined for n in groups[i]], name, *masks)
+                into = into.union(*(variables[i] for i in joined))
+                groups = [g for i, g in enumerate(groups) if i not in joined] + [group]
+                variables = [v for i, v in enumerate(variables) if i not in joined] + [into]
         return groups
 
-    def _boxes(self, dims: Sequence[str], at: np.ndarray) -> list[tuple[tuple, tuple] | None]:
+    @staticmethod
+    def _variables_of(name: str, feature: Feature | None) -> set[str]:
+        """The variables an array is placed as: a stack's channels, a role's feature's variable, else its name."""
+        if feature is None:
+            return {name}
+        channels = feature.source.get("channels")
+        return set(channels) if channels else {feature.source.get(_VARIABLE_KEY, name)}
+
+    def _boxes(self, dims: Sequence[str], at: np.ndarray, cells: tuple = ()) -> list[tuple[tuple, tuple] | None]:
         """Per sample (starts ``at``): the cells it covers inside the grid (or region) as an index into an array
         over ``dims``, and the same cells' index into the sample's own block (its dims as ``dims``, one cell along an
-        iterated dim); None where it covers none. Slices wherever the cells are evenly spaced (windows always)."""
+        iterated dim); None where it covers none. Slices wherever the cells are evenly spaced (windows always).
+        ``cells``: (dim, cells) of a role's feature, which holds only those of the sample's cells along them."""
         placed = [a.dim for a in self.checked]
+        cut = dict(cells)
         per_dim = []
         for dim in dims:
             axis = self.axes.get(dim)
             if axis is None or axis.whole:
-                per_dim.append(None)
+                # (a role's steps along a dim every sample holds whole: those cells of it, the same in each sample)
+                per_dim.append(None if dim not in cut else [(np.asarray(cut[dim]), slice(None))] * len(at))
                 continue
             starts = at[:, placed.index(dim)] - axis.first
-            per_dim.append(_cells_inside(starts, axis.local_cells(), axis.length))
+            local = np.asarray(cut[dim]) if dim in cut else axis.local_cells()
+            per_dim.append(_cells_inside(starts, local, axis.length))
         everything = (slice(None), slice(None))
         columns = [itertools.repeat(everything, len(at)) if each is None else each for each in per_dim]
         # Per sample: its (array cells, sample cells) along each dim, transposed to (array index, sample index).
@@ -412,6 +463,8 @@ class Reassembly:
         """Where every sample (starts ``at``) lies whole inside an array over ``dims`` (the grid or region), on
         cells one apart: the sample's extent along each dim, and each one's first cells as an index into the
         array's sliding windows of that extent (numpy's sliding_window_view); else None. ``shape``: the array's."""
+        if self._roles:  # (a role's feature holds some of the sample's cells: placed by boxes)
+            return None
         placed = [a.dim for a in self.checked]
         sizes, index = [], []
         for dim in dims:
@@ -440,22 +493,26 @@ class Reassembly:
         )
 
     def _parts(self, name: str, feature: Feature | None, values: np.ndarray):
-        """(target, values in the target's sample dims) for a sample's array: a stack gives one per channel."""
+        """(target, values in the target's sample dims, cells) for a sample's array: a stack gives one per channel;
+        ``cells``: a role's feature's cells of the sample, (dim, local cells) along the dims it holds part of."""
         channels = feature.source.get("channels") if feature is not None else None
+        cells = self._role_cells(name, feature) if feature is not None else ()
         if channels and name not in self.dims:
             self._check_shape(name, values, feature.shape)
             axis = 1 + feature.dims.index("channel")
+            role = feature.source.get(_ROLE_KEY)
             for i, member in enumerate(channels):
-                info = feature.source["variables"][member]
+                variables = feature.source["variables"]
+                info = variables[member] if member in variables else variables[f"{role}/{member}"]
                 dims = tuple(d for d in feature.dims if d != "channel")
                 target = self._target(member, dims, info, feature.dtype)
-                yield target, np.take(values, i, axis=axis)
+                yield target, np.take(values, i, axis=axis), cells
             return
         if feature is not None and name not in self.dims:
             self._check_shape(name, values, feature.shape)
             is_coordinate = feature.role == "aux_coord"
-            named = feature.source.get("coordinate", name) if is_coordinate else name
-            yield self._target(named, feature.dims, feature.source, feature.dtype, is_coordinate), values
+            named = feature.source.get("coordinate", name) if is_coordinate else feature.source.get(_VARIABLE_KEY, name)
+            yield self._target(named, feature.dims, feature.source, feature.dtype, is_coordinate), values, cells
             return
         dims = self.dims.get(name) or self._guess_dims(name, values.shape[1:])
         if len(dims) != values.ndim - 1:
@@ -474,7 +531,49 @@ class Reassembly:
                 )
         template = self.schema.variable_features[0]
         source = {"dims": [*template.source.get("dims", template.dims)], "attrs": {}}
-        yield self._target(name, dims, source, "float32"), values
+        yield self._target(name, dims, source, "float32"), values, ()
+
+    def _role_cells(self, name: str, feature: Feature) -> tuple:
+        """A role's feature's cells of the sample: its role's steps along the concat dim (the forecast layout's
+        lead_time: their places among the sample's offsets) and its crop of the window; () for any other feature.
+        Two features of one variable that would share a cell are refused, unless they are the output's records."""
+        source = feature.source
+        if _ROLE_KEY not in source:
+            return ()
+        cells = []
+        for dim, steps in source.get(_STEPS_KEY, {}).items():
+            axis = self.whole_grid.get(self.renamed.get(dim, dim))
+            if axis is None:
+                continue
+            if axis.role == "lead":
+                cells.append((axis.dim, tuple(int(i) for i in steps)))
+            else:
+                cells.append((dim, tuple(int(axis.offsets[i]) for i in steps)))
+        for dim, (start, stop) in source.get(_CROP_KEY, {}).items():
+            cells.append((dim, tuple(range(int(start), int(stop)))))
+        cells = tuple(cells)
+        for variable in self._variables_of(name, feature):  # (a role's stack: each of its channels' variables)
+            self._check_roles_apart(name, variable, cells)
+        return cells
+
+    def _check_roles_apart(self, name: str, variable: str, cells: tuple) -> None:
+        """UserError where two roles' features of one variable would share its cells (a prediction blended with
+        the values the model was given): on the grid any two do; in the forecast layout those with a lead in common."""
+        if self.records:  # (the records' roles hold the same values wherever they meet)
+            return
+        seen = self._roles_seen.setdefault(variable, {})
+        steps = next((c for d, c in cells if d in (LEAD_TIME, self.schema.sample["concat_dim"])), ())
+        if name in seen:
+            return
+        for other, its_steps in seen.items():
+            if self.layout == "grid" or set(steps) & set(its_steps):
+                where = "on the grid" if self.layout == "grid" else "at a lead time"
+                raise UserError(
+                    f"{self.where}: {other!r} and {name!r} both hold {variable!r} {where}, where their values would "
+                    "be blended (a prediction with the values the model was given); reassemble one of them, or "
+                    "use layout 'forecast', where each role holds its own lead times"
+                )
+        seen[name] = steps
 
     def _dim_size(self, dim: str) -> int | None:
         """Cells a sample holds along ``dim`` (the grid's cells along an iterated one); None: not a dim of the grid."""
@@ -528,41 +627,40 @@ class Reassembly:
         sizes = [self._dim_size(d) if d not in self.axes or self.axes[d].whole else self.axes[d].length for d in dims]
         sizes = [self.extra_sizes[d] if s is None else s for d, s in zip(dims, sizes)]
         target.total = np.zeros(sizes, dtype=np.float32 if dtype == "float32" else np.float64)
-        target.weight = np.zeros([s if d in self.axes and not self.axes[d].whole else 1 for d, s in zip(dims, sizes)])
+        target.weight = np.zeros([s if self._weighed_along(d) else 1 for d, s in zip(dims, sizes)])
         self.targets[name] = target
         return target
 
-    def _window_weight(self, target: Target) -> np.ndarray:
-        """The weight of one sample's cells, shaped to broadcast against the block it adds to ``target``."""
-        found = self._weights.get(target.dims)
+    def _window_weight(self, target: Target, cells: tuple = ()) -> np.ndarray:
+        """The weight of one sample's cells (of a role's crop: those of the window), shaped to broadcast against
+        the block it adds to ``target``."""
+        found = self._weights.get((target.dims, cells))
         if found is None:
+            cut = dict(cells)
             found = np.ones([1] * len(target.dims))
             for i, dim in enumerate(target.dims):
                 axis = self.axes.get(dim)
                 if axis is not None and axis.role == "window":
+                    weights = window_weights(axis.size, self.blend)
+                    weights = weights[list(cut[dim])] if dim in cut else weights
                     shape = [1] * len(target.dims)
-                    shape[i] = axis.size
-                    found = found * window_weights(axis.size, self.blend).reshape(shape)
-            self._weights[target.dims] = found
+                    shape[i] = len(weights)
+                    found = found * weights.reshape(shape)
+            self._weights[(target.dims, cells)] = found
         return found
 
-    def _place(self, target: Target, values: np.ndarray, at: np.ndarray, boxes: dict) -> None:
+    def _place(self, target: Target, values: np.ndarray, at: np.ndarray, boxes: dict, cells: tuple = ()) -> None:
         """Blend samples (values: samples, *its sample dims; starts ``at``) into ``target``, in order: one box each
         (``_boxes``, kept in ``boxes`` by dims for the batch's other arrays)."""
-        want = tuple(self._dim_size(d) or self.extra_sizes.get(d) for d in target.sample_dims)
-        if values.shape[1:] != want:
-            raise UserError(
-                f"{self.where}: {target.name!r} has shape {values.shape[1:]}, unlike its first sample's {want}; "
-                "give every sample one shape"
-            )
+        self._check_sample_shape(target, values, cells)
         order = [0] + [1 + target.sample_dims.index(d) for d in target.dims if d in target.sample_dims]
         block = np.transpose(values, order)
         for i, dim in enumerate(target.dims):
             if dim not in target.sample_dims:  # an iterated dim: each sample is one step of it
                 block = np.expand_dims(block, i + 1)
-        window = self._window_weight(target)
+        window = self._window_weight(target, cells)
         # The weights' cells: one along the dims every sample holds whole (kept dims share a weight).
-        shared = [axis is None or axis.whole for axis in map(self.axes.get, target.dims)]
+        shared = [not self._weighed_along(d) for d in target.dims]
         unweighted = [n == 1 for n in window.shape]
         total, weights = target.total, target.weight
         if self._set_once(target):  # each cell its sample's value, as it is (the weights: coverage says where)
@@ -577,9 +675,9 @@ class Reassembly:
                 if box is not None:
                     total[box[0]] = sample[box[1]]
             return
-        if target.dims not in boxes:
-            boxes[target.dims] = self._boxes(target.dims, at)
-        for sample, box in zip(block, boxes[target.dims]):
+        if (target.dims, cells) not in boxes:
+            boxes[(target.dims, cells)] = self._boxes(target.dims, at, cells)
+        for sample, box in zip(block, boxes[(target.dims, cells)]):
             if box is None:
                 continue
             at, crop = box
@@ -652,9 +750,16 @@ class Reassembly:
             if not target.is_coordinate:
                 yield target.name, target.dims, self._finished(target)
 
+    def _weighed_along(self, dim: str) -> bool:
+        """Whether a variable's weights vary along ``dim``: a placed dim's, and the forecast layout's lead_time with
+        roles (each role's features hold some of its lead times); elsewhere every sample holds the dim whole."""
+        axis = self.axes.get(dim)
+        return axis is not None and (not axis.whole or (self._roles and axis.role == "lead"))
+
     def _set_once(self, target: Target) -> bool:
-        """Whether no two samples share a cell of ``target``: over every placed dim, with disjoint samples."""
-        return self._disjoint and self._placed_dims <= set(target.dims)
+        """Whether no two samples share a cell of ``target``: over every placed dim, with disjoint samples (not with
+        roles: a role's feature holds part of the sample's cells, which coverage does not say)."""
+        return self._disjoint and not self._roles and self._placed_dims <= set(target.dims)
 
     def _uncovered(self, target: Target) -> np.ndarray:
         """Where no sample touched ``target``, shaped to broadcast against it."""
@@ -761,12 +866,29 @@ def reassemble(
 ) -> xr.Dataset:
     """Samples of ``output`` (its records, or predictions keyed by their index/<dim>) on its source grid.
 
-    ``samples``: dicts of one sample or batches of them (``schemas.Reader`` yields them); None: the
-    split's own records. ``dims``: a prediction's dims by name, where its name is not a feature of the
-    output and its shape does not say them (a prediction may drop the kept dims or add a ``channel``).
-    ``layout``: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along
-    the concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
-    WeatherBench-X opens predictions. Where the grid has latitudes, ``area_weight`` holds cos-latitude weights.
+    Where the grid has latitudes, ``area_weight`` holds cos-latitude weights. With sample.roles, a feature
+    ``<role>/<variable>`` comes back as its variable at its role's steps and crop (as forecasts: at its role's
+    lead times).
+
+    Args:
+        output: the output's folder (a local path or an fsspec URL); needs no access to the source files.
+        samples: dicts of one sample or a batch each, in any order, holding the ``index/<dim>`` features of the
+            records they were made from (``schemas.Reader`` yields such dicts); None: the split's own records.
+        split: the split the samples belong to (default: train if there is one, else the first).
+        blend: how overlapping samples combine: "mean", "cosine" (Hann weights) or "gaussian".
+        dims: a prediction's dims by name, where its name is not a feature of the output and its shape does
+            not say them (a prediction may drop the kept dims or add a ``channel``).
+        layout: "grid" (the source's grid, overlaps blended), or "forecast" for pairs and sequences along the
+            concat dim: dims init_time (each sample's index) and lead_time (its offsets x the step), as
+            WeatherBench-X opens predictions.
+        schema: the output's schema, if already loaded.
+
+    Returns:
+        An ``xr.Dataset`` on the source grid, with ``coverage`` (samples per cell; NaN values where 0).
+
+    Raises:
+        UserError: a key the output does not hold, a sample given twice, a shape that fits no feature, a split
+            that does not exist, or an output built before reassembly existed.
     """
     import_xarray()
     from schemas.dataset import load_schema
@@ -775,7 +897,7 @@ def reassemble(
 
     path = str(output).rstrip("/") or "/"
     schema = schema if schema is not None else load_schema(path)
-    assembly = Reassembly(schema, split, blend, dims, where=path, layout=layout)
+    assembly = Reassembly(schema, split, blend, dims, where=path, layout=layout, records=samples is None)
     if samples is None:
         samples = Reader(path, split or default_split(list(schema.splits)), schema=schema).iter_chunks()
     return assembly.add_all(samples).dataset()

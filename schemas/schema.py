@@ -10,6 +10,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from schemas.errors import UserError
+
 FORMAT = "xarray-tfrecords/1"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
@@ -253,6 +255,19 @@ class Schema:
     @property
     def variable_features(self) -> tuple[Feature, ...]:
         return tuple(f for f in self.features if f.role == "variable")
+
+    def check_has_samples(self, split: str, where: str) -> None:
+        """UserError for a split that holds no sample yet (its range lies beyond the input's steps): reading it
+        would give an evaluation or an epoch of nothing, whose metrics look like results."""
+        if self.splits.get(split, ()) or split not in self.splits:
+            return
+        described = self.sample.get("splits", {}).get(split) if isinstance(self.sample, dict) else None
+        reason = described.get("no_data_yet") if isinstance(described, dict) else None
+        why = f" ({reason})" if isinstance(reason, str) else ""
+        raise UserError(
+            f"{where}: split {split!r} holds no samples yet{why}; --append the data that reaches it, "
+            f"or read another split (schema.num_examples({split!r}) is 0)"
+        )
 
     def num_records(self, split: str | None = None) -> int:
         """TFRecord records in one split or all (fewer than samples when samples are packed)."""

@@ -38,7 +38,30 @@ _NO_TORCH = (
 
 
 class SplitDataset(IterableDataset):
-    """Samples (or batches) of one split as dicts of torch tensors, optionally shuffled with a seed."""
+    """Samples (or batches) of one split as dicts of torch tensors, optionally shuffled with a seed.
+
+    Shards are divided between DataLoader workers and between ranks, so each sample comes once per epoch; call
+    ``set_epoch(e)`` before each epoch for a new, reproducible order.
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: the split to read (``"data"`` for a build without ``splits:``).
+        shuffle_buffer: samples held to shuffle in (0: the shards' own order, already shuffled on disk).
+        seed: the shuffle's seed (with ``set_epoch``: a new order each epoch).
+        batch_size: samples per batch (None: one sample at a time).
+        drop_remainder: drop a last batch smaller than ``batch_size``.
+        transform: a function applied to each sample or batch (a dict of tensors).
+        features: the features to read (default: all); each tensor costs a shared-memory transfer.
+        rank: this process's rank, 0 <= rank < world_size.
+        world_size: how many ranks share the split's shards.
+        normalize: True: ``(x - mean) / std`` from stats.json; "tendency": targets as residuals.
+        normalized_fill: the normalised value of filled points.
+
+    Raises:
+        ImportError: torch is not installed.
+        ValueError: a rank outside 0..world_size - 1.
+        UserError: no complete output at ``path``, or a split it does not hold.
+    """
 
     def __init__(
         self,

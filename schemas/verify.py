@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib
 import json
 import posixpath
 import time
@@ -11,7 +12,7 @@ import time
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema
+from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
@@ -43,13 +44,15 @@ class VerifyReport:
     records: int
     bytes: int
     seconds: float
+    source: str | None = None  # the check against the inputs' summary, where one ran
 
     def summary(self) -> str:
         per_split = ", ".join(f"{name} {count:,}" for name, count in self.splits.items())
-        return (
+        line = (
             f"OK: {self.path}: {self.records:,} records in {self.shards} shard(s) ({per_split} samples), "
             f"{self.bytes / 1e6:,.1f} MB; every CRC, record count and feature shape checked in {self.seconds:.1f} s"
         )
+        return line if self.source is None else f"{line}\n{self.source}"
 
 
 def list_files(path: str) -> dict[str, int]:
@@ -114,9 +117,20 @@ def _check_declared_totals(path: str, schema: Schema) -> None:
 
 
 def _check_stats(path: str, schema: Schema) -> None:
-    with fsspec.open(posixpath.join(path, STATS_FILE), "r") as stream:
-        stats = json.load(stream).get("variables", {})
-    names = [name for f in schema.variable_features for name in f.source.get("channels", [f.name])]
+    try:
+        stats = load_stats(path).get("variables", {})  # (refuses the statistics of another commit than schema.json's)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
+    digest = schema.sources.get("generations_sha256")
+    with fsspec.open(posixpath.join(path, PARSER_FILE), "r") as stream:
+        if digest and digest not in stream.read():  # (it holds the schema it serves: its commit's digest too)
+            raise VerifyError(
+                f"{posixpath.join(path, PARSER_FILE)}: written for another commit than {SCHEMA_FILE}'s (an append "
+                "stopped during its commit); run the same append again to complete it"
+            )
+    # A role's feature (sample.roles: "<role>/<variable>") has its variable's statistics.
+    own = {f.name: f.source.get("variable", f.name) if "sample_role" in f.source else f.name for f in schema.features}
+    names = [name for f in schema.variable_features for name in f.source.get("channels", [own[f.name]])]
     missing = [name for name in names if name not in stats]
     if missing:
         raise VerifyError(
@@ -140,6 +154,24 @@ def _axis_extent(axis: dict) -> int | None:
     return None  # iterate: one sample per index
 
 
+def _described(schema: Schema, feature):
+    """The feature whose provenance gives ``feature``'s shape: a mask's (mask/<name> has its shape), else itself."""
+    if feature.role != "mask":
+        return feature
+    return next((f for f in schema.features if f.name == feature.source.get("of")), feature)
+
+
+def _role_extent(feature, dim: str) -> int | None:
+    """How long a role's feature (sample.roles) is along a dim its role takes some steps of, or crops; None: whole."""
+    steps, crop = feature.source.get("steps"), feature.source.get("crop")
+    if isinstance(steps, dict) and dim in steps:
+        return len(steps[dim])
+    if isinstance(crop, dict) and dim in crop:
+        start, stop = crop[dim]
+        return stop - start
+    return None
+
+
 def _check_shapes(path: str, schema: Schema) -> None:
     """Every feature's shape is what its dims are in one sample: a window's size, a kept dim's length, ..."""
     axes = {axis.get("dim"): axis for axis in schema.sample.get("axes", ()) if isinstance(axis, dict)}
@@ -148,8 +180,13 @@ def _check_shapes(path: str, schema: Schema) -> None:
     where = posixpath.join(path, SCHEMA_FILE)
     for feature in schema.features:
         for dim, size in zip(feature.dims, feature.shape):
-            if dim == CHANNEL_DIM and "channels" in feature.source:
-                expected, what = len(feature.source["channels"]), "its channels"
+            described = _described(schema, feature)
+            channels = described.source.get("channels")
+            taken = _role_extent(described, dim)
+            if dim == CHANNEL_DIM and channels:
+                expected, what = len(channels), "its channels"
+            elif taken is not None:
+                expected, what = taken, f"its role's {'steps' if dim in described.source.get('steps', {}) else 'crop'}"
             elif dim in axes:
                 expected, what = _axis_extent(axes[dim]), f"sample.axes ({axes[dim].get('role')})"
             else:
@@ -169,9 +206,11 @@ def _check_shapes(path: str, schema: Schema) -> None:
                 )
 
 
-def verify_output(path: str, split: str | None = None) -> VerifyReport:
+def verify_output(path: str, split: str | None = None, *, source_samples: int = 0, seed: int = 0) -> VerifyReport:
     """Read every shard of the output (or of one split) and check it against schema.json.
 
+    ``source_samples``: also re-read that many random samples (``seed`` picks them) from the output's
+    inputs with xarray and compare every feature bit for bit (needs the build's install: xarray).
     Raises VerifyError (one line: the file at fault, the problem, the fix) at the first mismatch.
     """
     started = time.monotonic()
@@ -187,8 +226,10 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
     names = [split] if split else list(schema.splits)
     samples, shards, records, size = {}, 0, 0, 0
     for name in names:
-        reader = Reader(path, name, schema=schema)
         samples[name] = 0
+        if not schema.splits.get(name, True):
+            continue  # a split with no data yet: no shard to check
+        reader = Reader(path, name, schema=schema)
         for shard in reader.shards:
             found, sizes = _read_shard(reader, shard)
             if shard.index is not None:
@@ -207,7 +248,30 @@ def verify_output(path: str, split: str | None = None) -> VerifyReport:
             records += shard.records
             size += shard.bytes
     _check_declared_totals(path, schema)  # after the shards, so a wrong shard count names its shard
-    return VerifyReport(path, samples, shards, records, size, time.monotonic() - started)
+    report = VerifyReport(path, samples, shards, records, size, time.monotonic() - started)
+    if source_samples > 0:
+        report = dataclasses.replace(report, source=check_source(path, source_samples, seed, split))
+    return report
+
+
+#: Where the check against the inputs lives: it reads them with xarray, which this package never imports.
+SOURCE_CHECK = "pipelines.source_check"
+
+
+def check_source(path: str, samples: int, seed: int = 0, split: str | None = None) -> str:
+    """The summary line of re-reading ``samples`` random samples from the inputs; a VerifyError where one differs
+    or where the inputs cannot be checked."""
+    try:
+        module = importlib.import_module(SOURCE_CHECK)
+    except ImportError as error:
+        raise VerifyError(
+            f"{path}: checking against the source needs the build's install ({error.name} is missing); "
+            'pip install "xarray-tfrecords[build]", or verify without source_samples'
+        ) from None
+    try:
+        return module.verify_source(path, samples, seed, split).summary()
+    except UserError as error:
+        raise VerifyError(str(error)) from None
 
 
 def _check_index(reader: Reader, shard, sizes: np.ndarray) -> None:

@@ -80,6 +80,32 @@ def parse_with_generated_parser(output: Path, split: str = "data") -> dict[str, 
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
 
+def expected_progress(dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(year_progress, day_progress) of each date, float64, computed from the dates themselves: GraphCast's
+    tropical-year fraction of the seconds since 1970 in the standard and proleptic Gregorian calendars (numpy
+    datetimes too); elsewhere the day of year and time of day over that year's days, summed from cftime's own
+    month lengths."""
+    import cftime
+
+    flat = np.asarray(dates).reshape(-1)
+    if flat.dtype.kind == "M":
+        seconds = (flat - np.datetime64("1970-01-01")) / np.timedelta64(1, "s")
+        day = np.mod(seconds, 86400) / 86400
+        return np.mod(seconds / (365.24219 * 86400), 1.0).reshape(np.shape(dates)), day.reshape(np.shape(dates))
+    calendar = flat[0].calendar
+    seconds = np.asarray(cftime.date2num(list(flat), "seconds since 1970-01-01", calendar=calendar), dtype=float)
+    if calendar in ("standard", "gregorian", "proleptic_gregorian"):
+        year = np.mod(seconds / (365.24219 * 86400), 1.0)
+    else:
+        year = []
+        for d in flat:
+            days = sum(cftime.datetime(d.year, m, 1, calendar=calendar).daysinmonth for m in range(1, 13))
+            year.append((d.dayofyr - 1 + (d.hour * 3600 + d.minute * 60 + d.second) / 86400) / days)
+        year = np.asarray(year)
+    day = np.asarray([(d.hour * 3600 + d.minute * 60 + d.second) / 86400 for d in flat])
+    return year.reshape(np.shape(dates)), day.reshape(np.shape(dates))
+
+
 def stored_bytes(path: Path, box: dict[str, tuple[int, int]], names) -> int:
     """Bytes ``path`` stores for variables ``names`` over ``box``: the chunks holding it, or its elements.
 
@@ -205,6 +231,57 @@ def time_limit(seconds: int, what: str):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def source_check(output: Path, samples: int = 10_000, *argv: str) -> tuple[int, str]:
+    """``python -m pipelines.inspect OUTPUT --verify --source N`` in this process: (exit status, stderr)."""
+    import io
+
+    from pipelines.inspect import main
+
+    errors, printed = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(printed):
+        status = main([str(output), "--verify", "--source", str(samples), *argv])
+    return status, errors.getvalue() + printed.getvalue()
+
+
+def assert_matches_source(output: Path, samples: int = 10_000) -> str:
+    """Every sampled record (``samples``: at most; by default all of a small output) equals its source re-read with
+    plain xarray, bit for bit; returns the report."""
+    status, report = source_check(output, samples)
+    assert status == 0 and "equal their source bit for bit" in report, report
+    return report
+
+
+def tamper_record(output: Path, feature: str, split: str = "data", by: float = 0.5) -> tuple[int, np.ndarray]:
+    """Alter the first value of ``feature`` in the first record of ``split`` consistently (by ``by``, an int's
+    rounded): its CRCs recomputed, its size, and so the shard's index, unchanged. Returns (the sample's position,
+    the altered values). Uncompressed shards, one sample a record."""
+    from schemas.example_codec import entry_header, varint
+    from schemas.tfrecord import frame, read_records
+
+    reader = Reader(str(output), split)
+    shard = reader.shards[0]
+    value = np.asarray(next(reader.iter_examples([shard]))[feature]).reshape(-1)
+    if value.dtype.kind == "f":
+        changed = value.copy()
+        changed[0] += np.float32(by)
+        old, new = value.astype("<f4").tobytes(), changed.astype("<f4").tobytes()
+        header = entry_header(feature.encode(), 2, len(old))
+    else:
+        changed = value + np.eye(1, len(value), dtype=value.dtype)[0] * max(1, round(by))
+        old, new = b"".join(map(varint, value.tolist())), b"".join(map(varint, changed.tolist()))
+        assert len(old) == len(new), "the altered int must keep its varint's length"
+        header = entry_header(feature.encode(), 3, len(old))
+    path = Path(output) / shard.file
+    data = path.read_bytes()
+    with open(path, "rb") as stream:
+        record = next(read_records(stream))
+    at = record.index(header + old) + len(header)
+    altered = record[:at] + new + record[at + len(new) :]
+    assert data.startswith(frame(record))
+    path.write_bytes(frame(altered) + data[len(frame(record)) :])
+    return 0, changed
 
 
 #: The user docs whose code blocks the tests run: the README and every page of the site.

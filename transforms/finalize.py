@@ -1,8 +1,9 @@
-"""Finalize: check the counts, then write stats.json, parser.py and, last, schema.json.
+"""Finalize: check the counts, then commit: generations.json, stats.json, parser.py and, last, schema.json.
 
-schema.json is the output's commit marker (docs/design.md, decision 5): it is written only after
-every shard is in place and each split's written samples equal the samples cut less those
-dropped for NaN, so a reader that finds it finds a complete dataset.
+schema.json is the output's commit marker (docs/design.md, decision 5): it is written only after every shard is in place and
+each split's written samples equal the samples cut less those dropped for NaN, so a reader that
+finds it finds a complete dataset. The other files are written under the run's directory first and
+renamed into place just before it (``commit``), so a failure while writing them changes nothing.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from planning.run import generations
 from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
 from planning.run.manifest import Manifest
-from planning.run.names import MANIFEST_FILE, TMP_DIR, join, shard_path
+from planning.run.names import MANIFEST_FILE, TMP_DIR, join, new_temporary_token, shard_path, temporary_path
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
+from schemas.urls import is_remote
 from transforms.files import (
     make_durable,
     read_bytes,
@@ -297,11 +299,31 @@ def _tendency_json(spec: FinalizeSpec, tendency: dict[str, Moments]) -> dict:
             "cell of the selected region, whatever the samples; differences of the stored values, in float64. "
             "`normalization`: load_dataset(..., normalize='tendency') applies it to residual features"
         ),
+        "over": "field",
         "dim": spec.concat_dim,
         "reference_split": spec.reference_split,
         "variables": _tendency_variables(spec, tendency),
         "normalization": tendency_normalization(spec, tendency),
     }
+
+
+#: stats.json's description of what its statistics count, by config stats.over (its `over` key).
+STATS_DESCRIPTIONS = {
+    "samples": (
+        "population statistics (ddof=0) of the finite values the records store, accumulated in float64: each "
+        "variable's values in every written sample (with sample.roles, the union of its role features' steps and "
+        "crops), each once per sample holding it, so a value in overlapping samples counts once per sample; NaN "
+        "and inf are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
+        "statistic includes. `variables` and `normalization` come from the reference split"
+    ),
+    "field": (
+        "population statistics (ddof=0) of the finite values of each split's selected region, as stored (float32), "
+        "accumulated in float64: every grid point and step of the split once, whatever the samples' windows, "
+        "offsets, roles or overlaps, samples dropped for NaN included; NaN and inf are counted apart, and so are "
+        "the values nan_policy: fill fills (filled_count), which no statistic includes. `variables` and "
+        "`normalization` come from the reference split"
+    ),
+}
 
 
 def stats_document(
@@ -311,12 +333,8 @@ def stats_document(
     reference = spec.reference_split
     moments = summaries[reference].moments if reference in summaries else {}
     document = {
-        "description": (
-            "population statistics (ddof=0) of the finite stored values of every written sample, "
-            "accumulated in float64; a value in overlapping samples counts once per sample; NaN and inf "
-            "are counted apart, and so are the values nan_policy: fill filled (filled_count), which no "
-            "statistic includes. `variables` and `normalization` come from the reference split"
-        ),
+        "description": STATS_DESCRIPTIONS[spec.over],
+        "over": spec.over,
         "reference_split": reference,
         "variables": _variables_json(spec, moments),
         "splits": {
@@ -484,18 +502,113 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     stats["generations"] = _own_statistics(spec, entries)
     # What schema.json will name reaches the disk before it does (earlier generations' at their commit).
     make_durable([join(spec.output, name) for shard in written for name in (shard.file, shard.index) if name])
-    # generations.json first: one written for an append that then fails is ignored (schema.json counts those
-    # committed), and the next append writes it again.
-    write_atomically(join(spec.output, GENERATIONS_FILE), [generations.dumps(entries).encode()], durable=True)
-    stats_text = json.dumps(stats, indent=2, allow_nan=False).encode()
-    write_atomically(join(spec.output, STATS_FILE), [stats_text], durable=True)
     parser = render_parser(schema, spec.output, stats["normalization"], stats.get("tendency", {}).get("normalization"))
-    write_atomically(join(spec.output, PARSER_FILE), [parser.encode()], durable=True)
-    write_atomically(join(spec.output, SCHEMA_FILE), [schema.dumps().encode()], durable=True)
+    contents = {
+        GENERATIONS_FILE: generations.dumps(entries).encode(),
+        STATS_FILE: json.dumps(stats, indent=2, allow_nan=False).encode(),
+        PARSER_FILE: parser.encode(),
+        SCHEMA_FILE: schema.dumps().encode(),
+    }
+    commit(spec.output, spec.run_dir, contents, keep_committed=committed is not None)
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
         remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
     remove_if_empty(join(spec.output, TMP_DIR))
     return schema
+
+
+#: Under a run's directory: the metadata it commits, written before any of it is renamed into place.
+STAGED_DIR = "commit"
+#: Under an append's run directory: the committed metadata its commit replaces, kept until the commit is whole.
+KEPT_DIR = "committed"
+#: The metadata a commit renames into place, in this order: schema.json, the commit marker, last.
+COMMIT_ORDER = (GENERATIONS_FILE, STATS_FILE, PARSER_FILE, SCHEMA_FILE)
+
+
+def commit(output: str, run: str, contents: dict[str, bytes], keep_committed: bool) -> None:
+    """Write the metadata under the run's directory ``run``, then rename each into place, schema.json last.
+
+    A failure while writing (a full disk) leaves the committed files as they were. An append first keeps
+    the committed files it replaces: a failure between two renames puts them back here; a kill leaves
+    them for the next run into the output to put back (restore_committed), and meanwhile each reader
+    refuses the mix (the generated parser, load_stats and --verify check the commit they read).
+    """
+    staged = join(run, STAGED_DIR)
+    for name in COMMIT_ORDER:
+        try:
+            write_atomically(join(staged, name), [contents[name]], durable=True)
+        except OSError as error:
+            if error.filename is not None:  # (named as the user knows it: where it is staged is this tool's business)
+                error.filename = join(output, name)
+            raise
+    if keep_committed:
+        _keep_committed(output, join(run, KEPT_DIR))
+    try:
+        for name in COMMIT_ORDER:
+            _replace(join(staged, name), join(output, name))
+    except BaseException:
+        if keep_committed:
+            try:
+                restore_committed(output, run)
+            except Exception as error:  # the commit's error is the one to report; the next run puts them back
+                logger.warning("could not put the committed metadata of %s back: %s", output, error)
+        raise
+
+
+def _keep_committed(output: str, kept: str) -> None:
+    """Copies of the committed metadata under ``kept``, schema.json last (a complete copy has it).
+
+    A retried commit finds the copies its first attempt made before renaming anything, and keeps those.
+    """
+    if FileSystems.exists(join(kept, SCHEMA_FILE)):
+        return
+    if not is_remote(kept):
+        os.makedirs(kept, exist_ok=True)  # (a local copy makes no folder; object stores have none)
+    for name in COMMIT_ORDER:
+        if name != SCHEMA_FILE and not FileSystems.exists(join(output, name)):
+            continue  # (one removed by hand: the commit writes it anew, and has nothing to put back)
+        # Copied by the filesystem (an object store copies without the bytes passing through here: a large
+        # output's schema.json lists every shard), under a temporary name: a copy cut short is never taken for one.
+        temporary = temporary_path(join(kept, name), new_temporary_token())
+        try:
+            FileSystems.copy([join(output, name)], [temporary])
+            make_durable([temporary])
+            _replace(temporary, join(kept, name))
+        finally:
+            if FileSystems.exists(temporary):
+                FileSystems.delete([temporary])
+
+
+def _replace(source: str, destination: str) -> None:
+    """Rename ``source`` over ``destination`` (locally atomic; an object store copies, replacing the object whole)."""
+    FileSystems.rename([source], [destination])
+    make_durable([destination])  # (locally: the directory's entry too; object stores already are)
+
+
+def restore_committed(output: str, run: str) -> bool:
+    """Put back the committed metadata a run's commit kept, if its commit never renamed schema.json; whether it did.
+
+    The kept schema.json tells: while the output's is still byte for byte the one kept, the commit did
+    not happen, and whatever it renamed before (generations.json, stats.json, parser.py) is replaced by
+    the kept copy. Otherwise the commit is whole, and the copies are left for the run's clean-up.
+    """
+    kept = join(run, KEPT_DIR)
+    try:
+        marker = read_bytes(join(kept, SCHEMA_FILE))
+    except Exception:  # none kept (or not whole): nothing was renamed
+        return False
+    try:
+        if read_bytes(join(output, SCHEMA_FILE)) != marker:
+            return False
+    except Exception:  # no schema.json at all: not the output it was kept for
+        return False
+    for name in COMMIT_ORDER[:-1]:
+        if FileSystems.exists(join(kept, name)):
+            _replace(join(kept, name), join(output, name))
+    FileSystems.delete([join(kept, SCHEMA_FILE)])
+    logger.warning(
+        "%s: put back the metadata of its last commit, which an append stopped during its commit had replaced", output
+    )
+    return True
 
 
 def _finalize(collected: tuple[list[ShardResult], dict[str, SplitSummary]], spec: FinalizeSpec) -> Schema:

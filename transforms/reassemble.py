@@ -69,10 +69,25 @@ class ReassemblePlan:
     work: str  # bucket files and done markers (removed at the end)
     records: bool  # True: the split's own records (files are shard names); False: prediction files
     references: bool = False  # buckets point at the records (a local, uncompressed output's own) instead of copies
+    files: tuple[str, ...] = ()  # the sample files: a bucket's errors name the file its samples came from
 
-    def assembly(self, region: tuple[int, int] | None = None) -> Reassembly:
+    def source_of(self, bucket: str) -> str:
+        """The sample file a bucket's samples came from (by the hash its name holds; else the output)."""
+        part = posixpath.basename(bucket).split("-")
+        digest = part[2] if len(part) > 2 else ""
+        return next((f for f in self.files if source_digest(f) == digest), self.output)
+
+    def assembly(self, region: tuple[int, int] | None = None, where: str | None = None) -> Reassembly:
+        """The reassembly of a region (None: the whole grid); ``where`` names what its errors are about (a prediction
+        file; default: the output)."""
         bounds = None if region is None else (self.chunk_dim or None, *region)
-        return Reassembly(self.schema, self.split, self.blend, self.dims, self.output, self.layout, bounds)
+        where = where or self.output
+        return Reassembly(self.schema, self.split, self.blend, self.dims, where, self.layout, bounds, self.records)
+
+    @property
+    def most_samples(self) -> int:
+        """The most distinct samples the split's grid can hold: a sample file declaring more is refused unread."""
+        return math.prod(max(1, a.length) for a in self.assembly().checked)
 
     def bounds(self, chunk: int) -> tuple[int, int]:
         start = chunk * self.chunk_length
@@ -90,7 +105,7 @@ def iter_file(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]
         shard = next(s for s in reader.shards if s.file == name)
         yield from reader.iter_chunks([shard], chunk=SCAN_RECORDS)
     else:
-        yield from read_predictions(name, plan.schema)
+        yield from read_predictions(name, plan.schema, plan.most_samples)
 
 
 def scanned_batches(plan: ReassemblePlan, name: str) -> Iterator[dict[str, np.ndarray]]:
@@ -125,11 +140,13 @@ def scan_file(name: str, plan: ReassemblePlan) -> Iterator[tuple[int, str]]:
     Each batch's samples are held by chunk (up to PENDING_BYTES in all) and go to their chunks' open bucket
     files as one frame each, so a scan holds a batch and its pending samples, never the samples of a chunk."""
     map_large_arrays()
-    assembly = plan.assembly((0, 0))  # (checks keys only: holds no cells)
+    assembly = plan.assembly((0, 0), where=name)  # (checks keys and shapes only: holds no cells)
     with _OpenBuckets(plan, name) as buckets:
         pending = _Pending(buckets)
         for batch in scanned_batches(plan, name):
             assembly.check_keys(batch)
+            if not plan.records:
+                assembly.check_shapes(batch)
             kept = {n for group in assembly.placed_groups(batch) for n in group}
             kept.update(REF_NAMES)
             batch = {n: v for n, v in batch.items() if n in kept or n.startswith("index/")}  # (not coord/*)
@@ -203,7 +220,7 @@ class _OpenBuckets:
         # A chunk's task takes its buckets in name order: named by the file scanned and their order in its scan,
         # overlapping samples blend in the same order every run (sums in another order differ in their last
         # bits); the random part keeps a retried scan's buckets apart from its failed attempt's.
-        self.source = hashlib.sha1(source.encode()).hexdigest()[:16]
+        self.source = source_digest(source)
         self.made: dict[int, int] = {}
 
     def write(
@@ -243,6 +260,11 @@ class _OpenBuckets:
         for _, stream in self.open.values():  # (a failed scan: the work folder is removed whole)
             stream.close()
         self.open = {}
+
+
+def source_digest(source: str) -> str:
+    """The part of a bucket's name that says which sample file it holds samples of."""
+    return hashlib.sha1(source.encode()).hexdigest()[:16]
 
 
 #: A bucket file: this, then frames: each the length of its JSON header (8 bytes, little-endian), the header
@@ -386,8 +408,9 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     with _local_copies(sorted(paths)) as files, _chunk_samples(plan, files, sorted(paths)) as samples:
         assembly = plan.assembly((start, stop))
         keys = [a.index_name for a in assembly.checked]
-        for batch in samples.keys(keys):
-            assembly.count(batch)
+        for only in _each_bucket(plan, assembly, files, sorted(paths)):
+            for batch in samples.keys(keys, only):
+                assembly.count(batch)
         values = samples.values  # values per sample of each array the samples hold
         groups = assembly.placed_groups(values)
         everything = sum(values[n] for group in groups for n in group if n in values) or 1
@@ -396,8 +419,9 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
                 share = 2 * sum(values[n] for n in group) / everything  # (its values, then their compressed copy)
                 _HELD.take(share)
                 try:
-                    for batch in samples.batches(keys, group):
-                        assembly.place(batch)
+                    for only in _each_bucket(plan, assembly, files, sorted(paths)):
+                        for batch in samples.batches(keys, group, only):
+                            assembly.place(batch)
                     done = [writer.write(*each) for each in assembly.take_finished()]
                 except BaseException:
                     _HELD.give_back(share)
@@ -415,6 +439,22 @@ def assemble_chunk(element: tuple[int, Sequence[str]], plan: ReassemblePlan) -> 
     return chunk
 
 
+def _each_bucket(
+    plan: ReassemblePlan, assembly: Reassembly, files: Sequence[str], names: Sequence[str]
+) -> Iterator[list[str] | None]:
+    """None (every bucket at once: the output's own records), or each bucket's local path in turn, with
+    ``assembly.where`` naming the prediction file its samples came from while it is read (errors name the file)."""
+    if plan.records:
+        yield None
+        return
+    try:
+        for path, name in zip(files, names):
+            assembly.where = plan.source_of(name)
+            yield [path]
+    finally:
+        assembly.where = plan.output
+
+
 def _chunk_samples(
     plan: ReassemblePlan, files: Sequence[str], names: Sequence[str]
 ) -> _CopiedSamples | _ReferencedSamples:
@@ -429,11 +469,15 @@ class _CopiedSamples:
         self.files = files
         self.values: dict[str, int] = {}  # values per sample of each array the buckets hold (once keys are read)
 
-    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        return _batches(_frames(self.files, keys, self.values), BATCH)
+    def keys(self, keys: Sequence[str], files: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The samples' keys, of all the buckets or of ``files`` among them."""
+        return _batches(_frames(self.files if files is None else files, keys, self.values), BATCH)
 
-    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        return _batches(_frames(self.files, [*keys, *group]), BATCH)
+    def batches(
+        self, keys: Sequence[str], group: Sequence[str], files: Sequence[str] | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The samples' keys and the group's arrays, of all the buckets or of ``files`` among them."""
+        return _batches(_frames(self.files if files is None else files, [*keys, *group]), BATCH)
 
     def __enter__(self):
         return self
@@ -456,7 +500,8 @@ class _ReferencedSamples:
         self.values = {f.name: f.size for f in plan.schema.features}
         self.samples = 0
 
-    def keys(self, keys: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    def keys(self, keys: Sequence[str], files: None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Every referenced record's keys (``files``: None, as _each_bucket gives for records)."""
         parts = []
         for number, path in enumerate(self.files):
             for frame in _frames([path], [*keys, *REF_NAMES]):
@@ -471,7 +516,7 @@ class _ReferencedSamples:
         self.samples = len(refs[REF_BUCKET])
         return self.records.checked(refs, self.names, keys)
 
-    def batches(self, keys: Sequence[str], group: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+    def batches(self, keys: Sequence[str], group: Sequence[str], files: None = None) -> Iterator[dict[str, np.ndarray]]:
         # One array per feature for every batch (placing copies the values out): a batch's values are fresh
         # pages of their own mapping otherwise, each faulted in anew.
         features = self.records.features

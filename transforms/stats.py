@@ -3,7 +3,9 @@
 Each block is summarised in float64 (count, mean, M2) and summaries merge pairwise with Chan
 et al.'s update, which stays accurate where a float32 sum of squares loses (mean/std)^2 in
 relative precision (docs/design.md, decision 4). The values summarised are those stored (after the
-cast to the record dtype), except the values nan_policy: fill put where NaN was: those are
+cast to the record dtype; with sample.roles, the cells the variable's role features store, not its
+whole cut sample; with stats.over: field, none here: transforms.field summarises the source's
+steps and cells), except the values nan_policy: fill put where NaN was: those are
 counted apart (``filled_count``), so the statistics describe the real values and a land
 filled with 0 does not drag an ocean's mean and std. With ``stats.per`` (kept dims such as
 level) every field is an array over those dims.
@@ -18,8 +20,10 @@ from typing import TypeVar
 import apache_beam as beam
 import numpy as np
 
+from planning.features import stored_cells
 from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
+from schemas.schema import Feature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,10 +205,44 @@ def per_axes(feature_dims: Sequence[str], per: Sequence[str]) -> tuple[list[int]
     return [1 + list(feature_dims).index(d) for d in dims], dims
 
 
-def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str] = ()) -> dict[str, SplitSummary]:
-    """Per split: the moments of every variable over the block's samples, and the sample counts."""
+def stored_values(
+    values: np.ndarray, filled: np.ndarray | None, axes: Sequence[int], stored: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None, list[int]]:
+    """A block's values of a variable (samples first) cut to the cells ``stored`` marks in a sample (None: all),
+    with their ``filled`` marks, and the axes statistics keep (``axes``) where they are then.
+
+    The kept axes come first after the samples, the stored cells of each sample last, flat. Roles take steps
+    along the concat dim and crops of windows, never parts of a kept dim, so every index along the kept axes
+    stores the same cells.
+    """
+    if stored is None:
+        return values, filled, list(axes)
+    front = list(range(1, 1 + len(axes)))
+    cells = np.moveaxis(stored, [a - 1 for a in axes], [f - 1 for f in front]).any(axis=tuple(range(len(axes))))
+
+    def cut(array: np.ndarray) -> np.ndarray:
+        return np.moveaxis(array, list(axes), front)[..., cells]
+
+    return cut(values), None if filled is None else cut(filled), front
+
+
+def summarize_block(
+    block: Block,
+    split_names: Sequence[str],
+    per: Sequence[str] = (),
+    features: Sequence[Feature] = (),
+    over: str = "samples",
+) -> dict[str, SplitSummary]:
+    """Per split: the moments of every variable over the values the block's records store, and the sample counts.
+
+    ``features``: the record's features; with sample.roles, a variable's statistics cover the cells its role
+    features store (the union of their steps and crops), each once per sample, not its whole cut sample.
+    ``over``: stats.over; "field" leaves the moments to transforms.field (the sample counts only here).
+    """
     samples = block.samples
     labels = samples[SPLIT].values
+    names = list(samples.data_vars) if over == "samples" else []
+    stored = {name: stored_cells(features, name, samples[name].values.shape[1:]) for name in names}
     out = {}
     for index, name in enumerate(split_names):
         counts = block.counts[name]
@@ -212,13 +250,14 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
             continue
         mine = labels == index
         moments = {}
-        for variable in samples.data_vars:
+        for variable in names:
             values = samples[variable].values
             filled = block.filled.get(variable)
             if not mine.all():
                 values = values[mine]
                 filled = None if filled is None else filled[mine]
             axes, _ = per_axes(samples[variable].dims[1:], per)
+            values, filled, axes = stored_values(values, filled, axes, stored[variable])
             moments[variable] = Moments.of(values, axes, filled)
         out[name] = SplitSummary(moments, counts.cut, counts.dropped_nan, counts.with_nan, dict(counts.nonfinite))
     return out
@@ -230,8 +269,11 @@ def summarize_block(block: Block, split_names: Sequence[str], per: Sequence[str]
 UNITS_PER_GROUP = 256
 
 
-def keyed_summary(block: Block, split_names: Sequence[str], per: Sequence[str]):
-    return block.unit // UNITS_PER_GROUP, ((block.unit, block.piece), summarize_block(block, split_names, per))
+def keyed_summary(
+    block: Block, split_names: Sequence[str], per: Sequence[str], features: Sequence[Feature] = (), over="samples"
+):
+    summary = summarize_block(block, split_names, per, features, over)
+    return block.unit // UNITS_PER_GROUP, ((block.unit, block.piece), summary)
 
 
 def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]]):
@@ -274,7 +316,8 @@ class ComputeStats(beam.PTransform):
     def expand(self, blocks):
         return (
             blocks
-            | "SummarizeBlock" >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per)
+            | "SummarizeBlock"
+            >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per, self.spec.features, self.spec.over)
             | "MergeSummaries" >> MergeSummaries()
         )
 

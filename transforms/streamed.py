@@ -54,7 +54,8 @@ class _CutWriteSummarizeFn(beam.DoFn):
         for block in self._cut.process(unit):
             for written in self._write.process(block):
                 yield _WRITTEN, written
-            yield _SUMMARY, keyed_summary(block, self._stats.split_names, self._stats.per)
+            stats = self._stats
+            yield _SUMMARY, keyed_summary(block, stats.split_names, stats.per, stats.features, stats.over)
 
     def teardown(self):
         self._write.teardown()

@@ -21,13 +21,13 @@ from planning.reads.slabs import SelectionReader, files_reader
 from planning.reads.source_index import SourceIndex
 from planning.run.cancellation import check_stopped
 from planning.sampling import Unit
-from planning.specs import TendencySpec
+from planning.specs import CutSpec, TendencySpec
 from transforms.cut import read_box, to_record_dtype, with_run_files
 from transforms.stats import UNITS_PER_GROUP, MergeSummaries, Moments, SplitSummary
 
 
-def _reader(spec: TendencySpec, sources: SourceIndex):
-    cut, concat_dim = spec.cut, spec.plan.concat_dim
+def source_reader(cut: CutSpec, concat_dim: str, sources: SourceIndex):
+    """How a unit of the source's own grid (not the samples') is read: the store's chunks, or the selected files."""
     if cut.zarr_store is not None:
         from planning.reads.zarr_reads import StoreReader  # here: zarr loads only for a store's build
 
@@ -43,7 +43,7 @@ def tendency_moments(spec: TendencySpec, sources: SourceIndex, unit: Unit) -> di
     first, stop = plan.unit_pairs(unit)
     pairs = plan.pairs[first:stop]
     starts = {a.dim: start for a, (start, _) in zip(grid.grid_axes, unit.ranges)}
-    slabs = read_box(cut, sources, box, _reader(spec, sources), f"tendency unit {unit.index}")
+    slabs = read_box(cut, sources, box, source_reader(cut, concat_dim, sources), f"tendency unit {unit.index}")
     out = {}
     for variable in cut.variables:
         values = slabs.values.pop(variable.name)

@@ -99,7 +99,8 @@ class SampleConfig(_Strict):
         default_factory=list,
         description=(
             "each step's progress through its year and day as time_features/<name>_sin and _cos (GraphCast's "
-            "definitions; day_progress per longitude where the sample holds a range of them), e.g. "
+            "definitions; year_progress of the step's own calendar year outside the Gregorian calendars; "
+            "day_progress at the sample's own longitudes), e.g. "
             "[year_progress, day_progress]; cos_zenith: the cosine of the solar zenith angle per cell and step "
             "(time_features/cos_zenith; the sample must hold ranges of latitudes and longitudes)"
         ),
@@ -228,6 +229,15 @@ class StatsConfig(_Strict):
     )
     reference_split: str | None = Field(
         None, description="split whose statistics normalise (default: train if there is one, else the first split)"
+    )
+    over: Literal["samples", "field"] = Field(
+        "samples",
+        description=(
+            "what each variable's statistics count: samples, the values the records store, each once per written "
+            "sample holding it (overlapping windows weigh a cell by the samples holding it; with sample.roles, the "
+            "cells its role features store); field, every grid point and step of each split's selected region "
+            "once, whatever the samples (as GraphCast and anemoi normalise)"
+        ),
     )
     tendency: bool = Field(
         False,

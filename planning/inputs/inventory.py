@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -507,11 +508,46 @@ def _check_grid(info: FileInfo, reference: FileInfo, dims: Iterable[str], tolera
         )
 
 
+#: CF's other names of one calendar.
+_CALENDAR_ALIASES = {"gregorian": "standard", "365_day": "noleap", "366_day": "all_leap"}
+
+
+def _meaning(variable: VariableInfo) -> dict[str, Any]:
+    """The attributes that say what a variable's decoded values mean, normalised: for numbers their ``units``; for
+    times decoded to dates their ``calendar`` (their units differ harmlessly: each file's decode with its own)."""
+    kind = np.dtype(variable.dtype).kind
+    if kind in "Mm":  # numpy dates and durations: a Gregorian calendar, units decoded away
+        return {}
+    calendar = variable.attrs.get("calendar")
+    if kind == "O" and calendar is not None:  # cftime dates
+        name = str(calendar).strip().lower()
+        return {"calendar": _CALENDAR_ALIASES.get(name, name)}
+    units = variable.attrs.get("units")
+    return {"units": units.strip() if isinstance(units, str) else units}
+
+
+def _check_same_meaning(variable: VariableInfo, path: str, other: VariableInfo, other_path: str) -> None:
+    """UserError where one variable's values mean another thing in two files (K and degC): joined, they would be
+    wrong numbers under one name. ``scale_factor`` and ``add_offset`` may differ: decoding applies each file's."""
+    mine, theirs = _meaning(variable), _meaning(other)
+    for key in sorted(set(mine) | set(theirs)):
+        if mine.get(key) != theirs.get(key):
+            raise UserError(
+                f"{other_path}: variable {variable.name!r} has {key} {_shown(theirs.get(key))} but "
+                f"{_shown(mine.get(key))} in {path}; its values would join under one name with two meanings: "
+                "convert the files to one (e.g. with cdo or xarray), or leave one out of input.paths"
+            )
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else repr(value)
+
+
 def check_variables_agree(
     inventory: Inventory, variables: list[VariableInfo], tolerance: str | float = "float32"
 ) -> None:
-    """Every variable along the concat dim is in every file with the same dims and dtype; grids match
-    (coordinates within ``tolerance``, input.coord_tolerance)."""
+    """Every variable along the concat dim is in every file with the same dims, dtype and units (calendar, for
+    dates); grids match (coordinates within ``tolerance``, input.coord_tolerance)."""
     reference, groups = inventory.reference, inventory.groups
     count = 1 if groups is None else len(groups.names)
     dims = {d for v in variables for d in v.dims} - {inventory.concat_dim}
@@ -534,4 +570,6 @@ def check_variables_agree(
                         f"{info.path}: variable {var.name!r} is {other.dtype} ({', '.join(other.dims)}) but "
                         f"{var.dtype} ({', '.join(var.dims)}) in {group_reference.path}; all files must agree"
                     )
+                if other is not var:  # (files probed alike share their reference's variables)
+                    _check_same_meaning(var, group_reference.path, other, info.path)
             _check_grid(info, reference, sorted(dims & set(reference.sizes)), tolerance)

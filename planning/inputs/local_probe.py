@@ -6,9 +6,11 @@ is probed for only what planning needs from it: its variables' names, the values
 dimension scales (the concat coordinate, raw, with the attributes that decide its decoding;
 the grid coordinates, hashed into the fingerprint) and so its dim sizes: 0.3 ms. Files of one
 archive list the same names, so the dimension scales found in one file are looked up directly
-in the next. What the probe leaves out (each data variable's dims, dtype and decoding
-attributes) the workers check as they read (planning.reads.slabs): a variable of another rank, shape
-or decoded dtype than the reference file's is refused there, in one line. For the variables
+in the next. Each data variable's units and calendar are fingerprinted too (files whose units
+differ are each read in full, and planning refuses them). What the probe leaves out (each data
+variable's dims, dtype and other decoding attributes) the workers check as they read
+(planning.reads.slabs): a variable of another rank, shape or decoded dtype than the reference
+file's is refused there, in one line. For the variables
 the config names, the probe also records where each lies in the file when its bytes are its
 values (0.08 ms a variable), so workers can read it without HDF5 (planning.reads.direct_reads).
 """
@@ -98,6 +100,16 @@ def _contiguous_layout(root, name: bytes, read_at) -> list | None:
     return [offset, list(dataset.shape), dtype.str, layout_check(name.decode(), offset, read_at(*window[::-1]))]
 
 
+#: A data variable's attributes that say what its values mean (planning.inputs.inventory.check_variables_agree).
+_MEANING_ATTRS = (b"units", b"calendar")
+
+
+def _meaning_attributes(dataset) -> tuple:
+    from h5py import h5a
+
+    return tuple(_plain(read_attribute(dataset, key)) if h5a.exists(dataset, key) else None for key in _MEANING_ATTRS)
+
+
 def _scale_values(dataset, read_at) -> np.ndarray:
     """A dimension scale's stored values: read by offset where stored plainly (contiguous storage holds them
     as they are, no filter applies), which costs a fifth of an HDF5 read of a small dataset."""
@@ -164,6 +176,11 @@ def _probe_open_hdf5(
             h5a.iterate(dataset, listed.append)  # one listing: cheaper than asking for each attribute
             present = [key for key in _CONCAT_ATTRS if key in listed]
             concat_attrs = {key.decode(): _plain(read_attribute(dataset, key)) for key in present}
+    for name in names:
+        if name not in scales[names]:
+            # What its values mean: files whose units differ must not share a fingerprint (each gets the full
+            # look, and check_variables_agree compares them).
+            digest.update(repr((name, _meaning_attributes(h5d.open(root, name)))).encode())
     layouts = {}
     for name in names:
         if name not in scales[names] and (wanted is None or name.decode() in wanted):

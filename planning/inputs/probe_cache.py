@@ -40,9 +40,10 @@ logger = logging.getLogger(__name__)
 #: Version 2: local NetCDF-4 probes fingerprint names and dimension scales (planning.inputs.local_probe);
 #: 3: and record where plainly stored variables lie (planning.reads.direct_reads); 4: with a check of each
 #: such layout, a digest of the files' entries, and local versions that include inode and change time; 5: the
-#: entries compressed (10,000 local NetCDF-4 files: 7.7 MB of entries as JSON, 1.4 MB stored).
+#: entries compressed (10,000 local NetCDF-4 files: 7.7 MB of entries as JSON, 1.4 MB stored); 6: local NetCDF-4
+#: fingerprints cover the data variables' units and calendar (files whose units differ are told apart).
 #: Another version's cache is ignored (probed again), so older and newer versions never misread each other's.
-FORMAT = "xarray-tfrecords-inventory/5"
+FORMAT = "xarray-tfrecords-inventory/6"
 #: The most the entries may take decompressed: a cache inflating beyond it (a hostile one) is not read.
 MAX_ENTRIES_BYTES = 1 << 30
 #: zlib's fastest level: most of the best level's gain, at a fraction of its time on a large archive's entries.

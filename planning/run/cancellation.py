@@ -39,6 +39,11 @@ def check_stopped() -> None:
         raise Cancelled("the build was interrupted")
 
 
+def is_stopped() -> bool:
+    """Whether a stop was asked (Ctrl-C, SIGTERM): for waits that poll rather than raise (check_stopped)."""
+    return _stopped.is_set()
+
+
 @contextlib.contextmanager
 def writing() -> Iterator[None]:
     """Hold for the length of one write; raises Cancelled if the run is cancelled before it starts."""

@@ -4,6 +4,10 @@ Each generation records how many steps of the (selected) concat dim the output h
 committed, the first and last of them, a fingerprint of the files holding them, its counts and
 each split's statistics accumulators (float64, exact in JSON), so that an append cuts only the
 samples that reach into steps the output does not hold and merges its statistics into theirs.
+``versions`` fingerprints the held files' versions too (planning.formats.sources: modification time,
+inode and change time locally; generation and checksums on GCS): a held file rewritten in place,
+even with its size and steps unchanged, is refused, since the samples already written hold its old
+values. Generations recorded before it check paths, sizes and ranges only.
 
 An append may add steps after the last held step and, contiguous with it, before the first (a
 backfill). ``index/<concat_dim>`` keeps counting from generation 0's first step, so every record
@@ -17,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from schemas.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "xarray-tfrecords-generations/1"
 GENERATIONS_FILE = "generations.json"
@@ -42,6 +49,8 @@ class Held:
     last: Any
     fingerprint: str | None  # of the files holding them (None: one Zarr store, which grows in place)
     origin: int = 0  # held steps before the one index/<concat_dim> 0 is (steps a backfill added)
+    #: of the files holding them with their versions (None: a store, or a generation recorded before versions were)
+    versions: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +70,18 @@ class HeldFile:
     start: int
     stop: int
     nbytes: int
+    version: str = ""  # as listed (planning.formats.sources); "" where the filesystem gives none
 
 
 def files_fingerprint(files: Sequence[HeldFile]) -> str:
     """Changes when a file, its size or its range changes, or one is added or removed."""
     text = "\n".join(f"{f.path}\t{f.nbytes}\t{f.start}\t{f.stop}" for f in files)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def versions_fingerprint(files: Sequence[HeldFile]) -> str:
+    """Changes as ``files_fingerprint`` does, and when a file's version changes (it was written again)."""
+    text = "\n".join(f"{f.path}\t{f.nbytes}\t{f.start}\t{f.stop}\t{f.version}" for f in files)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -84,6 +100,7 @@ def generation_entry(
         "first": first,
         "last": last,
         "fingerprint": None if store else files_fingerprint(held),
+        "versions": None if store else versions_fingerprint(held),
         "files": len(held),
         "bytes": sum(f.nbytes for f in held),
     }
@@ -139,15 +156,17 @@ def held_of(entries: Sequence[dict], source: str) -> Held:
     """What the committed generations hold (the last one's record), checked for the types it must have."""
     last = entries[-1]
     steps, fingerprint, origin = last.get("steps"), last.get("fingerprint"), last.get("origin", 0)
+    versions = last.get("versions")
     if (
         not isinstance(steps, int)
         or steps < 1
         or not (fingerprint is None or isinstance(fingerprint, str))
+        or not (versions is None or isinstance(versions, str))
         or not isinstance(origin, int)
         or not 0 <= origin < steps
     ):
         raise UserError(f"output: {source} records no steps held; it was edited: rebuild the output with --overwrite")
-    return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint, origin)
+    return Held(len(entries), steps, last.get("first"), last.get("last"), fingerprint, origin, versions)
 
 
 def config_difference(
@@ -185,14 +204,21 @@ def check_config(built: dict, now: dict, default_of: Callable[[str], Any] | None
         )
 
 
-def held_range(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile] | None) -> HeldRange:
+def held_range(
+    held: Held,
+    dim: str,
+    values: Sequence,
+    files: Sequence[HeldFile] | None,
+    known: Collection[tuple[str, int, str]] = (),
+) -> HeldRange:
     """Where the held steps are in the input, checked; NothingToAppend when it holds no other step.
 
     ``values``: the input's concat coordinate as schema.json writes values (read where the held
     range starts and ends: pass a lazy sequence for a long one; the start is searched for only
     when the input begins earlier); ``files``: the input files' ranges (None: one Zarr store).
     Steps before the held ones (a backfill) must be contiguous with them: the caller checks that
-    on the decoded values, and that they keep the samples' stride.
+    on the decoded values, and that they keep the samples' stride. ``known``: (path, size, version) of the
+    files the last run listed (its inventory cache), to name a held file whose version changed since.
     """
     total = len(values)
     start = 0 if total and values[0] == held.first else _index_of(values, held.first)
@@ -218,16 +244,40 @@ def held_range(held: Held, dim: str, values: Sequence, files: Sequence[HeldFile]
                     "--overwrite"
                 )
         inside = [dataclasses.replace(f, start=f.start - start, stop=f.stop - start) for f in files]
-        if files_fingerprint([f for f in inside if f.start >= 0 and f.stop <= held.steps]) != held.fingerprint:
+        holding = [f for f in inside if f.start >= 0 and f.stop <= held.steps]
+        if files_fingerprint(holding) != held.fingerprint:
             raise UserError(
                 f"input: the files holding {held.first} to {held.last} are not those the output was built from (one "
                 "was added, removed, moved or resized); --input must name them unchanged, with the new ones"
             )
+        _check_versions(held, holding, known)
     if total == held.steps:
         raise NothingToAppend(
             f"nothing to append: the input's {total:,} {dim} steps ({held.first} to {held.last}) are all in the output"
         )
     return HeldRange(start, stop, held.origin + start)
+
+
+def _check_versions(held: Held, holding: Sequence[HeldFile], known: Collection[tuple[str, int, str]]) -> None:
+    """UserError naming a held file written again since the output was built from it (its samples hold old values)."""
+    if held.versions is None:
+        logger.warning(
+            "output: its generations record no versions of the files it holds (written by an earlier version): they "
+            "are checked by path, size and range only, so one rewritten in place with its size is not noticed"
+        )
+        return
+    if versions_fingerprint(holding) == held.versions:
+        return
+    listed = {key[0] for key in known}  # (a file the cache does not list at all tells nothing)
+    changed = [f.path for f in holding if f.path in listed and (f.path, f.nbytes, f.version) not in known]
+    what = f"a file holding {held.first} to {held.last}"
+    if changed:
+        what = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+    raise UserError(
+        f"input: {what} changed since the output was built from it (its modification time, inode or change time, "
+        "or on GCS its generation, differ from those recorded), so the samples already written may hold its old "
+        "values; rebuild the output with --overwrite"
+    )
 
 
 def _index_of(values: Sequence, value: Any) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -20,7 +21,7 @@ from schemas.reader import Reader
 from schemas.stream import shuffled_stream
 from transforms import finalize
 
-from helpers import parse_with_generated_parser
+from helpers import import_generated_parser, parse_with_generated_parser
 
 SPLITS = ("train", "val")
 #: Held by generation 0: the first three of five files (a time window of 3 makes samples straddle them).
@@ -149,6 +150,32 @@ def test_statistics_equal_a_full_rebuild(appended):
     assert own[1]["splits"]["val"]["samples"] == union["splits"]["val"]["samples"] - own[0]["splits"]["val"]["samples"]
     # The regenerated parser normalises with the merged statistics.
     assert json.dumps(union["normalization"]["t"]["mean"])[:20] in (appended["output"] / "parser.py").read_text()
+
+
+def test_an_append_to_an_output_over_the_field_keeps_it_and_equals_a_rebuild(archive, tmp_path, capsys):
+    """stats.over: field: the new generation counts its new steps of each split once; the merge is the field's."""
+    import xarray as xr
+
+    files = sorted(str(p) for p in archive.glob("era5_*.nc"))
+    output, full = tmp_path / "out", tmp_path / "full"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES], stats__over="field"), tmp_path) == 0
+    # The output's config holds: appending over the samples is refused, and changes nothing.
+    before = _hashes(output)
+    assert "stats.over: 'samples' differs from the 'field'" in _refused(_config(archive, output), tmp_path, capsys)
+    assert _hashes(output) == before
+    assert _build(_config(archive, output, stats__over="field"), tmp_path, "--append") == 0
+    assert _build(_config(archive, full, stats__over="field"), tmp_path) == 0
+    union, rebuilt = (json.loads((path / "stats.json").read_text()) for path in (output, full))
+    assert union["over"] == rebuilt["over"] == "field" and len(union.pop("generations")) == 2
+    rebuilt.pop("generations")
+    _assert_close(union, rebuilt)
+    with xr.open_mfdataset(files) as data:  # val: every step of its range once, each level apart
+        val = data["t"].sel(time=slice("2020-01-03", "2020-01-04T12")).transpose("time", "level", ...).values
+    values = np.moveaxis(val.astype(np.float32).astype(np.float64), 1, 0).reshape(val.shape[1], -1)
+    stored = union["splits"]["val"]["variables"]["t"]
+    assert stored["count"] == [values.shape[1]] * len(values)
+    np.testing.assert_allclose(stored["mean"], values.mean(axis=1), rtol=1e-9, atol=0)
+    np.testing.assert_allclose(stored["variance"], values.var(axis=1), rtol=1e-9, atol=0)
 
 
 def test_readers_see_one_dataset(appended):
@@ -300,7 +327,7 @@ def test_an_output_of_an_earlier_version_without_the_keys_added_since_appends(ge
     """schema.json records the resolved config; an earlier version's lacks today's keys (stats.tendency, ...)."""
     output, _ = generation0
     document = json.loads((output / "schema.json").read_text())
-    for section, key in (("stats", "tendency"), ("sample", "time_features"), ("sample", "roles")):
+    for section, key in (("stats", "tendency"), ("stats", "over"), ("sample", "time_features"), ("sample", "roles")):
         del document["config"][section][key]
     del document["sources"]["generations_sha256"]  # (recorded since 2026-12-03)
     (output / "schema.json").write_text(json.dumps(document, indent=1))
@@ -376,32 +403,131 @@ def test_a_killed_append_leaves_the_output_verifiable_and_a_rerun_removes_what_i
     assert inspect_main([str(output), "--verify"]) == 0
 
 
-def test_statistics_of_an_append_killed_before_its_commit_are_not_read(generation0, archive, tmp_path, monkeypatch):
-    """Killed between stats.json and schema.json: readers refuse the new statistics beside the old schema."""
+#: The committed output's metadata, which a failed append must leave (or put back) as it was.
+COMMITTED = ("schema.json", "stats.json", "parser.py", "generations.json", "_manifest.json")
+
+
+def _normalized_reads_work(output: Path) -> None:
+    from schemas.dataset import load_dataset
+
+    assert len(Reader(str(output), "train", normalize=True).read_all()["index/time"]) > 0
+    assert sum(int(b["t"].shape[0]) for b in load_dataset(str(output), "train", normalize=True, batch_size=64)) > 0
+
+
+def test_an_append_killed_during_its_commit_leaves_readers_right_and_any_next_run_puts_it_back(
+    generation0, archive, tmp_path, monkeypatch, capsys
+):
+    """Reported: killed between parser.py and schema.json, the generated parser served the uncommitted generation;
+    killed after stats.json, every normalize=True read was refused and "nothing to append" repaired nothing.
+
+    Killed here after renaming generations.json, stats.json and parser.py into place, before schema.json: each
+    reader refuses the mix in one line, --verify reports it, and the next append, even one with nothing to
+    append, puts the committed files back."""
     from schemas.dataset import load_dataset
     from schemas.errors import UserError
 
-    output, _ = generation0
-    write = finalize.write_atomically
+    from helpers import import_generated_parser
 
-    def killed_at_the_commit(path, *args, **kwargs):
-        if str(path).endswith("schema.json"):
-            raise KeyboardInterrupt  # as a kill: nothing after it runs
-        return write(path, *args, **kwargs)
-
-    monkeypatch.setattr(finalize, "write_atomically", killed_at_the_commit)
-    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # as killed: nothing removed
+    output, files = generation0
+    before = _hashes(output, COMMITTED)
+    _fail_renaming(monkeypatch, output / "schema.json", KeyboardInterrupt)  # as a kill: nothing after it runs
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False, raising=False)  # (a kill puts nothing back)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # nor removes anything
     assert _build(_config(archive, output), tmp_path, "--append") != 0
     monkeypatch.undo()
     assert load_schema(str(output)).sources["generations"] == 1  # the old commit stands
+    assert _hashes(output, ["stats.json", "parser.py"]) != {k: before[k] for k in ("stats.json", "parser.py")}
     for read in (
         lambda: Reader(str(output), "train", normalize=True),
         lambda: load_dataset(str(output), "train", normalize=True),
     ):
         with pytest.raises(UserError, match=r"holds the statistics of 2 generation\(s\) but schema.json commits 1"):
             read()
-    assert _build(_config(archive, output), tmp_path, "--append") == 0  # the rerun completes it
-    assert len(Reader(str(output), "train", normalize=True).read_all()["index/time"]) > 0
+    parser = import_generated_parser(output)
+    with pytest.raises(ValueError, match=r"commits 1 generation\(s\), not the 2 this parser.py was written for"):
+        parser.make_dataset("train")
+    capsys.readouterr()
+    assert inspect_main([str(output), "--verify"]) != 0
+    assert "commits 1" in capsys.readouterr().err
+    # The next run into the output, here one with nothing to append, puts the committed files back.
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path, "--append") == 0
+    assert "nothing to append" in capsys.readouterr().out
+    assert _hashes(output, COMMITTED[:-1]) == {k: before[k] for k in COMMITTED[:-1]}
+    _normalized_reads_work(output)
+    assert len(parse_with_generated_parser(output, "train")["index/time"]) > 0
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # and the append completes
+    assert load_schema(str(output)).sources["generations"] == 2
+    _normalized_reads_work(output)
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def _fail_renaming(monkeypatch, destination: Path, error) -> None:
+    """Make the rename of a file into ``destination`` (the commit's, whichever code does it) raise ``error``."""
+    from apache_beam.io.filesystems import FileSystems
+
+    rename = FileSystems.rename
+
+    def failing(sources, destinations, *args, **kwargs):
+        if str(destination) in destinations:
+            raise error
+        return rename(sources, destinations, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystems, "rename", failing)
+
+
+def _full_disk(name: str):
+    def fail(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    return fail
+
+
+@pytest.mark.parametrize("where", ["writing stats.json", "renaming schema.json"])
+def test_an_append_failing_during_its_commit_leaves_the_committed_files_as_they_were(
+    generation0, archive, tmp_path, monkeypatch, where
+):
+    """Reported: failed on a full disk after replacing stats.json and generations.json, the output's normalised reads
+    were refused for good. A failure while writing the metadata changes none of it; one while renaming it into
+    place puts the committed files back; the manifest is the one before the append, byte for byte."""
+    output, _ = generation0
+    before = _hashes(output, COMMITTED)
+    if where == "writing stats.json":
+        write, fail = finalize.write_atomically, _full_disk("stats.json")
+        monkeypatch.setattr(
+            finalize,
+            "write_atomically",
+            lambda p, *a, **k: (fail if str(p).endswith("stats.json") else write)(p, *a, **k),
+        )
+    else:
+        _fail_renaming(monkeypatch, output / "schema.json", OSError(errno.EIO, "Input/output error"))
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert _hashes(output, COMMITTED) == before
+    assert not list(output.glob("*-g001-*")) and not (output / "_tmp").exists()
+    _normalized_reads_work(output)
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+
+
+def test_a_refused_append_writes_nothing_to_the_manifest(generation0, archive, tmp_path, monkeypatch, capsys):
+    """Reported: an append refused after planning (here: no room on the disk for its shards) left a run and shard
+    names that do not exist in _manifest.json."""
+    from transforms import in_place
+
+    output, _ = generation0
+    before = _hashes(output)
+    usage = in_place.shutil.disk_usage
+
+    def full(path):
+        return usage(path)._replace(free=0)
+
+    monkeypatch.setattr(in_place.shutil, "disk_usage", full)
+    line = _refused(_config(archive, output), tmp_path, capsys)
+    assert "the disk has 0.0 MB free" in line, line
+    del before["_inventory.json"]  # (the new files' probes: a help for the next run, kept)
+    assert _hashes(output, list(before)) == before
+    assert not (output / "_tmp").exists()
 
 
 def _same_samples(output: str, reference: Path) -> None:
@@ -491,3 +617,247 @@ def test_a_zarr_store_rewritten_with_earlier_steps_backfills_a_gs_output(appende
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{split} {name}")
     assert inspect_main([output, "--verify"]) == 0
+
+
+def _without_formulas(output: Path) -> None:
+    """schema.json as a version before year_progress followed model calendars wrote it: sources without formulas."""
+    document = json.loads((output / "schema.json").read_text())
+    for feature in document["features"]:
+        if feature["role"] == "time_feature":
+            for key in ("formula", "calendar", "longitude"):
+                feature["source"].pop(key, None)
+    (output / "schema.json").write_text(json.dumps(document, indent=1))
+
+
+def test_an_append_refuses_to_mix_time_features_computed_otherwise(archive, tmp_path, capsys):
+    """An output whose day_progress was UTC (written before it followed an iterated longitude) takes no generation
+    of local solar time; its year_progress in the standard calendar, unchanged, takes one."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    sample = {"window": {"time": {"size": 3}}, "keep": ["level", "lat"]}  # lon iterated: one a sample
+    for features, refusal in ((["day_progress"], "day_progress_sin was written as"), (["year_progress"], None)):
+        output = tmp_path / features[0]
+        config = {**_config(archive, output), "sample": {**sample, "time_features": features}}
+        assert _build({**config, "input": {**config["input"], "paths": files[:HELD_FILES]}}, tmp_path) == 0
+        _without_formulas(output)
+        if refusal is None:
+            assert _build(config, tmp_path, "--append") == 0
+            assert load_schema(str(output)).sources["generations"] == 2
+            continue
+        before = _hashes(output)
+        line = _refused(config, tmp_path, capsys)
+        assert refusal in line and "(UTC)" in line and "'lon'" in line and "rebuild with --overwrite" in line, line
+        assert _hashes(output) == before
+
+
+def _future_config(archive: Path, output: Path, test_from: str, **changes) -> dict:
+    """Splits fixed once for all: test begins where generation 0's steps end, or after them."""
+    splits = {
+        "train": {"time": [None, "2020-01-02"]},
+        "val": {"time": ["2020-01-03", "2020-01-03T12"]},
+        "test": {"time": [test_from, "2020-01-05T18"]},
+    }
+    sample = {"window": {"time": {"size": 3, "stride": 1}}, "keep": ["level", "lat", "lon"]}
+    return {**_config(archive, output, **changes), "splits": splits, "sample": sample}
+
+
+@pytest.mark.parametrize(
+    ("test_from", "why"),
+    [
+        ("2020-01-04", "[2020-01-04, 2020-01-05T18] lies after the input's last step"),  # no step of it yet
+        ("2020-01-03T18", "no whole sample fits in its steps yet"),  # one step of it, a window takes three
+    ],
+)
+def test_a_split_with_no_data_yet_builds_empty_and_an_append_fills_it(archive, tmp_path, capsys, test_from, why):
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output, full = tmp_path / "out", tmp_path / "full"
+    capsys.readouterr()
+    assert _build(_future_config(archive, output, test_from, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    assert f"test: no data yet ({why}" in capsys.readouterr().out  # the build summary
+    schema = load_schema(str(output))
+    assert schema.num_examples("test") == 0 and schema.splits["test"] == ()
+    assert why in schema.sample["splits"]["test"]["no_data_yet"]
+    assert inspect_main([str(output)]) == 0
+    shown = capsys.readouterr().out
+    assert "test: 0 samples: no data yet" in shown and why in shown
+    assert inspect_main([str(output), "--verify"]) == 0
+    assert "test 0 samples" in capsys.readouterr().out
+    # Every reader refuses it in one line naming the split and why (not an epoch of nothing).
+    from schemas import load_dataset
+
+    parser = import_generated_parser(output)
+    readers = [
+        lambda: Reader(str(output), "test"),
+        lambda: open_source(str(output), "test"),
+        lambda: load_dataset(str(output), "test"),
+        lambda: shuffled_stream(str(output), "test", seed=0),
+        lambda: parser.make_dataset("test", batch_size=2),
+    ]
+    for read in readers:
+        with pytest.raises(ValueError, match=r"split 'test' holds no samples yet \(.*; .*append"):
+            next(iter(read()))
+    assert Reader(str(output), "train").num_records > 0  # the others read as ever
+    from pipelines.reassemble import main as reassemble_main
+
+    capsys.readouterr()
+    assert reassemble_main([str(output), "--split", "test", "--to", str(tmp_path / "test.nc"), "--quiet"]) == 2
+    assert "split 'test' holds no samples yet" in capsys.readouterr().err  # (was: ZeroDivisionError)
+    # The append brings its steps: the test split is then what a build of every file makes.
+    assert _build(_future_config(archive, output, test_from), tmp_path, "--append") == 0
+    assert _build(_future_config(archive, full, test_from), tmp_path) == 0
+    schema = load_schema(str(output))
+    assert schema.num_examples("test") > 0 and "no_data_yet" not in schema.sample["splits"]["test"]
+    union = _by_sample(parse_with_generated_parser(output, "test"))
+    rebuilt = _by_sample(parse_with_generated_parser(full, "test"))
+    for name in rebuilt:
+        np.testing.assert_array_equal(union[name], rebuilt[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("test_from", "changes", "expected"),
+    [
+        # Its statistics would normalise every split: none to compute yet.
+        ("2020-01-04", {"stats__reference_split": "test"}, "stats.reference_split: 'test' holds no sample yet"),
+        # Between two steps of the input, inside it: no append ever brings a step there.
+        ("2020-01-01T01", {}, "holds no time step of the input"),
+    ],
+)
+def test_an_empty_split_is_refused_where_no_append_fills_it(archive, tmp_path, capsys, test_from, changes, expected):
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    config = _future_config(archive, tmp_path / "out", test_from, input__paths=files[:HELD_FILES], **changes)
+    if test_from == "2020-01-01T01":
+        config["splits"] = {"train": {"time": ["2020-01-02", None]}, "test": {"time": [test_from, "2020-01-01T02"]}}
+    capsys.readouterr()
+    assert _build(config, tmp_path) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert not (tmp_path / "out" / "schema.json").exists()
+
+
+def _add_in_place(path: Path, variable: str, amount: float) -> None:
+    """Change a file's values where it lies, as a correction tool would: its size and steps stay the same."""
+    import netCDF4
+
+    with netCDF4.Dataset(path, "a") as ds:
+        ds[variable][:] = ds[variable][:] + amount
+
+
+def test_a_held_file_changed_in_place_is_refused_naming_it(archive, tmp_path, capsys):
+    """Reported: a held file's values changed in place (same size and steps), then --append of every file: the
+    output held old and new values of the same cells, and statistics unlike a rebuild's, without a word."""
+    copied = tmp_path / "archive"
+    shutil.copytree(archive, copied)
+    files = sorted(str(p) for p in copied.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(copied, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    size = Path(files[2]).stat().st_size
+    _add_in_place(Path(files[2]), "t", 100.0)
+    assert Path(files[2]).stat().st_size == size
+    before = _hashes(output)
+    line = _refused(_config(copied, output), tmp_path, capsys)
+    assert files[2] in line and "changed since the output was built from it" in line and "--overwrite" in line, line
+    assert _hashes(output) == before
+
+
+def test_an_output_recording_no_versions_appends_checking_paths_sizes_and_ranges(generation0, archive, tmp_path):
+    """Generations recorded before versions were: an append checks what they record, and still adds the new files."""
+    output, _ = generation0
+    path = output / "generations.json"
+    document = json.loads(path.read_text())
+    for entry in document["generations"]:
+        del entry["versions"]
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    schema = json.loads((output / "schema.json").read_text())
+    from planning.run import generations as records
+
+    schema["sources"][records.DIGEST_KEY] = records.digest(document["generations"])
+    (output / "schema.json").write_text(json.dumps(schema, indent=1))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert load_schema(str(output)).sources["generations"] == 2
+    assert json.loads(path.read_text())["generations"][1]["versions"]  # recorded from now on
+
+
+def test_a_new_file_whose_units_differ_is_refused_naming_both_files(archive, tmp_path, capsys):
+    """A new file in degC among held files in K: refused at planning, as a build refuses it, nothing written."""
+    import netCDF4
+
+    copied = tmp_path / "archive"
+    shutil.copytree(archive, copied)
+    files = sorted(str(p) for p in copied.glob("*.nc"))
+    output = tmp_path / "out"
+    assert _build(_config(copied, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    with netCDF4.Dataset(files[HELD_FILES], "a") as ds:
+        ds["t"][:] = ds["t"][:] - 273.15
+        ds["t"].units = "degC"
+    before = _hashes(output)
+    line = _refused(_config(copied, output), tmp_path, capsys)
+    assert f"{files[HELD_FILES]}: variable 't' has units 'degC' but 'K' in {files[0]}" in line, line
+    assert _hashes(output) == before
+
+
+def test_an_append_failing_after_its_commit_keeps_the_shards_schema_json_lists(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """Stopped once schema.json names its shards (here: its last bookkeeping fails), the clean-up of a failed run
+    must not remove them: the output it committed stays whole, and the next append has nothing to add."""
+    output, _ = generation0
+
+    def fail(*args):
+        raise RuntimeError("injected: the run fails after its commit")
+
+    monkeypatch.setattr(graph, "record_complete", fail)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    schema = load_schema(str(output))
+    assert schema.sources["generations"] == 2 and list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
+    _normalized_reads_work(output)
+    assert _build(_config(archive, output), tmp_path, "--append") == 0  # nothing to append; no file foreign
+    assert load_schema(str(output)).sources["generations"] == 2
+
+
+def test_a_gs_append_killed_during_its_commit_is_put_back_by_the_next_run(archive, gcs, tmp_path, monkeypatch):
+    """The commit's staging, copies and renames on an object store (renames are copies there): killed before
+    schema.json, the next append into the output puts the committed metadata back, then completes."""
+    from conftest import BUCKET
+
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = f"gs://{BUCKET}/append-killed/out"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    names = ("schema.json", "stats.json", "parser.py", "generations.json")
+    before = {name: gcs.cat(f"{output}/{name}") for name in names}
+    _fail_renaming(monkeypatch, f"{output}/schema.json", KeyboardInterrupt)  # as a kill
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (a kill puts nothing back)
+    monkeypatch.setattr(graph, "_remove_run_files", lambda *args: True)  # nor removes anything
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    gcs.invalidate_cache()
+    assert gcs.cat(f"{output}/stats.json") != before["stats.json"]  # the uncommitted generation's
+    assert inspect_main([output, "--verify"]) != 0
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path, "--append") == 0
+    gcs.invalidate_cache()
+    assert {name: gcs.cat(f"{output}/{name}") for name in names} == before
+    assert inspect_main([output, "--verify"]) == 0
+    assert len(Reader(output, "train", normalize=True).read_all()["index/time"]) > 0
+
+
+def test_an_append_to_an_output_whose_parser_was_removed_writes_it_anew(generation0, archive, tmp_path):
+    output, _ = generation0
+    (output / "parser.py").unlink()
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    assert len(parse_with_generated_parser(output, "val")["index/time"]) == load_schema(str(output)).num_examples("val")
+
+
+def test_a_commit_stopped_on_a_worker_is_put_back_by_the_launchers_clean_up(
+    generation0, archive, tmp_path, monkeypatch
+):
+    """On a remote runner the commit runs on a worker: killed there between two renames (it puts nothing back), the
+    job fails, and the launcher's clean-up of the run puts the committed files back before removing the rest."""
+    output, _ = generation0
+    before = _hashes(output, COMMITTED)
+    _fail_renaming(monkeypatch, output / "schema.json", KeyboardInterrupt)
+    monkeypatch.setattr(finalize, "restore_committed", lambda *args: False)  # (the worker's, killed)
+    assert _build(_config(archive, output), tmp_path, "--append") != 0
+    monkeypatch.undo()
+    assert _hashes(output, COMMITTED) == before
+    assert not (output / "_tmp").exists() and not list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0

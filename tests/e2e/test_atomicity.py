@@ -142,6 +142,62 @@ def test_sigterm_or_ctrl_c_mid_write_removes_what_the_run_wrote(larger_archive, 
     assert gone, "a process of the build's group outlived it"
 
 
+def _beam_worker(process: subprocess.Popen, timeout: float = 120) -> int:
+    """The process id of one of a build's Beam worker processes, once one runs."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(process.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "pipelines.beam_worker" in child.cmdline():
+                    return child.pid
+        assert process.poll() is None, "the build ended before a worker process ran"
+        time.sleep(0.05)
+    raise AssertionError("no worker process appeared in time")
+
+
+def test_a_worker_process_that_dies_fails_the_build_in_one_line(small_archive, tmp_path):
+    """A worker the out-of-memory killer ends (SIGKILL): Beam's runner waited for it for ever ("cut 0/1 units")."""
+    output, config = tmp_path / "out", tmp_path / "c.yaml"
+    settings = {
+        "input": {"paths": str(small_archive / "*.nc"), "preprocess": "preprocess_examples:slow"},  # a second a slab
+        "sample": {"window": {"lat": 3, "lon": 3}, "keep": ["level"]},
+        "output": {"path": str(output), "num_shards": 2},
+    }
+    config.write_text(yaml.safe_dump(settings))
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        _command(config, "--quiet", *PROCESSES),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        os.kill(_beam_worker(process), signal.SIGKILL)
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the build still ran 60 s after one of its worker processes died")
+        gone = _group_gone(process.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == 1, err
+    assert lines == [
+        "error: a worker process of the local runner died (killed by SIGKILL, as the out-of-memory killer ends a "
+        "process); the run's files were removed and the output is not complete; if memory ran out, run fewer at "
+        "once (--direct_num_workers=N) or use threads (--direct_running_mode=multi_threading)"
+    ], err
+    assert sorted(p.name for p in output.rglob("*")) == ["_inventory.json", "_manifest.json"]
+    assert gone, "a process of the build's group outlived it"
+
+
 def test_a_second_build_into_an_output_being_written_is_refused(larger_archive, tmp_path, capsys):
     config, output = _write_config(larger_archive, tmp_path)
     first = subprocess.Popen(_command(config, "--quiet"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -197,6 +197,45 @@ def test_a_variable_whose_dtype_differs_between_files(archive, tmp_path, capsys)
     )
 
 
+def _with_units(path: Path, units: dict[str, str], **to_netcdf) -> None:
+    """Rewrite a file with these units on its variables (a file of another producer)."""
+    with xr.open_dataset(path) as ds:
+        ds = ds.load()
+    for name, value in units.items():
+        ds[name].attrs["units"] = value
+    path.unlink()
+    ds.to_netcdf(path, **to_netcdf)
+
+
+@pytest.mark.parametrize("kind", ["NETCDF4", "NETCDF3_64BIT"])
+def test_a_variable_whose_units_differ_between_files_is_refused_at_planning(archive, tmp_path, capsys, kind):
+    """Reported: a file with t in degC among files in K joined without a word (schema.json said K)."""
+    for name in ("a.nc", "b.nc"):
+        _with_units(archive / name, {"t": "K", "q": "kg kg-1"}, format=kind)
+    make_file(archive / "c.nc", "2020-01-03T00", 4)
+    _with_units(archive / "c.nc", {"t": "degC", "q": "kg kg-1"}, format=kind)
+    line = assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc")
+    assert "variable 't' has units 'degC' but 'K' in" in line and "a.nc" in line, line
+    # A file without units among files with: what its values mean is not known either.
+    (archive / "c.nc").unlink()
+    make_file(archive / "c.nc", "2020-01-03T00", 4)
+    _with_units(archive / "c.nc", {"q": "kg kg-1"}, format=kind)
+    line = assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "c.nc")
+    assert "variable 't' has units none but 'K' in" in line, line
+
+
+def test_files_packed_with_their_own_scale_factor_join(archive, tmp_path, capsys):
+    """ERA5 as the CDS ships it: each file packs its values with its own scale_factor and add_offset, which
+    decoding applies; only what the values mean (their units) must agree."""
+    make_file(archive / "c.nc", "2020-01-03T00", 4)
+    for number, name in enumerate(("a.nc", "b.nc", "c.nc")):
+        encoding = {"t": {"dtype": "int16", "scale_factor": 0.001 * (number + 1), "add_offset": 250.0 + number}}
+        _with_units(archive / name, {"t": "K"}, encoding=encoding)
+    status, err = run(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "--quiet")
+    assert status == 0, err
+    assert load_schema(str(tmp_path / "o")).num_records() > 0
+
+
 def test_a_non_numeric_variable(archive, tmp_path, capsys):
     make_file(archive / "a.nc", "2020-01-01T00", 4, label=(("time",), np.array(["x"] * 4, dtype=object)))
     config = config_for([archive / "a.nc"], tmp_path / "o", window={"time": 2})

@@ -20,6 +20,7 @@ from schemas import load_schema, load_stats
 
 from conftest import REPO
 from helpers import (
+    assert_matches_source,
     expected_feature,
     load_virtual_dataset,
     parse_with_generated_parser,
@@ -101,6 +102,7 @@ def test_demo_runs_from_a_fresh_directory(tmp_path):
     parsed = check_output(output, sorted((tmp_path / "demo" / "era5").glob("era5_*.nc")), "time")
     assert (tmp_path / "demo" / "era5" / "invariants.nc").exists()  # static fields for configs/training_ready.yaml
     assert parsed["t"].shape[1:] == (7, 9, 9)
+    assert_matches_source(output, 100)  # its relative input.paths found from here too
     before = {p.name: p.read_bytes() for p in output.glob("*.tfrecord")}
     second = run_warm(command, cwd=tmp_path, timeout=300)
     assert second.returncode == 0, second.stderr  # the demo replaces its own output
@@ -171,6 +173,7 @@ def test_training_ready_config_on_the_demo_archive(tmp_path, monkeypatch):
             for name in ("t", "wind"):  # (level, lat, lon[, channel]): a mean per level [and channel]
                 mean = np.squeeze(normalization[name]["mean"])
                 np.testing.assert_allclose(mean, records[name].astype(np.float64).mean(axis=(0, 2, 3)), rtol=1e-9)
+    assert_matches_source(output, 100)
 
 
 def test_patches_from_a_multi_file_archive(patches, small_archive):

@@ -16,7 +16,7 @@ from pipelines.inspect import main as inspect_main
 from pipelines.plot_data import describe_sample
 from schemas import load_schema
 
-from helpers import expected_feature, read_all_records, split_along_time
+from helpers import assert_matches_source, expected_feature, read_all_records, split_along_time
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"
 EPOCH = "seconds since 1970-01-01"
@@ -108,6 +108,7 @@ def test_noleap_dates_split_at_year_month_and_minute_precision(noleap):
     assert schema.sample["calendar"] == "noleap" and schema.feature("coord/time").source["calendar"] == "noleap"
     assert schema.sample["splits"]["valid"]["first"] == "1951-07-16T22:00:00"  # 1950's step is in July
     assert schema.counts["samples_outside_splits"] == 4 * 2  # 1950 and 1970 fall between the splits
+    assert_matches_source(output, 100)  # noleap times, as seconds of their own calendar
 
 
 def test_a_date_the_calendar_has_not_is_refused(noleap, capsys):
@@ -269,6 +270,7 @@ def test_months_since_is_refused_naming_the_key_and_builds_undecoded(tmp_path, c
             record = {name: values[i] for name, values in records.items()}
             np.testing.assert_array_equal(record["hgt"], expected_feature(source, schema, "hgt", record))
             assert record["coord/time"] == source["time"].values[int(record["index/time"])]
+    assert_matches_source(output)  # times kept as the numbers stored
 
 
 def test_an_unknown_calendar_is_refused_naming_the_key_and_builds_with_input_calendar(sample_file, tmp_path, capsys):
@@ -295,6 +297,7 @@ def test_an_unknown_calendar_is_refused_naming_the_key_and_builds_with_input_cal
     times = source["time"].values
     steps = [i for i, t in enumerate(times) if t < cftime.DatetimeNoLeap(1950, 1, 1)]
     check_split(output, source, "train", steps, "noleap")
+    assert_matches_source(output, 100)  # input.calendar in place of the files' unknown one
 
 
 @pytest.mark.parametrize("case", ["unknown calendar", "months since"])

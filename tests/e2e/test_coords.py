@@ -21,6 +21,7 @@ from planning.write_strategy import WriteStrategy, choose_write_strategy
 from schemas import load_schema
 
 from helpers import (
+    assert_matches_source,
     build_quietly,
     expected_feature,
     load_virtual_dataset,
@@ -177,6 +178,7 @@ def test_coordinates_are_cut_with_the_samples_window(ocean, built_from_files, fi
     ]
     stats = (output / "stats.json").read_text()
     assert "coord/lat" not in stats and '"tos"' in stats  # coordinates are not data: no statistics
+    assert_matches_source(output, 100)  # 2-D lat/lon, a coordinate along time, a scalar one
 
 
 @pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
@@ -222,6 +224,7 @@ def test_parser_inspect_and_selection(ocean, tmp_path):
     text = summary(str(output))
     assert "coord/lat" in text and "coordinate lat at the sample's points" in text
     assert "depth = 0.5 m (depth of the surface layer)" in text
+    assert_matches_source(output, 100)
 
 
 def test_coordinates_from_a_grid_file(ocean, tmp_path):
@@ -243,6 +246,7 @@ def test_coordinates_from_a_grid_file(ocean, tmp_path):
     assert schema.sources["static"][0]["path"].endswith("grid.nc")
     # 2 x 2 patches at each of 12 steps; the patch with land is dropped, its coordinates with it.
     assert schema.num_examples() == 12 * 3
+    assert_matches_source(output)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -247,6 +249,7 @@ def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, c
 
 
 NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=1"]
+STOPPED_LINE = "error: stopped by SIGTERM; the run's files were removed and the output is not complete"
 
 
 @pytest.mark.parametrize(
@@ -254,6 +257,14 @@ NOWHERE = ["--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout
     [
         (["--shared_filesystem"], "DaskRunner needs the cluster's scheduler: --dask_client_address=tcp://HOST:PORT"),
         (["--shared_filesystem", *NOWHERE], "DaskRunner: no Dask scheduler answers at tcp://127.0.0.1:9"),
+        (
+            ["--shared_filesystem", "--dask_scheduler_file=/nonexistent/scheduler.json"],
+            "--dask_scheduler_file=/nonexistent/scheduler.json does not exist; start the scheduler with",
+        ),
+        (
+            ["--shared_filesystem", "--dask_client_address=tcp://127.0.0.1:9", "--dask_connection_timeout=soon"],
+            "--dask_connection_timeout: give a whole number of seconds, at least 1",
+        ),
         (
             NOWHERE,
             "is a local path, but DaskRunner runs on remote workers that cannot write there; use a gs:// output, "
@@ -268,6 +279,121 @@ def test_bad_dask_setups_fail_before_planning(small_archive, tmp_path, capsys, f
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
     assert not output.exists()
+
+
+@pytest.fixture
+def silent_scheduler():
+    """An address that accepts connections and never answers (a port forwarded to nothing, a frozen scheduler)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)  # the system completes the connections; nobody ever reads or writes on them
+        yield f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def cluster_without_workers():
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=None, silence_logs=logging.ERROR)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _one_line_within(seconds: int, command: list[str], capsys) -> tuple[int, str]:
+    """The exit code and the one line a build printed, which must come within ``seconds`` (its timeout's time)."""
+    with time_limit(seconds, f"still running after {seconds} s: the timeout is not honoured"):
+        code = main(command)
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: "), err
+    return code, err
+
+
+def test_a_scheduler_that_never_answers_fails_in_one_line_within_the_timeout(
+    small_archive, tmp_path, capsys, silent_scheduler
+):
+    """Dask's handshake has no timeout of its own: the build waited for ever despite --dask_connection_timeout."""
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(tmp_path / "out"))
+    flags = [f"--dask_client_address={silent_scheduler}", "--dask_connection_timeout=2", "--shared_filesystem"]
+    code, err = _one_line_within(20, ["--config", str(config), "--runner=DaskRunner", *flags], capsys)
+    assert code == 2
+    assert err == (
+        f"error: DaskRunner: no Dask scheduler answers at {silent_scheduler} (no answer within 2 s); start the "
+        "cluster first, or fix --dask_client_address (--dask_connection_timeout=SECONDS waits longer)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def _left_in_temp(temp: Path) -> list[str]:
+    """What a build left in its temp directory: its folders, not the folder of output locks once it holds none."""
+    return sorted(
+        str(p.relative_to(temp))
+        for p in temp.rglob("*")
+        if not (p.name.startswith("xarray-tfrecords-locks-") and p.is_dir() and not any(p.iterdir()))
+    )
+
+
+def test_a_build_stopped_while_it_waits_for_the_scheduler_leaves_nothing_in_the_temp_directory(
+    small_archive, tmp_path, silent_scheduler
+):
+    """SIGTERM during the scheduler check: the build unwinds at once; it used to end after the stop's grace, leaving
+    its submission folder (and the output lock in it) in the temp directory."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(tmp_path / "out"))
+    flags = [f"--dask_client_address={silent_scheduler}", "--dask_connection_timeout=60", "--shared_filesystem"]
+    command = [sys.executable, "-m", "pipelines.build", "--config", str(config), "--runner=DaskRunner", *flags]
+    build = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(temp)}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(temp.glob("xarray-tfrecords-submit-*")):  # the run started: the check follows at once
+            assert build.poll() is None and time.monotonic() < deadline, "the build never started its run"
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the check, which would wait 60 s
+        build.send_signal(signal.SIGTERM)
+        _, err = build.communicate(timeout=60)
+    finally:
+        build.kill()
+    assert build.returncode == 143, err
+    assert err.strip().splitlines()[-1] == STOPPED_LINE, err
+    assert _left_in_temp(temp) == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_without_workers_fails_in_one_line_within_the_timeout(
+    small_archive, tmp_path, capsys, cluster_without_workers
+):
+    """It used to warn and wait silently for workers that might never come."""
+    address = cluster_without_workers.scheduler_address
+    config = write_config(tmp_path, "c", str(small_archive / "*.nc"), str(tmp_path / "out"))
+    flags = [f"--dask_client_address={address}", "--dask_connection_timeout=2", "--shared_filesystem"]
+    code, err = _one_line_within(20, ["--config", str(config), "--runner=DaskRunner", *flags], capsys)
+    assert code == 2
+    assert err == (
+        f"error: DaskRunner: the Dask cluster at {address} has no workers (none joined within 2 s); start some "
+        f"(dask worker {address}, or cluster.scale(N)), or give queued ones longer with "
+        "--dask_connection_timeout=SECONDS"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_check_waits_for_workers_that_join_within_the_timeout():
+    """A cluster scaling up (workers queued on HPC) passes once one joins, and its threads are counted."""
+    from pipelines import preflight
+
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=None, silence_logs=logging.ERROR) as cluster:
+        address = cluster.scheduler_address
+        flags = ["--runner=DaskRunner", f"--dask_client_address={address}", "--dask_connection_timeout=60"]
+        options = PipelineOptions(flags)
+        joining = threading.Timer(0.5, cluster.scale, [1])
+        joining.start()
+        try:
+            with time_limit(60, "a worker joined, yet the check went on waiting"):
+                preflight._check_dask_scheduler(options)
+        finally:
+            joining.join()
+        with Client(address, timeout=30) as client:
+            threads = sum(client.nthreads().values())
+        assert threads >= 1 and runners.dask_threads(options) == threads
 
 
 def test_dataflow_workers_share_no_filesystem(small_archive, tmp_path, capsys):
@@ -301,7 +427,9 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(config))
     tests = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    temp = tmp_path / "tmp"  # the launcher's temp directory: Beam's and the submission's folders go with the run
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(temp)}
     command = [sys.executable, "-c", LAUNCHER, "--config", str(path), "--quiet", "--shared_filesystem"]
     launcher = subprocess.Popen([*command, *dask_flags(client)], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -325,19 +453,29 @@ def test_a_stopped_launcher_cancels_the_job_before_it_removes_the_files(small_ar
     time.sleep(2.5)  # ... so nothing writes into the output after the clean-up (a task takes a second and more)
     left = sorted(str(p.relative_to(output)) for p in output.rglob("*"))
     assert left == ["_inventory.json", "_manifest.json"], left
+    assert _left_in_temp(temp) == []
 
 
-def test_tendency_on_dask_equals_numpys(small_archive, tmp_path, client):
-    """stats.tendency's own units and merge run on the cluster too (its branch joins the summaries at Finalize)."""
+def test_tendency_and_field_statistics_on_dask_equal_numpys(small_archive, tmp_path, client):
+    """stats.tendency's and stats.over: field's own units and merges run on the cluster too (their branches join
+    the summaries at Finalize)."""
     import xarray as xr
 
     config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"))
-    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "stats": {"tendency": True}}))
+    stats = {"tendency": True, "over": "field"}
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "stats": stats}))
     build(config, "--shared_filesystem", *dask_flags(client))
-    tendency = json.loads((tmp_path / "dask" / "stats.json").read_text())["tendency"]["variables"]
+    document = json.loads((tmp_path / "dask" / "stats.json").read_text())
+    tendency = document["tendency"]["variables"]
+    assert document["over"] == "field"
     with xr.open_mfdataset(sorted(small_archive.glob("*.nc"))) as source:
         for name in ("t", "q"):
-            pairs = np.diff(source[name].values.astype(np.float32).astype(np.float64), axis=0)
+            values = source[name].values.astype(np.float32).astype(np.float64)
+            pairs = np.diff(values, axis=0)
             assert tendency[name]["count"] == pairs.size
             assert np.isclose(tendency[name]["mean"], pairs.mean(), rtol=1e-12, atol=0)
             assert np.isclose(tendency[name]["variance"], pairs.var(), rtol=1e-12, atol=0)
+            field = document["variables"][name]
+            assert field["count"] == values.size
+            assert np.isclose(field["mean"], values.mean(), rtol=1e-12, atol=0)
+            assert np.isclose(field["variance"], values.var(), rtol=1e-12, atol=0)

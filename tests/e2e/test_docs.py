@@ -219,7 +219,7 @@ def test_cmip_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file,
 def test_roles_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file, capsys):
     from test_cmip_layout import write_cmip_archive
 
-    write_cmip_archive(sample_file(TREFHT), tmp_path / "data" / "cmip6", members=("r1i1p1f1",))
+    merged = write_cmip_archive(sample_file(TREFHT), tmp_path / "data" / "cmip6", members=("r1i1p1f1",))
     config = _example_config("roles:config", tmp_path)
     _run(config, tmp_path, capsys)
     schema = load_schema(config["output"]["path"])
@@ -231,6 +231,25 @@ def test_roles_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file
         "forcings/vas": (1, 16, 16),
     }
     assert schema.feature("time_features/day_progress_sin").shape == (3, 16)
+    # The README's forecaster: its targets/tas back at their valid times, as xarray reads them from the source.
+    import numpy as np
+    import xarray as xr
+
+    script = _block("reassemble:roles").replace("out/roles", config["output"]["path"])
+    result = run_warm([sys.executable, "-c", script], cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with xr.open_zarr(tmp_path / "forecast.zarr") as ds:
+        assert ds["tas"].dims == ("time", "prediction_timedelta", "lat", "lon")
+        ahead = ds["tas"].isel(prediction_timedelta=-1).load()
+        held = ~np.isnan(ahead.values)
+        rows = held.any(axis=(1, 2))
+        assert held.sum() == 18 * 32 * 64  # each test sample's 8 x 8 of 16 x 16 windows, 18 steps
+        source = merged["r1i1p1f1"]["tas"]
+        now = source.sel(time=ds["time"].values[rows]).values.astype(np.float32)  # persistence: tas at the init
+        np.testing.assert_array_equal(ahead.values[rows][held[rows]], now[held[rows]])
+        step = source["time"].values[1] - source["time"].values[0]
+        valid = ds["valid_time"].isel(prediction_timedelta=-1).values[rows]
+        np.testing.assert_array_equal(valid, ds["time"].values[rows] + step)
 
 
 def test_reassembly_examples_run_as_written(tmp_path):

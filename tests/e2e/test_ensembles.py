@@ -17,7 +17,7 @@ import xarray as xr
 
 from schemas import load_schema
 
-from helpers import build_quietly, expected_feature, read_all_records, refused
+from helpers import assert_matches_source, build_quietly, expected_feature, read_all_records, refused
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"
 MEMBERS = (57, 59, 60, 63)
@@ -92,6 +92,7 @@ def test_members_split_into_train_and_test_by_member(ensemble, tmp_path):
         _check_records(records, schema, reference)
         values = reference["TREFHT"].sel(member=members).values.astype(np.float64)
         assert stats["splits"][split]["variables"]["TREFHT"]["mean"] == pytest.approx(values.mean(), rel=1e-9)
+    assert_matches_source(output, 300)
 
 
 def test_members_kept_whole_with_statistics_per_member_and_a_selection(ensemble, tmp_path):
@@ -117,6 +118,7 @@ def test_members_kept_whole_with_statistics_per_member_and_a_selection(ensemble,
     means = stats["variables"]["TREFHT"]["mean"]
     train = selected["TREFHT"].sel(time=slice("1890", "1979")).values.astype(np.float64)
     assert means == pytest.approx(train.mean(axis=(1, 2, 3)).tolist(), rel=1e-9)
+    assert_matches_source(output)
 
 
 def test_windows_along_members_never_straddle_a_split(ensemble, tmp_path):

@@ -168,3 +168,21 @@ def test_a_lock_removed_by_its_holder_after_it_was_opened_is_taken_again(tmp_pat
         assert len(opened) == 2 and lock.stat().st_ino == opened[1]
         with pytest.raises(UserError, match="another build is writing"):
             _take(output)
+
+
+def test_a_remote_run_meets_the_lock_of_other_builds_from_inside_its_submission_folder(temp_dir):
+    """A remote run's temp directory is its own folder while it stages its files: its lock used to be made in it,
+    where no other build (a local run writing to the same gs:// output, another launcher) ever met it."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.runners import submission_temp_dir
+
+    temp = temp_dir("tmp")
+    output = "gs://xtf-test/shared-out"
+    # A local run writing to the output holds the lock; a Dask run into it starts.
+    with output_lock(output), submission_temp_dir(PipelineOptions(["--runner=DaskRunner"])):
+        assert Path(tempfile.gettempdir()).parent == temp  # (the run's own folder, as Beam stages there)
+        assert Path(lock_folder()).parent == temp
+        with pytest.raises(UserError, match=r"^output: another build is writing gs://xtf-test/shared-out"):
+            _take(output)
+    assert sorted(p.name for p in temp.iterdir()) == [f"xarray-tfrecords-locks-{os.geteuid()}"]

@@ -20,7 +20,7 @@ from planning.plan import make_plan
 from schemas import load_schema
 from schemas.errors import UserError
 
-from helpers import expected_feature, load_virtual_dataset, read_all_records
+from helpers import assert_matches_source, expected_feature, load_virtual_dataset, read_all_records
 
 SMALL_UNITS = 4e3  # bytes: a unit of a few samples, so a build cuts dozens of units
 
@@ -74,6 +74,7 @@ def assert_records_match(output: Path, archive: Path, function, names) -> dict[s
         record = {name: values[i] for name, values in records.items()}
         for name in names:
             np.testing.assert_array_equal(record[name], expected_feature(expected, schema, name, record), name)
+    assert_matches_source(output, 200)  # the function re-applied to the inputs as xarray reads them
     return records
 
 
@@ -170,6 +171,7 @@ def test_static_inputs_are_given_and_static_outputs_cut(with_invariants, tmp_pat
         record = {name: values[i] for name, values in records.items()}
         for name in ("t_land", "orography"):
             np.testing.assert_array_equal(record[name], expected_feature(expected, schema, name, record), name)
+    assert_matches_source(tmp_path / "out", 200)
 
 
 def test_worker_processes_import_the_function_by_its_path(small_archive, tmp_path, monkeypatch, capsys):

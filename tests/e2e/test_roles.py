@@ -15,7 +15,7 @@ import pytest
 
 from schemas import load_schema
 
-from helpers import build_quietly, import_generated_parser, read_all_records, refused
+from helpers import assert_matches_source, build_quietly, import_generated_parser, read_all_records, refused
 
 TREFHT = "TREFHT.B06.57.atm.1890-1999ANN.nc"
 ROLES = {
@@ -83,11 +83,14 @@ def test_roles_take_their_own_steps_and_crops(cmip, tmp_path):
     norm = stats["normalization"]
     means = [np.ravel(norm[name]["mean"]).tolist() for name in ("inputs/tas", "targets/tas")]
     assert means[0] == means[1] == [stats["variables"]["tas"]["mean"]]
+    assert_matches_source(output, 200)  # roles' steps and crops, and their time features
     from schemas import Reader, reassemble
     from schemas.errors import UserError
 
-    with pytest.raises(UserError, match=r"built with sample\.roles .* reassembly does not place yet"):
+    # The records read back as predictions: inputs/tas and targets/tas would share tas's cells on the grid.
+    with pytest.raises(UserError, match=r"'inputs/tas' and 'targets/tas' both hold 'tas' on the grid") as error:
         reassemble(str(output), Reader(str(output), "test"), split="test")
+    assert "\n" not in str(error.value)
 
 
 def test_normalize_reads_roles_with_their_variables_statistics(cmip, tmp_path):
@@ -169,6 +172,7 @@ def test_nan_masks_of_role_features_take_the_roles_steps_and_crops(tmp_path):
             records["mask/targets/a"][i], np.isnan(values["a"][t + 1 : t + 2, y + 1 : y + 3, x + 1 : x + 3])
         )
     assert records["mask/targets/a"].any() and records["mask/inputs/ab"].any()
+    assert_matches_source(output)  # fills and masks, of a role's stack too
     from schemas import Reader
 
     normalized = Reader(str(output), "data", normalize=True, normalized_fill=7.0).read_all()
@@ -188,6 +192,7 @@ def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_pa
         "forcings/vas": (1, 16, 16),
     }
     assert schema.feature("inputs/fields").dims == ("channel", "time", "lat", "lon")
+    assert_matches_source(output, 200)
     records = read_all_records(output, schema, "test")
     for i in range(0, len(records["index/time"]), 11):
         record = {name: values[i] for name, values in records.items()}
@@ -206,3 +211,154 @@ def test_layout_stack_stacks_within_each_role_holding_its_variables(cmip, tmp_pa
     parser = import_generated_parser(output)
     batch = next(parser.make_dataset("test", batch_size=64, normalize=True).as_numpy_iterator())
     np.testing.assert_allclose(batch["inputs/fields"], normalized[:64], rtol=1e-5, atol=1e-5)
+    # Reassembled, the stack's channels come back as their variables at the role's steps, with targets/tas's tas.
+    from schemas import reassemble
+    from schemas.errors import UserError
+
+    ds = reassemble(str(output), split="test")
+    assert set(ds.data_vars) == {"tas", "uas", "vas", "coverage"}
+    for name in ("tas", "uas", "vas"):
+        got = ds[name].transpose("time", "lat", "lon")
+        held = ~np.isnan(got.values)
+        want = reference[name].sel(time=got["time"].values).values.astype(np.float32)
+        assert held.any() and np.array_equal(got.values[held], want[held]), name
+    # A prediction holding the stack (its tas channel among the inputs) beside targets/tas: refused on the grid.
+    with pytest.raises(
+        UserError,
+        match=r"('inputs/fields' and 'targets/tas'|'targets/tas' and 'inputs/fields') both hold 'tas' on the grid",
+    ):
+        reassemble(str(output), Reader(str(output), "test"), split="test")
+
+
+# ---- reassembly: a forecaster's predictions back at their valid times ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roles_output(cmip, tmp_path_factory) -> Path:
+    directory, _ = cmip
+    tmp = tmp_path_factory.mktemp("roles-reassembly")
+    return build_quietly(_config(directory, tmp / "out", time_features=["year_progress"]), tmp)
+
+
+def _forecaster(output: Path, split: str = "test", keep_inputs: bool = False):
+    """A model that predicts targets/tas (tas one step after the sample's index, over the centred 8 x 8) as the
+    truth + 1, with the records' index features (and, ``keep_inputs``, the inputs/tas it was given)."""
+    from schemas import Reader
+
+    for batch in Reader(str(output), split).iter_batches(50):
+        keys = {k: v for k, v in batch.items() if k.startswith("index/")}
+        given = {"inputs/tas": batch["inputs/tas"]} if keep_inputs else {}
+        yield {**keys, **given, "targets/tas": batch["targets/tas"] + np.float32(1)}
+
+
+def _target_cells(output: Path, reference, init_times) -> np.ndarray:
+    """(init_time, lat, lon): where the test split's samples put a target, from their keys and the config alone."""
+    from schemas import Reader
+
+    records = Reader(str(output), "test").read_all()
+    row = {t: i for i, t in enumerate(init_times)}
+    where = np.zeros((len(init_times), *reference["tas"].shape[1:]), bool)
+    for t, y, x in zip(records["index/time"], records["index/lat"], records["index/lon"]):
+        where[row[reference["time"].values[t]], y + 4 : y + 12, x + 4 : x + 12] = True
+    return where
+
+
+def test_a_forecasters_targets_come_back_at_their_valid_times(roles_output, cmip):
+    """layout="forecast": tas over (init_time, lead_time); the predicted targets at lead +1 step, over their crop,
+    equal (exactly) xarray's tas of the source at valid_time = init_time + lead_time, + 1; the inputs' leads NaN."""
+    from schemas import reassemble
+
+    _, reference = cmip
+    ds = reassemble(str(roles_output), _forecaster(roles_output), split="test", layout="forecast")
+    assert ds["tas"].dims == ("init_time", "lead_time", "lat", "lon") and set(ds.data_vars) == {"tas", "coverage"}
+    times = reference["time"].values
+    assert list(ds["lead_time"].values) == [times[0] - times[1], times[0] - times[0], times[1] - times[0]]
+    lead = ds.isel(lead_time=2)
+    where = _target_cells(roles_output, reference, ds["init_time"].values)
+    assert where.sum() == 18 * 32 * 64  # each test sample's 8 x 8 (windows do not overlap)
+    np.testing.assert_array_equal(~np.isnan(lead["tas"].values), where)
+    rows = where.any(axis=(1, 2))
+    truth = reference["tas"].sel(time=lead["valid_time"].values[rows]).values.astype(np.float32) + np.float32(1)
+    np.testing.assert_array_equal(lead["tas"].values[rows][where[rows]], truth[where[rows]])
+    assert np.isnan(ds["tas"].isel(lead_time=slice(0, 2)).values).all()  # the inputs' leads: none predicted
+
+
+def test_the_records_of_a_roles_output_come_back_as_the_source(roles_output, cmip):
+    """Each role's features at their own steps and crops: on the grid, and in the forecast layout at every lead,
+    the source's values at the valid times (exactly, where a role held them)."""
+    from schemas import reassemble
+
+    _, reference = cmip
+    grid = reassemble(str(roles_output), split="test")
+    assert set(grid.data_vars) == {"tas", "uas", "vas", "coverage"}
+    for name in ("tas", "uas", "vas"):
+        got = grid[name].transpose("time", "lat", "lon")
+        want = reference[name].sel(time=got["time"].values).values.astype(np.float32)
+        held = ~np.isnan(got.values)
+        assert held.any() and np.array_equal(got.values[held], want[held]), name
+    # uas is an input at t - 1 and t, vas a forcing at t + 1: vas starts two steps after uas.
+    first = {name: int(np.flatnonzero(~np.isnan(grid[name]).all(["lat", "lon"]))[0]) for name in ("uas", "vas")}
+    assert first["vas"] == first["uas"] + 2
+    forecast = reassemble(str(roles_output), split="test", layout="forecast")
+    for name in ("tas", "uas", "vas"):
+        for lead in range(3):
+            got = forecast[name].isel(lead_time=lead)
+            rows = ~np.isnan(got.values).all(axis=(1, 2))  # the inits a role holds this lead of
+            want = reference[name].sel(time=got["valid_time"].values[rows]).values.astype(np.float32)
+            held = ~np.isnan(got.values[rows])
+            assert np.array_equal(got.values[rows][held], want[held]), (name, lead)
+    assert np.isnan(forecast["vas"].isel(lead_time=0)).all()  # (a forcing at +1 step only)
+
+
+def test_a_prediction_with_the_inputs_it_was_given_is_refused_on_the_grid_only(roles_output, cmip):
+    from schemas import reassemble
+    from schemas.errors import UserError
+
+    _, reference = cmip
+    with pytest.raises(UserError, match=r"'inputs/tas' and 'targets/tas' both hold 'tas' on the grid, where their"):
+        reassemble(str(roles_output), _forecaster(roles_output, keep_inputs=True), split="test")
+    ds = reassemble(str(roles_output), _forecaster(roles_output, keep_inputs=True), split="test", layout="forecast")
+    lead = ds["tas"].isel(lead_time=1)  # the inputs' offset 0: the values the model was given, as they were
+    held = ~np.isnan(lead.values)
+    want = reference["tas"].sel(time=ds["init_time"].values).values.astype(np.float32)
+    assert held.sum() > 0 and np.array_equal(lead.values[held], want[held])
+
+
+def test_the_command_line_writes_a_forecasters_predictions_as_the_library_does(roles_output, tmp_path, capsys):
+    from pipelines.reassemble import main
+    from schemas import reassemble
+
+    predictions = tmp_path / "predictions"
+    predictions.mkdir()
+    for i, batch in enumerate(_forecaster(roles_output)):
+        np.savez(predictions / f"{i}.npz", **batch)
+    to = tmp_path / "forecast.zarr"
+    args = [str(roles_output), "--split", "test", "--layout", "forecast", "--predictions", str(predictions)]
+    assert main([*args, "--to", str(to), "--chunk_mb", "0.2", "--quiet"]) == 0, capsys.readouterr().err
+    import xarray as xr
+
+    written = xr.open_zarr(to).load()
+    want = reassemble(str(roles_output), _forecaster(roles_output), split="test", layout="forecast")
+    assert written["tas"].encoding["chunks"][0] < written.sizes["init_time"]  # several chunks, several tasks
+    for name in ("tas", "coverage", "valid_time"):
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["grid", "forecast"])
+def test_the_command_line_puts_the_records_roles_back_as_the_library_does(roles_output, tmp_path, layout, capsys):
+    """Without --predictions: every role's features of a variable (inputs/tas, targets/tas) placed as one variable,
+    finished once (it was placed again after it was finished); the time features, which the coordinates give,
+    are not placed (their names were folders in the store)."""
+    import xarray as xr
+
+    from pipelines.reassemble import main
+    from schemas import reassemble
+
+    to = tmp_path / "records.zarr"
+    args = [str(roles_output), "--split", "test", "--layout", layout, "--to", str(to), "--chunk_mb", "0.2", "--quiet"]
+    assert main(args) == 0, capsys.readouterr().err
+    written = xr.open_zarr(to).load()
+    want = reassemble(str(roles_output), split="test", layout=layout)
+    assert set(written.data_vars) == set(want.data_vars) == {"tas", "uas", "vas", "coverage"}
+    for name in ("tas", "uas", "vas", "coverage"):
+        np.testing.assert_array_equal(written[name].values, want[name].values, err_msg=name)

@@ -18,7 +18,14 @@ from planning.plan import make_plan
 from planning.reads import slabs
 from schemas import load_schema
 
-from helpers import build_quietly, expected_feature, load_virtual_dataset, read_all_records, refused
+from helpers import (
+    assert_matches_source,
+    build_quietly,
+    expected_feature,
+    load_virtual_dataset,
+    read_all_records,
+    refused,
+)
 
 
 def selected_source(source: xr.Dataset, schema) -> xr.Dataset:
@@ -89,6 +96,7 @@ def test_levels_and_a_box_across_the_seam_with_a_static_field(era5, tmp_path):
     steps = np.diff(records["coord/lon"].astype(np.float64), axis=1) % 360
     assert np.all(steps == 15) and ((records["coord/lon"][:, 0] == 330) & (records["coord/lon"][:, 2] == 0)).any()
     assert schema.sample["selection"]["lon"]["source_index_runs"] == [[20, 24], [0, 5]]
+    assert_matches_source(output)
 
 
 def test_nothing_outside_the_selection_is_read(era5, tmp_path, monkeypatch):
@@ -137,6 +145,7 @@ def test_a_seam_crossing_range_on_era_interim(sample_file, tmp_path):
     assert ((longitudes.max(axis=1) > 0) & (longitudes.min(axis=1) < 0)).any()  # a window across the seam
     assert records["coord/latitude"].max() <= 60 and records["coord/latitude"].min() >= 30
     assert load_schema(str(output)).coords["level"] == [200, 850]  # the files' order
+    assert_matches_source(output, 100)  # packed int16, decreasing latitudes, -180 to 180
 
 
 def test_a_time_range_reads_only_its_files_and_negative_bounds_mean_the_same(sample_file, tmp_path):
@@ -175,6 +184,7 @@ def test_a_time_range_reads_only_its_files_and_negative_bounds_mean_the_same(sam
     assert set(again) == set(records)
     for name, values in records.items():
         np.testing.assert_array_equal(again[name], values)
+    assert_matches_source(output, 100)  # a time range of the four files, across the seam
 
 
 def test_offsets_are_steps_from_the_samples_index(sample_file, tmp_path, capsys):
@@ -251,6 +261,7 @@ def test_files_join_when_their_grids_agree_within_the_tolerance(tmp_path, capsys
     for i in range(len(records["T"])):
         when = records["coord/time"][i].astype("datetime64[s]")
         np.testing.assert_array_equal(records["T"][i], source["T"].sel(time=when, lat=records["coord/lat"][i]).values)
+    assert_matches_source(output)  # the kept lev: the first file's, as the records carry it
     # Exact: the float32 rounding is refused, with the numbers and the key to change.
     config["input"]["coord_tolerance"] = 0
     config["output"]["path"] = str(tmp_path / "exact")

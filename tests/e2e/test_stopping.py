@@ -7,6 +7,7 @@ notices the stop; the random moments of real builds are in test_atomicity.py.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -44,6 +45,14 @@ def run_build(config, beam_args, *rest):
         while True:  # working on, up to its next checkpoint
             check_stopped()
             time.sleep(0.01)
+    if scenario == "never notices, submitting":
+        # A remote run: its submission folder is the temp directory while it submits and waits for its job.
+        del sys.modules["pipelines.runners"]  # (the real one, not the stand-in below)
+        from apache_beam.options.pipeline_options import PipelineOptions
+        from pipelines.runners import submission_temp_dir
+
+        submitting = submission_temp_dir(PipelineOptions(["--runner=DaskRunner"]))
+        submitting.__enter__()  # (held by this frame, which never returns: collected, it would leave at once)
     (output / "shard.tfrecord").write_bytes(b"half")
     never = threading.Event()
     remove = (lambda: never.wait()) if scenario == "clean-up hangs" else (output / "shard.tfrecord").unlink
@@ -67,7 +76,9 @@ STOPPED_LINE = "error: stopped by SIGTERM; the run's files were removed and the 
 STOPPED = {signal.SIGTERM: (143, "stopped by SIGTERM"), signal.SIGINT: (130, "interrupted")}
 
 
-def _run(scenario: str, signum: int, output, limit: float = 60.0) -> tuple[subprocess.CompletedProcess, float]:
+def _run(
+    scenario: str, signum: int, output, limit: float = 60.0, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     # The limit counts the child's imports too: 20 s was once too short on a machine loaded by the suite's
     # other workers. A hang is for ever; only a failing run waits the whole limit.
     started = time.monotonic()
@@ -77,6 +88,7 @@ def _run(scenario: str, signum: int, output, limit: float = 60.0) -> tuple[subpr
             capture_output=True,
             text=True,
             timeout=limit,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{scenario}: still running {limit:.0f} s after the signal")
@@ -110,3 +122,13 @@ def test_a_clean_up_that_hangs_is_cut_short(tmp_path):
         "error: interrupted; cleaning up took too long: the output is not complete (--overwrite replaces it)"
     ]
     assert seconds < 15
+
+
+def test_a_remote_run_ended_by_its_stop_leaves_nothing_in_the_temp_directory(tmp_path):
+    """The stop ends the process itself (os._exit): its submission folder went only when the main thread unwound."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    run, _ = _run("never notices, submitting", signal.SIGTERM, tmp_path, env={**os.environ, "TMPDIR": str(temp)})
+    assert run.returncode == 143, run.stderr
+    assert run.stderr.splitlines() == [STOPPED_LINE]
+    assert sorted(p.name for p in temp.iterdir()) == []

@@ -20,7 +20,7 @@ from planning.plan import make_plan
 from schemas import load_schema, load_stats
 
 from conftest import BUCKET, REPO
-from helpers import doc_block, expected_feature, read_all_records, refused
+from helpers import assert_matches_source, doc_block, expected_feature, read_all_records, refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
@@ -101,6 +101,7 @@ def test_a_store_gives_the_shards_of_its_netcdf_copy(inputs, from_netcdf, tmp_pa
     assert_records_are_slices(output, inputs[layout])
     sources = load_schema(str(output)).sources
     assert (sources["files"], sources["listed"][0]["path"]) == (1, str(inputs[layout]))
+    assert_matches_source(output, 100)
 
 
 @pytest.mark.parametrize("in_place", [True, False])
@@ -281,6 +282,7 @@ def test_a_selection_reads_the_same_from_a_store_as_from_files(inputs, tmp_path)
         t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "latitude", "longitude"))
         expected = source.temperature.isel(time=t, longitude=slice(x, x + 6)).sel(latitude=latitudes[y : y + 5])
         np.testing.assert_array_equal(records["temperature"][i], expected.values)
+    assert_matches_source(outputs["v3"], 100)
 
 
 @pytest.mark.parametrize("decode_times", [True, False])
@@ -311,6 +313,8 @@ def test_the_other_features_build_the_same_from_a_store_as_from_files(inputs, tm
     assert_same_output(outputs["v3"], outputs["netcdf"])
     schema = load_schema(str(outputs["v3"]))
     assert list(schema.splits) == ["train", "valid"]
+    for name in outputs:
+        assert_matches_source(outputs[name], 100)
 
 
 def test_the_readme_config_builds_from_an_arco_like_store(inputs, tmp_path):

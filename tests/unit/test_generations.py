@@ -17,6 +17,7 @@ from planning.run.generations import (
     check_config,
     dumps,
     files_fingerprint,
+    generation_entry,
     held_of,
     held_range,
     loads,
@@ -84,6 +85,26 @@ def test_a_held_file_replaced_or_resized_is_refused():
     resized = [HeldFile(FILES[0].path, 0, 2, 999), *FILES[1:]]
     with pytest.raises(UserError, match="not those the output was built from"):
         held_range(_held(), "time", VALUES, resized)
+
+
+def test_a_held_file_with_another_version_is_refused_by_name():
+    """Same path, size and range, written again: its version (mtime, inode, ctime; a GCS generation) tells."""
+    versioned = [dataclasses.replace(f, version=f"mtime_ns={i}") for i, f in enumerate(FILES)]
+    entry = generation_entry(0, 4, VALUES[0], VALUES[3], versioned, store=False)
+    held = held_of([entry], "generations.json")
+    assert held_range(held, "time", VALUES, versioned) == HeldRange(0, 4, 0)
+    rewritten = [versioned[0], dataclasses.replace(versioned[1], version="mtime_ns=99"), *versioned[2:]]
+    known = {(f.path, f.nbytes, f.version) for f in versioned}  # the last run's listing (its inventory cache)
+    with pytest.raises(UserError, match=r"input: /a/1\.nc changed since the output was built from it"):
+        held_range(held, "time", VALUES, rewritten, known)
+    with pytest.raises(UserError, match=r"input: a file holding 2020-01-01 to 2020-01-04 changed since"):
+        held_range(held, "time", VALUES, rewritten)  # (no cache to name it by)
+    # A file after the held steps may have any version: it is new.
+    assert held_range(held, "time", VALUES, [*versioned[:2], dataclasses.replace(versioned[2], version="x")])
+    # Recorded before versions were: checked by path, size and range only.
+    assert held_range(dataclasses.replace(held, versions=None), "time", VALUES, rewritten) == HeldRange(0, 4, 0)
+    with pytest.raises(UserError, match="records no steps held"):
+        held_of([{**entry, "versions": 7}], "generations.json")
 
 
 def test_a_store_is_checked_by_its_steps_alone():

@@ -181,3 +181,40 @@ def test_undecoded_times_must_count_in_one_unit(sample_file, tmp_path):
     undecoded = take_inventory(same, "time", decoding=TimeDecoding(enabled=False))
     with xr.open_dataset(source, decode_times=False) as ds:
         np.testing.assert_array_equal(undecoded.concat_values, ds["time"].values)
+
+
+def _dated(path: Path, start: str, issued_units: str, calendar: str) -> Path:
+    """A file with a data variable of dates ("issued", in its own units and calendar) beside temperatures in K."""
+    time = np.array([np.datetime64(start) + np.timedelta64(6 * i, "h") for i in range(2)])
+    ds = xr.Dataset(
+        {
+            "t": (("time", "lat"), np.full((2, 3), 280.0, np.float32), {"units": "K"}),
+            "issued": (("time",), np.array([1.0, 2.0]), {"units": issued_units, "calendar": calendar}),
+        },
+        coords={"time": time, "lat": [0.0, 1.0, 2.0]},
+    )
+    ds.to_netcdf(path)
+    return path
+
+
+def test_what_values_mean_must_agree_between_files_but_not_how_they_are_stored(tmp_path):
+    """Dates: their calendar must agree (CF's aliases are one calendar), their units need not (each file's decode
+    applies its own); numbers: their units must agree."""
+    from planning.inputs.inventory import check_variables_agree
+    from schemas.errors import UserError
+
+    def agree(*files):
+        inventory = take_inventory([str(f) for f in files], "time")
+        check_variables_agree(inventory, list(inventory.variables.values()))
+
+    a = _dated(tmp_path / "a.nc", "2020-01-01", "days since 2000-01-01", "noleap")
+    agree(a, _dated(tmp_path / "b.nc", "2020-01-02", "hours since 1990-01-01", "365_day"))
+    (tmp_path / "b.nc").unlink()
+    b = _dated(tmp_path / "b.nc", "2020-01-02", "days since 2000-01-01", "360_day")
+    with pytest.raises(UserError, match=r"b\.nc: variable 'issued' has calendar '360_day' but 'noleap' in .*a\.nc"):
+        agree(a, b)
+    a, b = (
+        _dated(tmp_path / f"{n}s.nc", s, u, "standard")
+        for n, s, u in (("a", "2020-01-01", "days since 2000-01-01"), ("b", "2020-01-02", "hours since 2019-01-01"))
+    )
+    agree(a, b)  # numpy dates: decoded alike whatever their units

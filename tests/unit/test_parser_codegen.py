@@ -69,3 +69,36 @@ def test_a_parser_loaded_by_its_path_alone_needs_no_autograph(tmp_path, caplog):
     finally:
         tf_logger.removeHandler(caplog.handler)
     assert not [r.getMessage() for r in caplog.records if "AutoGraph" in r.getMessage()]
+
+
+def test_a_parser_refuses_an_output_whose_schema_commits_other_generations(tmp_path):
+    """An append stopped during its commit can leave a parser.py written for a commit that never happened: it must not
+    serve it. Shards copied elsewhere without their schema.json are still read."""
+    import dataclasses
+    import shutil
+
+    import pytest
+    from synthetic_output import FEATURES, make_columns, write_output
+
+    from helpers import import_generated_parser
+
+    output = tmp_path / "out"
+    schema = write_output(output, make_columns(FEATURES, 10), [6, 4])
+    committed = {**schema.sources, "generations": 1, "generations_sha256": "a" * 64}
+    (output / "schema.json").write_text(dataclasses.replace(schema, sources=committed).dumps())
+    uncommitted = dataclasses.replace(schema, sources={**committed, "generations": 2, "generations_sha256": "b" * 64})
+    (output / "parser.py").write_text(render_parser(uncommitted, str(output)))
+    parser = import_generated_parser(output)
+    with pytest.raises(ValueError, match=r"commits 1 generation\(s\), not the 2 this parser.py was written for"):
+        parser.make_dataset("data")
+    (output / "schema.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"schema.json: not a schema of this tool"):
+        parser.make_dataset("data")
+    copied = tmp_path / "copied"  # the shards alone
+    copied.mkdir()
+    for shard in schema.splits["data"]:
+        shutil.copy(output / shard.file, copied)
+    batches = list(parser.make_dataset("data", batch_size=4, data_dir=str(copied)).as_numpy_iterator())
+    assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
+    (copied / "schema.json").write_text(uncommitted.dumps())  # and beside the schema it was written for
+    assert sum(len(b["index/time"]) for b in parser.make_dataset("data", data_dir=str(copied))) == 10

@@ -153,3 +153,17 @@ def test_a_pipeline_made_and_never_run_leaves_no_folder_in_the_temp_directory(tm
     del beams_own
     gc.collect()
     assert left.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("code", "how"),
+    [
+        (-9, "killed by SIGKILL, as the out-of-memory killer ends a process"),
+        (-11, "killed by SIGSEGV"),
+        (3, "exit code 3"),
+    ],
+)
+def test_a_dead_worker_process_is_named_by_how_it_ended(code, how):
+    """From the error Beam raises when a worker process exits with an error (its local_job_service's words)."""
+    error = RuntimeError(f"Worker subprocess exited with return code {code}")
+    assert runners.worker_death(error) == f"a worker process of the local runner died ({how})"

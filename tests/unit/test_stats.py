@@ -145,3 +145,47 @@ def test_a_level_filled_throughout_has_no_moments_and_leaves_the_others_exact():
         np.testing.assert_allclose(result["mean"][level], np.nanmean(real[:, level]), rtol=1e-12)
         np.testing.assert_allclose(result["variance"][level], np.nanvar(real[:, level]), rtol=1e-9)
         assert (result["min"][level], result["max"][level]) == (np.nanmin(real[:, level]), np.nanmax(real[:, level]))
+
+
+def test_stored_cells_are_the_union_of_role_features_and_role_stacks_channels():
+    """A role stack stores each channel's variable at its steps; a cropped role adds its crop; a cell held by two
+    roles is one cell; a variable no role holds (or a build without roles) is stored whole."""
+    from planning.features import (
+        CHANNEL_AXIS_KEY,
+        CHANNELS_KEY,
+        CROP_KEY,
+        ROLE_KEY,
+        STEPS_KEY,
+        VARIABLE_KEY,
+        stored_cells,
+    )
+    from schemas.schema import Feature
+    from transforms.stats import stored_values
+
+    stack = Feature(
+        "inputs/fields",
+        "float32",
+        (2, 2, 4),
+        ("channel", "time", "lat"),
+        "variable",
+        {ROLE_KEY: "inputs", STEPS_KEY: {"time": [0, 1]}, CHANNELS_KEY: ["t", "u"], CHANNEL_AXIS_KEY: 0},
+    )
+    target = Feature(
+        "targets/t",
+        "float32",
+        (2, 2),
+        ("time", "lat"),
+        "variable",
+        {ROLE_KEY: "targets", VARIABLE_KEY: "t", STEPS_KEY: {"time": [1, 2]}, CROP_KEY: {"lat": [1, 3]}},
+    )
+    t = stored_cells([stack, target], "t", (3, 4))
+    np.testing.assert_array_equal(t, [[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0]])
+    np.testing.assert_array_equal(stored_cells([stack, target], "u", (3, 4)), [[1] * 4, [1] * 4, [0] * 4])
+    assert stored_cells([stack, target], "v", (3, 4)) is None
+    assert stored_cells([Feature("t", "float32", (3, 4), ("time", "lat"), "variable")], "t", (3, 4)) is None
+    # A block of 5 samples x 2 levels (kept, between the dims) x 3 steps x 4 lats: per level, each sample's 10 cells.
+    values = np.arange(5 * 3 * 2 * 4, dtype=np.float32).reshape(5, 3, 2, 4)  # (sample, time, level, lat)
+    stored = np.broadcast_to(t[:, None, :], (3, 2, 4))
+    got, filled, axes = stored_values(values, None, [2], stored)
+    assert axes == [1] and filled is None and got.shape == (5, 2, 10)
+    np.testing.assert_array_equal(got[3, 1], values[3, :, 1][t])
