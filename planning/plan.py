@@ -24,6 +24,7 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
+from planning.formats.grib import is_grib_input
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
 from planning.formats.zarr_paths import store_input
@@ -81,6 +82,8 @@ class BuildPlan:
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
+    #: the input is GRIB files: the hypercube read of each (config input.grib.filter_by_keys, as sorted pairs)
+    grib: tuple[tuple[str, str | int | float], ...] | None = None
     preprocess: Preprocess | None = None  # config input.preprocess: what workers apply to each slab
     #: the config's ``coords``, read and cut like variables into coord/<name> features (planning.aux_coords)
     coordinates: tuple[VariablePlan, ...] = ()
@@ -248,6 +251,23 @@ def _named_variables(config: BuildConfig) -> frozenset[str] | None:
     return None if names is None else frozenset([*names, *config.coords])
 
 
+def _grib_filter(config: BuildConfig, store: str | None) -> tuple[tuple[str, str | int | float], ...] | None:
+    """input.grib's filter_by_keys as sorted pairs where the input is GRIB files (None otherwise); GRIB with what
+    only NetCDF files or a Zarr store have refused."""
+    if not is_grib_input(config.input.paths, config.input.grib):
+        return None
+    if store is not None:
+        raise UserError(f"input.grib: {store} is a Zarr store, not GRIB files; drop input.grib or list GRIB files")
+    for key, what in (("preprocess", "derived variables"), ("new_dim", "a dim from the files' names")):
+        if getattr(config.input, key):
+            raise UserError(
+                f"input.{key}: {what} are not available with GRIB input yet; convert the files to NetCDF or Zarr "
+                "first (xr.open_dataset(path, engine='cfgrib').to_netcdf(...)), or drop input.{key}"
+            )
+    grib = config.input.grib
+    return tuple(sorted((grib.filter_by_keys if grib else {}).items()))
+
+
 def make_plan(
     config: BuildConfig,
     run_id: str | None = None,
@@ -273,7 +293,13 @@ def make_plan(
             f"input.new_dim: joins files by their names, but the input is one Zarr store ({store}); "
             "give the store the dim itself, or build from NetCDF files"
         )
-    if store is not None:
+    grib = _grib_filter(config, store)
+    if grib is not None:
+        # Imported here: cfgrib (and ecCodes) load only for a GRIB build.
+        from planning.inputs.grib_inventory import take_grib_inventory
+
+        inventory = take_grib_inventory(config.input.paths, config.input.concat_dim, dict(grib), decoding, tolerance)
+    elif store is not None:
         # Imported here: zarr (and numcodecs) load only for a store's build.
         from planning.inputs.zarr_inventory import take_store_inventory
 
@@ -393,6 +419,7 @@ def make_plan(
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
+        grib=grib,
         preprocess=preprocess,
         coordinates=tuple(coordinates),
         unstated_calendar=unstated_calendar(inventory, decoding),

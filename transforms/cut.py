@@ -158,6 +158,10 @@ def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
 
         own, first = _own(spec, unit)
         return StoreReader(spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first)
+    if spec.grib is not None:
+        from planning.reads.grib_reads import GribReader  # here: cfgrib loads only for a GRIB build
+
+        return SelectionReader(GribReader(sources, concat_dim, spec.grib), spec.selection)
     return SelectionReader(files_reader(sources, concat_dim), spec.selection)
 
 

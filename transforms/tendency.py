@@ -32,6 +32,10 @@ def _reader(spec: TendencySpec, sources: SourceIndex):
         from planning.reads.zarr_reads import StoreReader  # here: zarr loads only for a store's build
 
         return StoreReader(cut.zarr_store, concat_dim, cut.zarr_missing_chunks, cut.selection)
+    if cut.grib is not None:
+        from planning.reads.grib_reads import GribReader  # here: cfgrib loads only for a GRIB build
+
+        return SelectionReader(GribReader(sources, concat_dim, cut.grib), cut.selection)
     return SelectionReader(files_reader(sources, concat_dim), cut.selection)
 
 

@@ -53,6 +53,27 @@ class NewDimConfig(_Strict):
         return value
 
 
+class GribConfig(_Strict):
+    """GRIB input: which hypercube of the files' messages is read (a GRIB file may hold several)."""
+
+    filter_by_keys: dict[str, str | int | float] = Field(
+        default_factory=dict,
+        json_schema_extra={"reference_type": "{key: value}"},
+        description=(
+            "the messages to read, by their ecCodes keys, as cfgrib takes them, e.g. {typeOfLevel: isobaricInhPa, "
+            "stepType: instant}; default: every message (the files must then hold one hypercube)"
+        ),
+    )
+
+    @field_validator("filter_by_keys")
+    @classmethod
+    def _keys(cls, value: dict) -> dict:
+        for key, wanted in value.items():
+            if not key or isinstance(wanted, bool):
+                raise ValueError(f"{key!r}: give an ecCodes key and a string or number, e.g. typeOfLevel: surface")
+        return value
+
+
 class InputConfig(_Strict):
     """Where the NetCDF files are and how they join into one virtual dataset."""
 
@@ -116,6 +137,15 @@ class InputConfig(_Strict):
             "files that are otherwise alike (ensemble members, one per file or per run of files) joined along a "
             r'new dim whose coordinate is read from their names, e.g. {name: member, from: "TREFHT\\.B06\\.(\\d+)"} '
             "(see Ensembles)"
+        ),
+    )
+    grib: GribConfig | None = Field(
+        None,
+        json_schema_extra={"reference_type": "{filter_by_keys}"},
+        description=(
+            "the paths are GRIB files (GRIB 1 or 2, read through cfgrib and ecCodes: pip install "
+            '"xarray-tfrecords[grib]"), and which of their hypercubes to read, e.g. {filter_by_keys: {typeOfLevel: '
+            "isobaricInhPa}}; files named *.grib, *.grib2, *.grb or *.grb2 are GRIB without it (see Other inputs)"
         ),
     )
     preprocess_inputs: list[str] | None = Field(

@@ -1,0 +1,116 @@
+"""GRIB input end to end: GRIB 2 files along analysis time and GRIB 1 files along forecast step build records equal
+to their slices as cfgrib and xarray read them; a file of several hypercubes, or of none matching, is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+from grib_like import FIELDS, grib_along_step, grib_along_time, write_grib
+
+from pipelines.build import main
+from schemas import load_schema
+
+from helpers import expected_feature, read_all_records, refused
+
+pytest.importorskip("cfgrib")
+
+PRESSURE = {"typeOfLevel": "isobaricInhPa"}
+
+
+def _config(paths, output: Path, concat_dim: str, variables, sample: dict, grib: dict | None = None) -> dict:
+    config = {
+        "input": {"paths": [str(p) for p in paths], "concat_dim": concat_dim},
+        "variables": variables,
+        "sample": sample,
+        "output": {"path": str(output), "num_shards": 2},
+    }
+    if grib is not None:
+        config["input"]["grib"] = grib
+    return config
+
+
+def _build(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet"]) == 0
+    return Path(config["output"]["path"])
+
+
+def _cfgrib(paths, concat_dim: str, filter_by_keys: dict) -> xr.Dataset:
+    """The files as xarray reads them through cfgrib, joined along ``concat_dim``: what every record must equal."""
+    parts = []
+    for path in paths:
+        ds = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": filter_by_keys})
+        parts.append(ds.expand_dims(concat_dim) if ds[concat_dim].ndim == 0 else ds)
+    return xr.concat(parts, concat_dim, data_vars="minimal", coords="minimal", compat="override").load()
+
+
+def _assert_records_are_slices(output: Path, source: xr.Dataset) -> int:
+    schema = load_schema(str(output))
+    records = read_all_records(output, schema)
+    count = len(next(iter(records.values())))
+    assert count == schema.sample["num_samples"] > 0
+    for i in range(count):
+        record = {name: values[i] for name, values in records.items()}
+        for feature in schema.variable_features:
+            np.testing.assert_array_equal(record[feature.name], expected_feature(source, schema, feature.name, record))
+    return count
+
+
+@pytest.fixture(scope="module")
+def along_time(tmp_path_factory) -> list[Path]:
+    return grib_along_time(tmp_path_factory.mktemp("grib2"), edition=2)
+
+
+def test_grib2_files_along_time_give_their_cfgrib_slices(along_time, tmp_path):
+    sample = {"window": {"latitude": 3, "longitude": 4}, "keep": ["step", "isobaricInhPa"]}
+    config = _config(along_time, tmp_path / "out", "time", ["t", "z"], sample, {"filter_by_keys": PRESSURE})
+    output = _build(tmp_path, config)
+    source = _cfgrib(along_time, "time", PRESSURE)
+    assert _assert_records_are_slices(output, source) == 6 * 2 * 3  # 6 analyses of 2 x 3 patches
+    # The user's directory is left as it was: no .idx file beside the GRIB files.
+    assert sorted(p.name for p in along_time[0].parent.iterdir()) == sorted(p.name for p in along_time)
+
+
+def test_grib1_files_along_step_give_their_cfgrib_slices(tmp_path):
+    paths = grib_along_step(tmp_path / "grib1", edition=1)
+    surface = {"typeOfLevel": "surface"}
+    config = _config(paths, tmp_path / "out", "step", ["sp"], {"window": {"step": 2}}, {"filter_by_keys": surface})
+    output = _build(tmp_path, config)
+    # Windows of 2 steps (at steps 0 and 2, each across two files) at every grid point.
+    assert _assert_records_are_slices(output, _cfgrib(paths, "step", surface)) == 2 * 7 * 12
+
+
+def test_grib_named_files_need_no_grib_section(tmp_path):
+    """Files that hold one hypercube are read whole, as cfgrib reads them, with no input.grib."""
+    paths = grib_along_step(tmp_path / "grib1", fields=[FIELDS[-1]], steps=2)
+    output = _build(tmp_path, _config(paths, tmp_path / "out", "step", ["sp"], {}))
+    assert _assert_records_are_slices(output, _cfgrib(paths, "step", {})) == 2 * 7 * 12
+
+
+def test_several_hypercubes_are_refused_in_one_line_naming_them(tmp_path, capsys):
+    """t on pressure levels and on model levels: cfgrib cannot make one dataset; the refusal lists what is there."""
+    path = write_grib(tmp_path / "mixed.grib2", 2, [(20200101, 0)], [0], [*FIELDS, ("t", "hybrid", (1, 2))])
+    line = refused(_config([path], tmp_path / "out", "time", ["t"], {}), tmp_path, capsys)
+    assert str(path) in line and "several hypercubes" in line
+    assert "typeOfLevel=isobaricInhPa: t z" in line and "typeOfLevel=hybrid: t" in line
+    assert "input.grib.filter_by_keys" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "mixed.grib2"]  # no index file left
+
+
+def test_a_filter_no_message_matches_is_refused_in_one_line(along_time, tmp_path, capsys):
+    config = _config(along_time, tmp_path / "out", "time", ["t"], {}, {"filter_by_keys": {"typeOfLevel": "hybrid"}})
+    line = refused(config, tmp_path, capsys)
+    assert f"{along_time[0]}: no message matches input.grib.filter_by_keys {{'typeOfLevel': 'hybrid'}}" in line
+    assert "typeOfLevel=isobaricInhPa: t z; typeOfLevel=surface: sp" in line
+
+
+def test_a_file_that_is_not_grib_is_refused_in_one_line(along_time, tmp_path, capsys):
+    bad = tmp_path / "broken.grib2"
+    bad.write_bytes(b"GRIB" + b"\0" * 64)
+    line = refused(_config([bad], tmp_path / "out", "time", ["t"], {}), tmp_path, capsys)
+    assert str(bad) in line and ("GRIB" in line or "message" in line)
