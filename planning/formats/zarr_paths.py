@@ -15,15 +15,25 @@ from schemas.urls import is_remote
 #: Files only a Zarr store holds at its root: v3's zarr.json, v2's group and consolidated metadata.
 MARKERS = ("zarr.json", ".zgroup", ".zmetadata")
 
+#: Names that say kerchunk references: a JSON file, or a Parquet directory (kerchunk's and VirtualiZarr's writers).
+REFERENCE_SUFFIXES = (".json", ".parq", ".parquet")
+
+
+def is_reference(path: str) -> bool:
+    """Whether an input path names a kerchunk reference file (taken at its name's word, as ``.zarr`` is): read as
+    a Zarr store whose chunks are byte ranges of other files (planning.formats.references)."""
+    return path.rstrip("/").lower().endswith(REFERENCE_SUFFIXES)
+
 
 def is_store(path: str) -> bool:
     """Whether an input path names a Zarr store rather than NetCDF files (a glob never does).
 
-    A name with ".zarr" in it is taken at its word. Otherwise a local directory is looked into;
+    A name with ".zarr" in it is taken at its word, as is a kerchunk reference file's (.json, .parq).
+    Otherwise a local directory is looked into;
     a remote path only when its last part has no extension, so a list of NetCDF URLs costs no request.
     """
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    if ".zarr" in name.lower():
+    if ".zarr" in name.lower() or is_reference(path):
         return True
     if glob.has_magic(path) or (is_remote(path) and "." in name):
         return False

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import xarray as xr
 
+from planning.formats.references import check_targets
 from planning.formats.zarr_paths import StoreLayout
-from planning.formats.zarr_store import RecordingStore, check_codecs, open_store, open_store_dataset
+from planning.formats.zarr_store import RecordingStore, ReferenceStore, check_codecs, open_store, open_store_dataset
 from planning.inputs.coords import format_value
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes
@@ -54,6 +55,8 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
     ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
     """
     store = open_store(url)
+    if isinstance(store, ReferenceStore):
+        check_targets(url, store.fs)
     # No index yet: a dim coordinate is loaded only once its size is known to be sane.
     ds = open_store_dataset(url, store, decode_times=False, indexes=False)
     try:

@@ -81,6 +81,8 @@ def _values(url: str, ds: xr.Dataset, variable: VariablePlan, where: dict) -> np
         values = ds[variable.name].isel(where).values
     except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
         raise codec_error(url, error) from None  # checked at planning: a worker may lack what the driver has
+    except UserError:
+        raise  # (a reference store's chunk whose file is gone: planning.formats.zarr_store.ReferenceStore)
     except Exception as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None
