@@ -58,8 +58,10 @@ LAUNCHER = [
 DASK = ["dask>=2025.1", "distributed>=2025.1"]
 # GRIB files as input (planning.formats.grib): cfgrib, and ecCodes as a wheel (no system library needed).
 GRIB = ["cfgrib>=0.9.14", "eccodes>=2.40", "eccodeslib>=2.40; platform_system != 'Windows'"]
-# Virtual references as input (planning.formats.references): kerchunk's JSON and Parquet reference files.
+# Virtual references as input (planning.formats.store_sources): kerchunk's JSON and Parquet reference files.
 VIRTUAL = ["kerchunk>=0.2.7"]
+# Icechunk repositories as input (planning.formats.store_sources).
+ICECHUNK = ["icechunk>=1.0,<2"]
 
 setup(
     name="xarray-tfrecords",
@@ -89,6 +91,7 @@ setup(
         "tf": [TENSORFLOW],
         "grib": GRIB,  # added to [build] for GRIB input: pip install ".[build,grib]"
         "virtual": VIRTUAL,  # added to [build] for kerchunk references as input
+        "icechunk": ICECHUNK,  # added to [build] for Icechunk repositories as input
         # Predictions back on the grid (schemas.reassemble): datasets, model calendars, Zarr and NetCDF to write.
         "reassemble": ["xarray>=2025.1", "cftime>=1.6", "zarr>=3.1,<4", "netCDF4>=1.7"],
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
@@ -100,6 +103,7 @@ setup(
             *LAUNCHER,
             *GRIB,
             *VIRTUAL,
+            *ICECHUNK,
             TENSORFLOW,
             "pytest>=8",
             "pytest-xdist>=3.5",  # pyproject's addopts run the suite in parallel (-n)

@@ -21,8 +21,14 @@ REFERENCE_SUFFIXES = (".json", ".parq", ".parquet")
 
 def is_reference(path: str) -> bool:
     """Whether an input path names a kerchunk reference file (taken at its name's word, as ``.zarr`` is): read as
-    a Zarr store whose chunks are byte ranges of other files (planning.formats.references)."""
+    a Zarr store whose chunks are byte ranges of other files (planning.formats.store_sources)."""
     return path.rstrip("/").lower().endswith(REFERENCE_SUFFIXES)
+
+
+def is_icechunk(path: str) -> bool:
+    """Whether a local directory is an Icechunk repository (its refs and snapshots; opened by
+    planning.formats.store_sources)."""
+    return not is_remote(path) and all(os.path.isdir(os.path.join(path, part)) for part in ("refs", "snapshots"))
 
 
 def is_store(path: str) -> bool:
@@ -38,7 +44,9 @@ def is_store(path: str) -> bool:
     if glob.has_magic(path) or (is_remote(path) and "." in name):
         return False
     if not is_remote(path):
-        return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in MARKERS)
+        return os.path.isdir(path) and (
+            any(os.path.exists(os.path.join(path, m)) for m in MARKERS) or is_icechunk(path)
+        )
     fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
     return any(fs.exists(f"{root}/{marker}") for marker in MARKERS)
 
@@ -64,3 +72,4 @@ class StoreLayout:
 
     url: str
     chunks: dict[str, tuple[int, ...]]
+    snapshot: str | None = None  # an Icechunk repository's: the snapshot planned, which workers read

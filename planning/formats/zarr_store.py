@@ -7,6 +7,7 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Mapping
 
 import numcodecs
 import numcodecs.errors
@@ -15,9 +16,9 @@ import zarr.errors
 from fsspec.implementations.reference import ReferenceNotReachable
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from planning.formats.references import missing_target, open_reference_store, target_of
 from planning.formats.sources import NETCDF_LOCK
-from planning.formats.zarr_paths import MARKERS, is_reference
+from planning.formats.store_sources import missing_target, open_icechunk, open_reference_store, target_of
+from planning.formats.zarr_paths import MARKERS, is_icechunk, is_reference
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -37,6 +38,9 @@ FETCHED: contextvars.ContextVar[list[tuple[str, str, int]] | None] = contextvars
 class RecordingStore(WrapperStore):
     """A store that remembers the chunk keys it found missing (zarr reads them as fill values, silently)
     and notes the keys it returned, with their sizes, in FETCHED where a read sets it."""
+
+    #: an Icechunk repository's: the snapshot the store reads
+    snapshot: str | None = None
 
     def __init__(self, store):
         super().__init__(store)
@@ -109,8 +113,14 @@ class ReferenceStore(RecordingStore):
             raise missing_target(self.url, error.reference, error.target) from None
 
 
-def open_store(url: str) -> RecordingStore:
-    """The store at a local path or fsspec URL, read-only; a kerchunk reference file's as a store of byte ranges."""
+def open_store(url: str, version: Mapping[str, str] | None = None) -> RecordingStore:
+    """The store at a local path or fsspec URL, read-only; a kerchunk reference file's as a store of byte ranges;
+    an Icechunk repository's at ``version`` (config input.icechunk; default: branch main)."""
+    if version is not None or is_icechunk(url):
+        store, snapshot = open_icechunk(url, version or {"branch": "main"})
+        recording = RecordingStore(store)
+        recording.snapshot = snapshot
+        return recording
     if is_reference(url):
         store, fs = open_reference_store(url)
         return ReferenceStore(store, url, fs)

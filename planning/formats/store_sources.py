@@ -1,9 +1,12 @@
-"""Virtual references as input: a kerchunk reference file (JSON, or a Parquet directory; what VirtualiZarr writes too)
-read as a Zarr store whose chunks are byte ranges of the original files, each fetched where a read needs it."""
+"""Zarr stores that are not a directory of chunks: kerchunk reference files (JSON or Parquet, what VirtualiZarr
+writes too), whose chunks are byte ranges of the original files, and Icechunk repositories, one version of which
+is opened (a branch or tag resolved to its snapshot at planning; workers open that snapshot)."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 
 import fsspec
 from zarr.storage import FsspecStore
@@ -67,3 +70,55 @@ def open_reference_store(url: str) -> tuple[FsspecStore, object]:
     """The references at ``url`` as a read-only Zarr store, and their filesystem."""
     fs = reference_filesystem(url)
     return FsspecStore(fs, read_only=True, path=""), fs
+
+
+_ICECHUNK_INSTALL = 'install icechunk (pip install "xarray-tfrecords[icechunk]")'
+
+#: icechunk warns at every open of local storage that it is not safe for concurrent commits: a build never commits.
+_LOGS = "warn,icechunk::storage::object_store=error"
+
+
+def _reason(error: Exception) -> str:
+    """icechunk's error in a few words: its first line, without the report's decoration."""
+    lines = [re.sub(r"^\s*(?:[x|]\s+|`->\s*)", "", line).strip() for line in str(error).splitlines()]
+    return next((line for line in lines if line and line != "|"), type(error).__name__)[:200]
+
+
+def open_icechunk(url: str, version: Mapping[str, str]):
+    """A read-only session's store of the repository at ``url`` (a local path), at ``version`` (icechunk's
+    readonly_session keywords: branch, tag or snapshot_id), and the snapshot id it reads."""
+    try:
+        import icechunk
+    except ImportError:
+        raise UserError(f"{url}: reading an Icechunk repository needs icechunk; {_ICECHUNK_INSTALL}") from None
+    icechunk.set_logs_filter(_LOGS)
+    if not os.path.isdir(url):
+        raise UserError(f"{url}: no such Icechunk repository (not found); check input.paths")
+    try:
+        repository = icechunk.Repository.open(icechunk.local_filesystem_storage(url))
+    except icechunk.IcechunkError as error:
+        raise UserError(
+            f"{url}: cannot be opened as an Icechunk repository ({_reason(error)}); check input.paths"
+        ) from None
+    ((kind, name),) = version.items()
+    try:
+        session = repository.readonly_session(**version)
+    except icechunk.IcechunkError as error:
+        what = {"branch": "branch", "tag": "tag", "snapshot_id": "snapshot"}[kind]
+        known = _known(repository, what)
+        raise UserError(
+            f"{url}: Icechunk {what} {name!r} is not in the repository ({_reason(error)}); "
+            f"set input.icechunk.{what} to one that is{known}"
+        ) from None
+    return session.store, session.snapshot_id
+
+
+def _known(repository, what: str) -> str:
+    """The branches or tags the repository has, for the error ("" for snapshots: there are too many to list)."""
+    try:
+        names = sorted(repository.list_branches() if what == "branch" else repository.list_tags())
+    except Exception:  # listing is a courtesy: the error stands without it
+        return ""
+    if what == "snapshot" or not names:
+        return ""
+    return f" ({what}es: {', '.join(names[:10])})" if what == "branch" else f" (tags: {', '.join(names[:10])})"
