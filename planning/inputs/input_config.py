@@ -106,7 +106,10 @@ class InputConfig(_Strict):
     """Where the NetCDF files are and how they join into one virtual dataset."""
 
     paths: list[str] = Field(
-        description="a glob or a list of globs (local paths or gs:// URLs) of NetCDF files, or one Zarr store"
+        description=(
+            "a glob or a list of globs (local paths or gs:// URLs) of NetCDF or GRIB files, or one Zarr store, "
+            "kerchunk reference file or Icechunk repository (see Other inputs)"
+        )
     )
     concat_dim: str = Field(
         "time", description="the dim the files are split along; files are ordered by its coordinate"
