@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -31,25 +32,32 @@ def is_grib_input(paths: Sequence[str], grib_config) -> bool:
     return all(p.rstrip("/").lower().endswith(GRIB_SUFFIXES) for p in paths)
 
 
-def _local_copy(path: str) -> str:
-    """A local path to read ``path`` at: ecCodes reads local files only, so a remote one is fetched whole once."""
+@contextlib.contextmanager
+def _local_copy(path: str) -> Iterator[str]:
+    """A local path to read ``path`` at: ecCodes reads local files only, so a remote one is fetched whole, to a
+    temporary file of this read's own (a cache shared by reads could outlive a rewrite of the object)."""
     if not is_remote(path):
-        return path
-    return fsspec.open_local(f"simplecache::{path}", simplecache={"cache_storage": _cache_dir()})
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="xarray-tfrecords-grib-") as directory:
+        local = os.path.join(directory, "file.grib")
+        try:
+            fs, resolved = fsspec.core.url_to_fs(path)
+            fs.get_file(resolved, local)
+        except FileNotFoundError:
+            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+        yield local
 
 
-def _cache_dir() -> str:
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), "xarray-tfrecords-grib")
-
-
-def _refusal(path: str, error: Exception, filter_by_keys: Mapping) -> UserError:
+def _refusal(path: str, local: str, error: Exception, filter_by_keys: Mapping) -> UserError:
     message = str(error).splitlines()[0] if str(error) else type(error).__name__
     if "multiple values for" in message or "conflicting" in message.lower() or "ambiguous" in message.lower():
+        messages = _matching(_messages(local), filter_by_keys)
         return UserError(
-            f"{path}: holds several hypercubes ({hypercubes(path, filter_by_keys)}); choose one with "
-            "input.grib.filter_by_keys, e.g. {" + _example(path, filter_by_keys) + "}"
+            f"{path}: holds several hypercubes ({_describe(messages)}); choose one with "
+            "input.grib.filter_by_keys, e.g. {" + _example(messages, filter_by_keys) + "}"
         )
     return UserError(f"{path}: cannot be read as GRIB ({message[:200]}); fix or remove the file, or narrow input.paths")
 
@@ -86,12 +94,6 @@ def _groups(messages: list[dict]) -> dict[tuple, list[str]]:
     return groups
 
 
-def hypercubes(path: str, filter_by_keys: Mapping) -> str:
-    """The hypercubes a file's messages (those ``filter_by_keys`` takes) hold, in one line."""
-    messages = _matching(_messages(_local_copy(path)), filter_by_keys)
-    return _describe(messages)
-
-
 def _describe(messages: list[dict]) -> str:
     """Hypercubes in one line: "typeOfLevel=isobaricInhPa: t z; typeOfLevel=surface: sp"."""
     parts = []
@@ -101,14 +103,14 @@ def _describe(messages: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def _example(path: str, filter_by_keys: Mapping) -> str:
-    messages = _matching(_messages(_local_copy(path)), filter_by_keys)
+def _example(messages: list[dict], filter_by_keys: Mapping) -> str:
+    """A filter_by_keys that picks the first of the messages' hypercubes, as YAML's flow style writes it."""
     first = next(iter(_groups(messages)))
     return ", ".join(f"{k}: {v}" for k, v in {**filter_by_keys, **dict(first)}.items())
 
 
-def _no_message(path: str, filter_by_keys: Mapping) -> UserError:
-    messages = _messages(_local_copy(path))
+def _no_message(path: str, local: str, filter_by_keys: Mapping) -> UserError:
+    messages = _messages(local)
     if not messages:
         return UserError(f"{path}: holds no GRIB message; fix or remove the file, or narrow input.paths")
     return UserError(
@@ -139,12 +141,7 @@ def open_grib(path: str, filter_by_keys: Mapping, concat_dim: str, decode_times:
     except ImportError:
         raise UserError(f"{path}: reading GRIB needs cfgrib; {_INSTALL}") from None
     with contextlib.ExitStack() as stack:
-        try:
-            local = _local_copy(path)
-        except FileNotFoundError:
-            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
-        if not os.path.exists(local):
-            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)")
+        local = stack.enter_context(_local_copy(path))
         stack.enter_context(NETCDF_LOCK)  # ecCodes handles are not shared, but cfgrib's warnings filters are
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -160,8 +157,8 @@ def open_grib(path: str, filter_by_keys: Mapping, concat_dim: str, decode_times:
             except UserError:
                 raise
             except Exception as error:
-                raise _refusal(path, error, filter_by_keys) from None
+                raise _refusal(path, local, error, filter_by_keys) from None
         stack.callback(dataset.close)
         if not dataset.data_vars:
-            raise _no_message(path, filter_by_keys)
+            raise _no_message(path, local, filter_by_keys)
         yield _promote(dataset, concat_dim)

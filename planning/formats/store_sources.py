@@ -20,7 +20,11 @@ def reference_filesystem(url: str):
     if not is_remote(url) and not os.path.exists(url):
         raise UserError(f"{url}: no such reference file (not found); check input.paths")
     try:
-        return fsspec.filesystem("reference", fo=url, asynchronous=True, skip_instance_cache=True)
+        # The referenced files' filesystems async too (gcsfs, s3fs), as zarr reads through them; local ones are
+        # wrapped by fsspec.
+        return fsspec.filesystem(
+            "reference", fo=url, asynchronous=True, remote_options={"asynchronous": True}, skip_instance_cache=True
+        )
     except FileNotFoundError:
         raise UserError(f"{url}: no such reference file (not found); check input.paths") from None
     except Exception as error:

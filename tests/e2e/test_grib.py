@@ -114,3 +114,42 @@ def test_a_file_that_is_not_grib_is_refused_in_one_line(along_time, tmp_path, ca
     bad.write_bytes(b"GRIB" + b"\0" * 64)
     line = refused(_config([bad], tmp_path / "out", "time", ["t"], {}), tmp_path, capsys)
     assert str(bad) in line and ("GRIB" in line or "message" in line)
+
+
+def _shards(output) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(output).glob("*.tfrecord*"))}
+
+
+def test_grib_files_on_cloud_storage_give_the_shards_of_the_local_files(along_time, gcs, tmp_path):
+    from conftest import BUCKET
+
+    for path in along_time:
+        gcs.put(str(path), f"{BUCKET}/grib/{path.name}")
+    sample = {"window": {"latitude": 3, "longitude": 4}, "keep": ["step", "isobaricInhPa"]}
+    grib = {"filter_by_keys": PRESSURE}
+    local = _build(tmp_path, _config(along_time, tmp_path / "local", "time", ["t", "z"], sample, grib))
+    remote = _config([f"gs://{BUCKET}/grib/*.grib2"], tmp_path / "remote", "time", ["t", "z"], sample, grib)
+    assert _shards(_build(tmp_path, remote)) == _shards(local)
+    assert sorted(gcs.ls(f"{BUCKET}/grib")) == sorted(f"{BUCKET}/grib/{p.name}" for p in along_time)  # no .idx
+
+
+def test_an_append_of_later_grib_files_holds_the_samples_of_a_full_build(along_time, tmp_path):
+    from schemas import Reader
+
+    sample = {"window": {"latitude": 3, "longitude": 4}, "keep": ["step", "isobaricInhPa"]}
+    grib = {"filter_by_keys": PRESSURE}
+    output = _build(tmp_path, _config(along_time[:4], tmp_path / "out", "time", ["t"], sample, grib))
+    path = tmp_path / "append.yaml"
+    path.write_text(yaml.safe_dump(_config(along_time, output, "time", ["t"], sample, grib)))
+    assert main(["--config", str(path), "--quiet", "--append"]) == 0
+    full = _build(tmp_path, _config(along_time, tmp_path / "full", "time", ["t"], sample, grib))
+
+    def by_sample(output) -> dict:
+        records = Reader(str(output), "data").read_all()
+        keys = zip(*(records[f"index/{d}"].ravel() for d in ("time", "latitude", "longitude")))
+        return {key: records["t"][i] for i, key in enumerate(keys)}
+
+    appended, expected = by_sample(output), by_sample(full)
+    assert appended.keys() == expected.keys() and len(expected) == 36
+    for key, values in expected.items():
+        np.testing.assert_array_equal(appended[key], values)

@@ -111,3 +111,24 @@ def test_a_reference_file_that_is_not_there_is_refused(tmp_path, capsys):
     missing = tmp_path / "nowhere.json"
     line = refused(_config([missing], tmp_path / "out"), tmp_path, capsys)
     assert f"{missing}: no such reference file" in line
+
+
+def test_a_reference_file_on_cloud_storage_to_files_there(netcdf, from_netcdf, gcs, tmp_path, capsys):
+    """References and files in a bucket (the references name gs:// URLs): the shards of the local files; a file
+    gone from the bucket refused in one line."""
+    from conftest import BUCKET
+
+    local = write_references(netcdf, tmp_path / "era5.json")
+    text = local.read_text()
+    for path in netcdf:
+        gcs.put(str(path), f"{BUCKET}/refs/{path.name}")
+        text = text.replace(json.dumps(str(path))[1:-1], f"gs://{BUCKET}/refs/{path.name}")
+    assert str(netcdf[0]) not in text
+    remote = tmp_path / "remote.json"
+    remote.write_text(text)
+    gcs.put(str(remote), f"{BUCKET}/refs/era5.json")
+    output = _build(tmp_path, _config([f"gs://{BUCKET}/refs/era5.json"], tmp_path / "out"))
+    assert _shards(output) == _shards(from_netcdf)
+    gcs.rm(f"{BUCKET}/refs/{netcdf[1].name}")
+    line = refused(_config([f"gs://{BUCKET}/refs/era5.json"], tmp_path / "again"), tmp_path, capsys)
+    assert f"refers to gs://{BUCKET}/refs/{netcdf[1].name}, which is not found" in line
