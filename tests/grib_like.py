@@ -83,3 +83,34 @@ def grib_along_step(root: Path, edition: int = 1, steps: int = 4, fields=FIELDS)
         write_grib(root / f"step_{6 * s:03d}.grb", edition, [(20200101, 0)], [6 * s], fields, seed=s)
         for s in range(steps)
     ]
+
+
+def write_ensemble(path: Path, date: int, members: int = 3, seed: int = 0) -> Path:
+    """An ensemble forecast's 2 m temperature at one analysis time, a message per member (cfgrib's ``number``)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        for member in range(members):
+            handle = _message(eccodes, 2, "2t", "surface", 0, date, 0, 0, _field(rng, "t", 0))
+            for key, value in [("productDefinitionTemplateNumber", 1), ("numberOfForecastsInEnsemble", members)]:
+                eccodes.codes_set(handle, key, value)
+            eccodes.codes_set(handle, "number", member)
+            eccodes.codes_write(handle, stream)
+            eccodes.codes_release(handle)
+    return path
+
+
+def write_reduced_gaussian(path: Path, date: int, seed: int = 0) -> Path:
+    """Temperature on ecCodes' reduced Gaussian grid N32 (cfgrib: one ``values`` dim, lat/lon along it)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        handle = eccodes.codes_grib_new_from_samples("reduced_gg_pl_32_grib2")
+        eccodes.codes_set(handle, "dataDate", date)
+        count = eccodes.codes_get(handle, "numberOfValues")
+        eccodes.codes_set_values(handle, 250 + 10 * rng.standard_normal(count))
+        eccodes.codes_write(handle, stream)
+        eccodes.codes_release(handle)
+    return path

@@ -121,10 +121,11 @@ def _no_message(path: str, local: str, filter_by_keys: Mapping) -> UserError:
 
 def _promote(ds: xr.Dataset, concat_dim: str) -> xr.Dataset:
     """A file of one step along the concat dim (cfgrib gives it as a scalar) given that dim, as xarray's
-    open_mfdataset(..., concat_dim=...) gives it; valid_time (time plus step) goes along it too."""
+    open_mfdataset(..., concat_dim=...) gives it; valid_time (time plus step) goes along it too, as it differs from
+    file to file (read from the first file alone, it would be wrong for every other)."""
     if concat_dim in ds.coords and ds[concat_dim].ndim == 0:
         ds = ds.expand_dims(concat_dim)
-        if "valid_time" in ds.coords and ds["valid_time"].ndim == 0 and concat_dim in ("time", "step"):
+        if "valid_time" in ds.coords and concat_dim not in ds["valid_time"].dims and concat_dim in ("time", "step"):
             ds = ds.assign_coords(valid_time=ds["valid_time"].expand_dims(concat_dim))
     return ds
 

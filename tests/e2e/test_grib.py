@@ -153,3 +153,31 @@ def test_an_append_of_later_grib_files_holds_the_samples_of_a_full_build(along_t
     assert appended.keys() == expected.keys() and len(expected) == 36
     for key, values in expected.items():
         np.testing.assert_array_equal(appended[key], values)
+
+
+def test_an_ensemble_s_members_are_samples_along_number(tmp_path):
+    """Members along cfgrib's ``number`` dim, files along time: each member's patches are samples of their own."""
+    from grib_like import write_ensemble
+
+    paths = [write_ensemble(tmp_path / f"ens_{d}.grib2", 20200101 + d, seed=d) for d in range(3)]
+    sample = {"window": {"latitude": 7, "longitude": 6}}
+    output = _build(tmp_path, _config(paths, tmp_path / "out", "time", ["t2m"], sample))
+    schema = load_schema(str(output))
+    assert {a["dim"]: a["role"] for a in schema.sample["axes"]}["number"] == "iterate"
+    # 3 analyses x 3 members x 2 patches.
+    assert _assert_records_are_slices(output, _cfgrib(paths, "time", {})) == 3 * 3 * 2
+
+
+def test_a_reduced_gaussian_grid_gives_whole_fields_with_their_coordinates(tmp_path):
+    """A 1-D ``values`` dim kept whole: a sample is a whole field, its latitude and longitude carried as coords."""
+    from grib_like import write_reduced_gaussian
+
+    paths = [write_reduced_gaussian(tmp_path / f"rgg_{d}.grib2", 20200101 + d, seed=d) for d in range(2)]
+    config = _config(paths, tmp_path / "out", "time", ["t"], {"keep": ["values"]})
+    config["coords"] = ["latitude", "longitude"]
+    output = _build(tmp_path, config)
+    source = _cfgrib(paths, "time", {})
+    assert _assert_records_are_slices(output, source) == 2
+    records = read_all_records(output, load_schema(str(output)))
+    np.testing.assert_array_equal(records["coord/latitude"][0], source.latitude.values.astype(np.float32))
+    np.testing.assert_array_equal(records["coord/longitude"][1], source.longitude.values.astype(np.float32))
