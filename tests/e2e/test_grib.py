@@ -181,3 +181,21 @@ def test_a_reduced_gaussian_grid_gives_whole_fields_with_their_coordinates(tmp_p
     records = read_all_records(output, load_schema(str(output)))
     np.testing.assert_array_equal(records["coord/latitude"][0], source.latitude.values.astype(np.float32))
     np.testing.assert_array_equal(records["coord/longitude"][1], source.longitude.values.astype(np.float32))
+
+
+def test_valid_time_is_each_file_s_own(along_time, tmp_path):
+    """valid_time (analysis time plus step, along step in a file) differs from file to file: each sample carries its
+    own file's, not the first file's (with times as numbers: records carry no dates)."""
+    sample = {"window": {"latitude": 7, "longitude": 12}, "keep": ["step"]}
+    surface = {"typeOfLevel": "surface"}
+    config = _config(along_time, tmp_path / "out", "time", ["sp"], sample, {"filter_by_keys": surface})
+    config["coords"] = ["valid_time"]
+    config["input"]["decode_times"] = False
+    output = _build(tmp_path, config)
+    records = read_all_records(output, load_schema(str(output)))
+    source = _cfgrib(along_time, "time", surface)
+    valid_times = source.time.values[:, None] + source.step.values[None, :]  # (each file's analysis time + step)
+    expected = (valid_times - np.datetime64("1970-01-01")) // np.timedelta64(1, "s")
+    assert len(records["coord/valid_time"]) == 6
+    for index, valid in zip(records["index/time"].ravel(), records["coord/valid_time"]):
+        np.testing.assert_array_equal(valid.ravel(), expected[int(index)].astype(valid.dtype))
