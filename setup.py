@@ -59,7 +59,7 @@ DASK = ["dask>=2025.1", "distributed>=2025.1"]
 # GRIB files as input (planning.formats.grib): cfgrib, and ecCodes as a wheel (no system library needed).
 GRIB = ["cfgrib>=0.9.14", "eccodes>=2.40", "eccodeslib>=2.40; platform_system != 'Windows'"]
 # Virtual references as input (planning.formats.store_sources): kerchunk's JSON and Parquet reference files.
-VIRTUAL = ["kerchunk>=0.2.7"]
+VIRTUAL = ["kerchunk>=0.2.7", "fastparquet>=2024.11"]  # (fsspec reads Parquet references with fastparquet)
 # Icechunk repositories as input (planning.formats.store_sources).
 ICECHUNK = ["icechunk>=1.0,<2"]
 

@@ -70,8 +70,14 @@ def _shards(output: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(output.glob("*.tfrecord*"))}
 
 
-def test_a_kerchunk_reference_gives_the_shards_of_its_netcdf_files(netcdf, from_netcdf, tmp_path):
+@pytest.mark.parametrize("form", ["json", "parquet"])
+def test_a_kerchunk_reference_gives_the_shards_of_its_netcdf_files(netcdf, from_netcdf, tmp_path, form):
     references = write_references(netcdf, tmp_path / "era5.json")
+    if form == "parquet":
+        from kerchunk.df import refs_to_dataframe
+
+        refs_to_dataframe(json.loads(references.read_text()), str(tmp_path / "era5.parq"))
+        references = tmp_path / "era5.parq"
     output = _build(tmp_path, _config([references], tmp_path / "out"))
     shards = _shards(output)
     assert shards and shards == _shards(from_netcdf)
@@ -132,3 +138,25 @@ def test_a_reference_file_on_cloud_storage_to_files_there(netcdf, from_netcdf, g
     gcs.rm(f"{BUCKET}/refs/{netcdf[1].name}")
     line = refused(_config([f"gs://{BUCKET}/refs/era5.json"], tmp_path / "again"), tmp_path, capsys)
     assert f"refers to gs://{BUCKET}/refs/{netcdf[1].name}, which is not found" in line
+
+
+def test_an_append_reads_references_regenerated_with_more_files(netcdf, from_netcdf, tmp_path):
+    """References to the first files, then regenerated to all of them and --append: the samples of a full build."""
+    from schemas import Reader
+
+    first = write_references([*netcdf[:2], netcdf[-1]], tmp_path / "first.json")
+    output = _build(tmp_path, _config([first], tmp_path / "out"))
+    config = _config([write_references(netcdf, tmp_path / "all.json")], output)
+    path = tmp_path / "append.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(path), "--quiet", "--append"]) == 0
+
+    def by_sample(output) -> dict:
+        records = Reader(str(output), "data").read_all()
+        keys = zip(*(records[f"index/{d}"].ravel() for d in ("time", "latitude", "longitude")))
+        return {key: records["temperature"][i] for i, key in enumerate(keys)}
+
+    appended, expected = by_sample(output), by_sample(from_netcdf)
+    assert appended.keys() == expected.keys()
+    for key, values in expected.items():
+        np.testing.assert_array_equal(appended[key], values)
