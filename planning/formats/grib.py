@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
+import numpy as np
 import xarray as xr
 
 from planning.formats.sources import NETCDF_LOCK
@@ -32,23 +33,93 @@ def is_grib_input(paths: Sequence[str], grib_config) -> bool:
     return all(p.rstrip("/").lower().endswith(GRIB_SUFFIXES) for p in paths)
 
 
+def _gone(path: str) -> UserError:
+    return UserError(f"{path}: file not found (was it moved or deleted during the build?)")
+
+
 @contextlib.contextmanager
-def _local_copy(path: str) -> Iterator[str]:
-    """A local path to read ``path`` at: ecCodes reads local files only, so a remote one is fetched whole, to a
-    temporary file of this read's own (a cache shared by reads could outlive a rewrite of the object)."""
-    if not is_remote(path):
+def _local_copy(path: str, ranges: np.ndarray | None = None) -> Iterator[str]:
+    """A local path to read ``path`` at; with ``ranges`` ((offset, length) of the messages planning indexed), a
+    file of those messages alone, each fetched straight from its offset.
+
+    ecCodes reads local files only, so a remote file (or its messages) is fetched to a temporary
+    file of this read's own (a cache shared by reads could outlive a rewrite of the object).
+    """
+    if ranges is None and not is_remote(path):
         if not os.path.isfile(path):
-            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)")
+            raise _gone(path)
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="xarray-tfrecords-grib-") as directory:
         local = os.path.join(directory, "file.grib")
         try:
-            fs, resolved = fsspec.core.url_to_fs(path)
-            fs.get_file(resolved, local)
+            if ranges is None:
+                fs, resolved = fsspec.core.url_to_fs(path)
+                fs.get_file(resolved, local)
+            else:
+                _write_messages(path, ranges, local)
         except FileNotFoundError:
-            raise UserError(f"{path}: file not found (was it moved or deleted during the build?)") from None
+            raise _gone(path) from None
         yield local
+
+
+def _write_messages(path: str, ranges: np.ndarray, local: str) -> None:
+    """The messages at ``ranges`` of ``path`` written one after another to ``local``; refused where a range does
+    not hold a whole message (the file changed since it was indexed, or the index is not this file's)."""
+    starts = [int(offset) for offset, _ in ranges]
+    ends = [int(offset + length) for offset, length in ranges]
+    if is_remote(path):
+        fs, resolved = fsspec.core.url_to_fs(path)
+        pieces = fs.cat_ranges([resolved] * len(starts), starts, ends)
+    else:
+        with open(path, "rb") as stream:
+            pieces = [os.pread(stream.fileno(), end - start, start) for start, end in zip(starts, ends)]
+    with open(local, "wb") as out:
+        for piece, start, end in zip(pieces, starts, ends):
+            if isinstance(piece, Exception):
+                raise piece
+            if len(piece) != end - start or not (piece.startswith(b"GRIB") and piece.endswith(b"7777")):
+                raise UserError(
+                    f"{path}: bytes {start} to {end} are not the GRIB message planning indexed there; the file "
+                    "changed since the build was planned: run it again"
+                )
+            out.write(piece)
+
+
+def _matches(handle, filter_by_keys: Mapping) -> bool:
+    """Whether a message may be one of ``filter_by_keys``'s: a key it lacks, or that reads otherwise (a number as
+    text), never rules it out, so the messages kept are a superset of cfgrib's, which filters them again."""
+    import eccodes
+
+    for key, wanted in filter_by_keys.items():
+        try:
+            value = eccodes.codes_get(handle, key, str)
+        except eccodes.KeyValueNotFoundError:
+            continue
+        if str(value) == str(wanted):
+            continue
+        try:
+            if float(value) == float(wanted):
+                continue
+        except (TypeError, ValueError):
+            pass
+        return False
+    return True
+
+
+def message_ranges(local: str, filter_by_keys: Mapping) -> np.ndarray:
+    """(offset, length) of each message of a local file that ``filter_by_keys`` may take (headers only)."""
+    import eccodes
+
+    found = []
+    with open(local, "rb") as stream:
+        while (handle := eccodes.codes_grib_new_from_file(stream, headers_only=True)) is not None:
+            try:
+                if _matches(handle, filter_by_keys):
+                    found.append((eccodes.codes_get(handle, "offset"), eccodes.codes_get(handle, "totalLength")))
+            finally:
+                eccodes.codes_release(handle)
+    return np.array(found, dtype=np.int64).reshape(-1, 2)
 
 
 def _refusal(path: str, local: str, error: Exception, filter_by_keys: Mapping) -> UserError:
@@ -69,11 +140,19 @@ def _messages(path: str) -> list[dict]:
     found = []
     with open(path, "rb") as stream:
         while True:
-            handle = eccodes.codes_grib_new_from_file(stream, headers_only=True)
+            try:
+                handle = eccodes.codes_grib_new_from_file(stream, headers_only=True)
+            except Exception:  # a message ecCodes cannot parse: what came before it is what the file holds
+                return found
             if handle is None:
                 return found
             try:
-                keys = {k: eccodes.codes_get(handle, k, str) for k in (*_HYPERCUBE_KEYS, "shortName")}
+                keys = {}
+                for key in (*_HYPERCUBE_KEYS, "shortName"):
+                    try:
+                        keys[key] = eccodes.codes_get(handle, key, str)
+                    except eccodes.KeyValueNotFoundError:
+                        keys[key] = ""
                 found.append(keys)
             finally:
                 eccodes.codes_release(handle)
@@ -131,18 +210,26 @@ def _promote(ds: xr.Dataset, concat_dim: str) -> xr.Dataset:
 
 
 @contextlib.contextmanager
-def open_grib(path: str, filter_by_keys: Mapping, concat_dim: str, decode_times: bool = False) -> Iterator[xr.Dataset]:
+def open_grib(
+    path: str,
+    filter_by_keys: Mapping,
+    concat_dim: str,
+    decode_times: bool = False,
+    ranges: np.ndarray | None = None,
+    index: list | None = None,
+) -> Iterator[xr.Dataset]:
     """One hypercube of a GRIB file as a lazy dataset, as ``xr.open_dataset(path, engine="cfgrib")`` gives it.
 
-    No index file is written beside the user's file (cfgrib's default): the messages are scanned
-    in memory. Times stay numbers unless ``decode_times``, as for NetCDF files.
+    No index file is written beside the user's file (cfgrib's default). ``ranges``: the messages
+    planning indexed (message_ranges), the only ones read; ``index``: where planning wants them
+    found (appended to it). Times stay numbers unless ``decode_times``, as for NetCDF files.
     """
     try:
         import cfgrib  # noqa: F401
     except ImportError:
         raise UserError(f"{path}: reading GRIB needs cfgrib; {_INSTALL}") from None
     with contextlib.ExitStack() as stack:
-        local = stack.enter_context(_local_copy(path))
+        local = stack.enter_context(_local_copy(path, ranges))
         stack.enter_context(NETCDF_LOCK)  # ecCodes handles are not shared, but cfgrib's warnings filters are
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -162,4 +249,9 @@ def open_grib(path: str, filter_by_keys: Mapping, concat_dim: str, decode_times:
         stack.callback(dataset.close)
         if not dataset.data_vars:
             raise _no_message(path, local, filter_by_keys)
+        if index is not None:
+            try:
+                index.append(message_ranges(local, filter_by_keys))
+            except Exception as error:  # ecCodes' own types: a message cfgrib skipped may not parse here either
+                raise _refusal(path, local, error, filter_by_keys) from None
         yield _promote(dataset, concat_dim)

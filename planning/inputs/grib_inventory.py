@@ -39,10 +39,13 @@ def take_grib_inventory(
 ) -> Inventory:
     """The GRIB files' hypercube chosen by ``filter_by_keys`` (input.grib), as an inventory along ``concat_dim``."""
     listed = list_files(patterns)
-    infos = []
+    infos, messages = [], {}
     for listed_file in listed:
-        with open_grib(listed_file.path, filter_by_keys, concat_dim) as ds:
+        # Each file's messages indexed once, here: workers fetch a unit's messages straight from their offsets.
+        index: list = []
+        with open_grib(listed_file.path, filter_by_keys, concat_dim, index=index) as ds:
             infos.append(dataset_info(listed_file.path, listed_file.nbytes, decoding.dataset(listed_file.path, ds)))
+        messages[listed_file.path] = index[0]
     along = [info for info in infos if concat_dim in info.sizes]
     if len(along) < len(infos):
         missing = next(info for info in infos if concat_dim not in info.sizes)
@@ -63,4 +66,5 @@ def take_grib_inventory(
                 f"{reference.path}; every file needs the same variables: narrow input.grib.filter_by_keys or "
                 "input.paths"
             )
-    return Inventory(concat_dim, tuple(ordered), (), values, versions={f.path: f.version for f in listed})
+    versions = {f.path: f.version for f in listed}
+    return Inventory(concat_dim, tuple(ordered), (), values, versions=versions, grib_messages=messages)

@@ -16,9 +16,12 @@ from planning.run.variables import VariablePlan
 from schemas.errors import UserError
 
 
-def _read_file(path: str, filter_by_keys: Mapping, concat_dim: str, variables, box: Box) -> dict[str, np.ndarray]:
+def _read_file(
+    path: str, filter_by_keys: Mapping, concat_dim: str, variables, box: Box, ranges: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """``ranges``: the file's messages as planning indexed them, the only bytes fetched (None: the whole file)."""
     out = {}
-    with open_grib(path, filter_by_keys, concat_dim) as ds:
+    with open_grib(path, filter_by_keys, concat_dim, ranges=ranges) as ds:
         for variable in variables:
             if variable.name not in ds.variables:
                 raise UserError(f"{path}: variable {variable.name!r} is missing; every input file needs it")
@@ -60,7 +63,7 @@ class GribReader:
                 **box,
                 self.concat_dim: (max(begin, source.start) - source.start, min(end, source.stop) - source.start),
             }
-            values = _read_file(source.path, keys, self.concat_dim, along, local)
+            values = _read_file(source.path, keys, self.concat_dim, along, local, self.sources.grib_messages(source))
             for variable in along:
                 parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
         for variable in along:

@@ -199,3 +199,69 @@ def test_valid_time_is_each_file_s_own(along_time, tmp_path):
     assert len(records["coord/valid_time"]) == 6
     for index, valid in zip(records["index/time"].ravel(), records["coord/valid_time"]):
         np.testing.assert_array_equal(valid.ravel(), expected[int(index)].astype(valid.dtype))
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> list[Path]:
+    """Files of three hypercubes (pressure levels, the surface, model levels), along time."""
+    root = tmp_path_factory.mktemp("mixed")
+    fields = [*FIELDS, ("t", "hybrid", (1, 2, 3))]
+    return [write_grib(root / f"mixed_{d}.grib2", 2, [(20200101 + d, 0)], [0, 6], fields, seed=d) for d in range(2)]
+
+
+def _plan(paths, filter_by_keys: dict):
+    from planning.config.loading import load_config
+    from planning.plan import make_plan
+
+    data = _config(paths, Path("/nonexistent/out"), "time", ["t"], {}, {"filter_by_keys": filter_by_keys})
+    return make_plan(load_config(data=data))
+
+
+def test_planning_indexes_each_file_s_messages_once_and_workers_read_only_those(mixed):
+    """The index holds exactly the chosen hypercube's messages (t and z on 2 pressure levels at 2 steps), whole
+    GRIB messages by their bytes; a worker reading through it gives cfgrib's values."""
+    from planning.reads.grib_reads import GribReader
+    from planning.reads.source_index import SourceIndex
+
+    plan = _plan(mixed, PRESSURE)
+    sources = SourceIndex.from_bytes(plan.sources.to_bytes())  # as workers load it
+    for source in sources:
+        ranges = sources.grib_messages(source)
+        assert ranges.shape == (2 * 2 * 2, 2)
+        data = Path(source.path).read_bytes()
+        for offset, length in ranges:
+            assert data[offset : offset + 4] == b"GRIB" and data[offset + length - 4 : offset + length] == b"7777"
+    (variable,) = plan.variables
+    box = {"time": (0, 2), "step": (0, 2), "isobaricInhPa": (0, 2), "latitude": (0, 7), "longitude": (0, 12)}
+    values = GribReader(sources, "time", plan.grib).read([variable], box).values["t"]
+    np.testing.assert_array_equal(values, _cfgrib(mixed, "time", PRESSURE)["t"].values)
+
+
+def test_an_index_that_does_not_hold_the_file_s_messages_is_refused_on_the_worker(mixed):
+    """Offsets that do not start a message (a file rewritten at the same size and times, or an index not this
+    file's): refused, never decoded from the wrong bytes."""
+    import dataclasses
+
+    from planning.reads.grib_reads import GribReader
+    from schemas.errors import UserError
+
+    plan = _plan(mixed, PRESSURE)
+    shifted = dataclasses.replace(plan.sources, grib_ranges=plan.sources.grib_ranges + np.array([1, 0]))
+    (variable,) = plan.variables
+    box = {"time": (0, 1), "step": (0, 2), "isobaricInhPa": (0, 2), "latitude": (0, 7), "longitude": (0, 12)}
+    with pytest.raises(UserError, match=f"{mixed[0]}: bytes .* are not the GRIB message planning indexed there"):
+        GribReader(shifted, "time", plan.grib).read([variable], box)
+
+
+def test_a_saved_index_that_is_not_sane_is_dropped_and_files_are_read_whole(mixed):
+    """The saved index is read from disk: first rows that do not add up to its ranges are not sought by (the files
+    are then scanned whole, giving the same values)."""
+    import dataclasses
+
+    from planning.reads.source_index import SourceIndex
+
+    plan = _plan(mixed, PRESSURE)
+    bad = dataclasses.replace(plan.sources, grib_first=plan.sources.grib_first + 1)
+    loaded = SourceIndex.from_bytes(bad.to_bytes())
+    assert loaded.grib_ranges is None and loaded.grib_messages(loaded[0]) is None
+    assert SourceIndex.from_bytes(plan.sources.to_bytes()).grib_messages(loaded[1]).shape == (8, 2)
