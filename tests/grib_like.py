@@ -114,3 +114,17 @@ def write_reduced_gaussian(path: Path, date: int, seed: int = 0) -> Path:
         eccodes.codes_write(handle, stream)
         eccodes.codes_release(handle)
     return path
+
+
+def write_polar_stereographic(path: Path, date: int, seed: int = 0) -> Path:
+    """Temperature on ecCodes' polar stereographic sample grid (cfgrib: dims y, x; 2-D latitude and longitude)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        handle = eccodes.codes_grib_new_from_samples("polar_stereographic_pl_grib2")
+        eccodes.codes_set(handle, "dataDate", date)
+        eccodes.codes_set_values(handle, 250 + 10 * rng.standard_normal(eccodes.codes_get(handle, "numberOfValues")))
+        eccodes.codes_write(handle, stream)
+        eccodes.codes_release(handle)
+    return path

@@ -265,3 +265,22 @@ def test_a_saved_index_that_is_not_sane_is_dropped_and_files_are_read_whole(mixe
     loaded = SourceIndex.from_bytes(bad.to_bytes())
     assert loaded.grib_ranges is None and loaded.grib_messages(loaded[0]) is None
     assert SourceIndex.from_bytes(plan.sources.to_bytes()).grib_messages(loaded[1]).shape == (8, 2)
+
+
+def test_a_projected_grid_s_latitude_and_longitude_are_coordinate_features(tmp_path):
+    """A polar stereographic grid (dims y, x): patches carry their cells' 2-D latitude and longitude with coords:,
+    each equal to cfgrib's, as a curvilinear NetCDF grid's do."""
+    from grib_like import write_polar_stereographic
+
+    paths = [write_polar_stereographic(tmp_path / f"ps_{d}.grib2", 20200101 + d, seed=d) for d in range(2)]
+    config = _config(paths, tmp_path / "out", "time", ["t"], {"window": {"y": 10, "x": 8}})
+    config["coords"] = ["latitude", "longitude"]
+    output = _build(tmp_path, config)
+    source = _cfgrib(paths, "time", {})
+    assert _assert_records_are_slices(output, source) == 2 * 3 * 2
+    records = read_all_records(output, load_schema(str(output)))
+    for i in range(len(records["t"])):
+        y, x = int(records["index/y"][i].ravel()[0]), int(records["index/x"][i].ravel()[0])
+        for name in ("latitude", "longitude"):
+            expected = source[name].values[y : y + 10, x : x + 8].astype(np.float32)
+            np.testing.assert_array_equal(records[f"coord/{name}"][i], expected)
