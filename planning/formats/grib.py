@@ -86,9 +86,19 @@ def _write_messages(path: str, ranges: np.ndarray, local: str) -> None:
             out.write(piece)
 
 
+def _same(value, wanted) -> bool:
+    """A key's value as ecCodes gives it as text, against a filter's value (850 matches "850" and 850.0)."""
+    if str(value) == str(wanted):
+        return True
+    try:
+        return float(value) == float(wanted)
+    except (TypeError, ValueError):
+        return False
+
+
 def _matches(handle, filter_by_keys: Mapping) -> bool:
-    """Whether a message may be one of ``filter_by_keys``'s: a key it lacks, or that reads otherwise (a number as
-    text), never rules it out, so the messages kept are a superset of cfgrib's, which filters them again."""
+    """Whether a message may be one of ``filter_by_keys``'s: a key it lacks never rules it out, so the messages
+    kept are a superset of cfgrib's, which filters them again."""
     import eccodes
 
     for key, wanted in filter_by_keys.items():
@@ -96,14 +106,8 @@ def _matches(handle, filter_by_keys: Mapping) -> bool:
             value = eccodes.codes_get(handle, key, str)
         except eccodes.KeyValueNotFoundError:
             continue
-        if str(value) == str(wanted):
-            continue
-        try:
-            if float(value) == float(wanted):
-                continue
-        except (TypeError, ValueError):
-            pass
-        return False
+        if not _same(value, wanted):
+            return False
     return True
 
 
@@ -159,7 +163,8 @@ def _messages(path: str) -> list[dict]:
 
 
 def _matching(messages: list[dict], filter_by_keys: Mapping) -> list[dict]:
-    return [m for m in messages if all(str(m.get(k, "")) == str(v) for k, v in filter_by_keys.items() if k in m)]
+    """The messages ``filter_by_keys`` may take (of the keys _messages reads; others are not known here)."""
+    return [m for m in messages if all(_same(m[k], v) for k, v in filter_by_keys.items() if k in m)]
 
 
 def _groups(messages: list[dict]) -> dict[tuple, list[str]]:
@@ -192,10 +197,20 @@ def _no_message(path: str, local: str, filter_by_keys: Mapping) -> UserError:
     messages = _messages(local)
     if not messages:
         return UserError(f"{path}: holds no GRIB message; fix or remove the file, or narrow input.paths")
+    quoted = next((f"{k}: {v}" for k, v in filter_by_keys.items() if isinstance(v, str) and _number(v)), None)
+    hint = f" (cfgrib compares {quoted!r} as text: write the number unquoted)" if quoted else ""
     return UserError(
-        f"{path}: no message matches input.grib.filter_by_keys {dict(filter_by_keys)} "
+        f"{path}: no message matches input.grib.filter_by_keys {dict(filter_by_keys)}{hint} "
         f"(it holds {_describe(messages)}); fix the keys or narrow input.paths"
     )
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _promote(ds: xr.Dataset, concat_dim: str) -> xr.Dataset:

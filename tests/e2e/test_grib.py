@@ -284,3 +284,22 @@ def test_a_projected_grid_s_latitude_and_longitude_are_coordinate_features(tmp_p
         for name in ("latitude", "longitude"):
             expected = source[name].values[y : y + 10, x : x + 8].astype(np.float32)
             np.testing.assert_array_equal(records[f"coord/{name}"][i], expected)
+
+
+@pytest.mark.parametrize("level", [500, 500.0])
+def test_a_numeric_key_indexes_the_messages_cfgrib_takes(mixed, tmp_path, level):
+    """level: 500 or 500.0: the index keeps the messages cfgrib's filter takes, and the build gives cfgrib's values
+    (an index that kept fewer would give fewer levels, or none)."""
+    keys = {**PRESSURE, "level": level}
+    plan = _plan(mixed, keys)
+    assert plan.sources.grib_messages(plan.sources[0]).shape == (2 * 2, 2)  # t and z at 500 hPa, 2 steps
+    sample = {"window": {"latitude": 7, "longitude": 12}, "keep": ["step"]}
+    output = _build(tmp_path, _config(mixed, tmp_path / "out", "time", ["t", "z"], sample, {"filter_by_keys": keys}))
+    assert _assert_records_are_slices(output, _cfgrib(mixed, "time", {**PRESSURE, "level": 500})) == 2
+
+
+def test_a_number_quoted_as_text_is_refused_with_the_reason(mixed, tmp_path, capsys):
+    """cfgrib compares level "500" as text, which no message's level is: the refusal says so."""
+    keys = {**PRESSURE, "level": "500"}
+    line = refused(_config(mixed, tmp_path / "out", "time", ["t"], {}, {"filter_by_keys": keys}), tmp_path, capsys)
+    assert "no message matches" in line and "(cfgrib compares 'level: 500' as text: write the number unquoted)" in line
