@@ -23,7 +23,12 @@ def reference_filesystem(url: str):
         # The referenced files' filesystems async too (gcsfs, s3fs), as zarr reads through them; local ones are
         # wrapped by fsspec.
         return fsspec.filesystem(
-            "reference", fo=url, asynchronous=True, remote_options={"asynchronous": True}, skip_instance_cache=True
+            "reference",
+            fo=url,
+            asynchronous=True,
+            remote_protocol=_parquet_protocol(url) if _is_parquet(url) else None,
+            remote_options={"asynchronous": True},
+            skip_instance_cache=True,
         )
     except FileNotFoundError:
         raise UserError(f"{url}: no such reference file (not found); check input.paths") from None
@@ -33,6 +38,24 @@ def reference_filesystem(url: str):
             f"{url}: cannot be read as kerchunk references ({reason}); write them with kerchunk or VirtualiZarr "
             "(JSON or Parquet), or check input.paths"
         ) from None
+
+
+def _is_parquet(url: str) -> bool:
+    return url.rstrip("/").lower().endswith((".parq", ".parquet"))
+
+
+def _parquet_protocol(url: str) -> str:
+    """The protocol of the files Parquet references name ("file" for local paths), found as fsspec would, but
+    skipping rows without a path: fsspec takes the first reference it meets as a path, and a Parquet row without
+    one (an inline chunk, a record's padding) reads as NaN, on which it fails, depending on which variable it
+    happens to look at first."""
+    from fsspec.implementations.reference import LazyReferenceMapper
+
+    fs, root = fsspec.core.url_to_fs(url)
+    for value in LazyReferenceMapper(root, fs=fs).values():
+        if isinstance(value, list | tuple) and value and isinstance(value[0], str) and value[0]:
+            return fsspec.core.split_protocol(value[0])[0] or "file"
+    return "file"
 
 
 def target_of(fs, key: str) -> str | None:
@@ -60,7 +83,10 @@ def check_targets(url: str, fs) -> None:
     targets = dict.fromkeys(t for t in (target_of(fs, key) for key in fs.references) if t)
     for target in targets:
         try:
-            found = fsspec.core.url_to_fs(target)[0].exists(target) if is_remote(target) else os.path.isfile(target)
+            if is_remote(target):
+                found = fsspec.core.url_to_fs(target)[0].exists(target)
+            else:  # (a FIFO or device is refused too: a read of it would block, or never end)
+                found = os.path.isfile(target.removeprefix("file://"))
         except Exception:  # an unknown protocol or an unreachable service: reading it would fail the same way
             found = False
         if not found:
@@ -119,10 +145,12 @@ def open_icechunk(url: str, version: Mapping[str, str]):
 
 def _known(repository, what: str) -> str:
     """The branches or tags the repository has, for the error ("" for snapshots: there are too many to list)."""
+    if what == "snapshot":
+        return ""
     try:
         names = sorted(repository.list_branches() if what == "branch" else repository.list_tags())
     except Exception:  # listing is a courtesy: the error stands without it
         return ""
-    if what == "snapshot" or not names:
+    if not names:
         return ""
     return f" ({what}es: {', '.join(names[:10])})" if what == "branch" else f" (tags: {', '.join(names[:10])})"

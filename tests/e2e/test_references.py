@@ -70,9 +70,14 @@ def _shards(output: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(output.glob("*.tfrecord*"))}
 
 
-@pytest.mark.parametrize("form", ["json", "parquet"])
+@pytest.mark.parametrize("form", ["json", "parquet", "file-urls"])
 def test_a_kerchunk_reference_gives_the_shards_of_its_netcdf_files(netcdf, from_netcdf, tmp_path, form):
     references = write_references(netcdf, tmp_path / "era5.json")
+    if form == "file-urls":  # the files named as file:// URLs, as references made from URLs name them
+        text = references.read_text()
+        for path in netcdf:
+            text = text.replace(json.dumps(str(path))[1:-1], f"file://{path}")
+        references.write_text(text)
     if form == "parquet":
         from kerchunk.df import refs_to_dataframe
 
