@@ -39,9 +39,13 @@ def is_store(path: str) -> bool:
     a remote path only when its last part has no extension, so a list of NetCDF URLs costs no request.
     """
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    if ".zarr" in name.lower() or is_reference(path):
+    if ".zarr" in name.lower():
         return True
-    if glob.has_magic(path) or (is_remote(path) and "." in name):
+    if glob.has_magic(path):
+        return False
+    if is_reference(path):
+        return True
+    if is_remote(path) and "." in name:
         return False
     if not is_remote(path):
         return os.path.isdir(path) and (
