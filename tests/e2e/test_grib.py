@@ -303,3 +303,18 @@ def test_a_number_quoted_as_text_is_refused_with_the_reason(mixed, tmp_path, cap
     keys = {**PRESSURE, "level": "500"}
     line = refused(_config(mixed, tmp_path / "out", "time", ["t"], {}, {"filter_by_keys": keys}), tmp_path, capsys)
     assert "no message matches" in line and "(cfgrib compares 'level: 500' as text: write the number unquoted)" in line
+
+
+def test_files_that_disagree_on_a_scalar_coordinate_or_their_variables_are_refused(tmp_path, capsys):
+    """Analyses along time at different steps (step is a scalar in each file, recorded once for all), or with
+    other variables: one line naming both files."""
+    pressure = [FIELDS[0]]
+    first = write_grib(tmp_path / "a.grib2", 2, [(20200101, 0)], [0], pressure)
+    later = write_grib(tmp_path / "b.grib2", 2, [(20200102, 0)], [6], pressure)
+    config = _config([first, later], tmp_path / "out", "time", ["t"], {}, {"filter_by_keys": PRESSURE})
+    line = refused(config, tmp_path, capsys)
+    assert f"{later}: coordinate 'step' is" in line and f"in {first}; files joined along 'time' must agree" in line
+    other = write_grib(tmp_path / "c.grib2", 2, [(20200102, 0)], [0], FIELDS[:2])
+    config = _config([first, other], tmp_path / "out", "time", ["t"], {}, {"filter_by_keys": PRESSURE})
+    line = refused(config, tmp_path, capsys)
+    assert f"{other}: its hypercube holds ['t', 'z'] but ['t'] in {first}" in line
