@@ -60,6 +60,12 @@ LAUNCHER = [
 DASK = ["dask>=2025.1", "distributed>=2025.1"]
 # The documentation site (mkdocs build --strict in CI; the API reference from the docstrings).
 DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.27"]
+# GRIB files as input (planning.formats.grib): cfgrib, and ecCodes as a wheel (no system library needed).
+GRIB = ["cfgrib>=0.9.14", "eccodes>=2.40", "eccodeslib>=2.40; platform_system != 'Windows'"]
+# Virtual references as input (planning.formats.store_sources): kerchunk's JSON and Parquet reference files.
+VIRTUAL = ["kerchunk>=0.2.7", "fastparquet>=2024.11"]  # (fsspec reads Parquet references with fastparquet)
+# Icechunk repositories as input (planning.formats.store_sources).
+ICECHUNK = ["icechunk>=1.0,<2"]
 
 setup(
     name="xarray-tfrecords",
@@ -105,6 +111,9 @@ setup(
         "build": [BEAM, *BUILD, *DASK, *LAUNCHER],
         "gcp": GCP,  # added to [build] for gs:// and Dataflow: pip install ".[build,gcp]"
         "tf": [TENSORFLOW],
+        "grib": GRIB,  # added to [build] for GRIB input: pip install ".[build,grib]"
+        "virtual": VIRTUAL,  # added to [build] for kerchunk references as input
+        "icechunk": ICECHUNK,  # added to [build] for Icechunk repositories as input
         # Predictions back on the grid (schemas.reassemble): datasets, model calendars, Zarr and NetCDF to write.
         "reassemble": ["xarray>=2025.1", "cftime>=1.6", "zarr>=3.1,<4", "netCDF4>=1.7"],
         # The PyTorch reader (schemas.torch_dataset); on Linux, install a CPU build of torch first
@@ -116,6 +125,9 @@ setup(
             *WORKER,
             *DASK,
             *LAUNCHER,
+            *GRIB,
+            *VIRTUAL,
+            *ICECHUNK,
             TENSORFLOW,
             "pytest>=8",
             "pytest-xdist>=3.5",  # pyproject's addopts run the suite in parallel (-n)

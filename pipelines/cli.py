@@ -80,6 +80,9 @@ _EXTRA_OF_MODULE = {
     "gcsfs": "gcp",
     "tensorflow": "tf",
     "torch": "torch",
+    **dict.fromkeys(["cfgrib", "eccodes", "gribapi"], "grib"),
+    **dict.fromkeys(["kerchunk", "fastparquet"], "virtual"),
+    "icechunk": "icechunk",
 }
 
 

@@ -210,7 +210,8 @@ def with_static_coordinates(schema: Schema, plans: Sequence[VariablePlan], datas
             continue
         import xarray as xr
 
-        with xr.open_dataset(plan.static_path, decode_times=False) as ds:
+        # netCDF4's engine named: left to guess, xarray would import every installed package's backend first.
+        with xr.open_dataset(plan.static_path, engine="netcdf4", decode_times=False) as ds:
             variable = ds[plan.name]
             taken = {d: dataset.selection.indices(d, variable.sizes[d]) for d in plan.dims}
             values = variable.isel(taken).values

@@ -89,6 +89,8 @@ def describe_sources(config: BuildConfig, sources: SourceIndex, inventory: Inven
         ],
         "static": [{"path": info.path, "nbytes": info.nbytes} for info in inventory.static_files],
         **({"variable_groups": inventory.groups.to_json()} if inventory.groups is not None else {}),
+        # An Icechunk repository's version read: its data at this snapshot, whatever its branches hold since.
+        **({"icechunk_snapshot": inventory.zarr.snapshot} if inventory.zarr and inventory.zarr.snapshot else {}),
     }
 
 

@@ -24,9 +24,10 @@ from planning.features import (
     stack_plans,
     variable_plans,
 )
+from planning.formats.grib import is_grib_input
 from planning.formats.hdf5_reads import chunk_shapes
 from planning.formats.sources import SourceFile
-from planning.formats.zarr_paths import store_input
+from planning.formats.zarr_paths import is_icechunk, store_input
 from planning.inputs.coords import format_value, irregular_steps, json_values, record_values
 from planning.inputs.inventory import Inventory, check_variables_agree, take_inventory, unstated_calendar
 from planning.inputs.time_decoding import TimeDecoding
@@ -81,6 +82,9 @@ class BuildPlan:
     #: where the sample grid's positions are in the source along selected dims (config ``select``)
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store (one source covering the concat dim)
+    zarr_snapshot: str | None = None  # the store is an Icechunk repository: the snapshot planned and read
+    #: the input is GRIB files: the hypercube read of each (config input.grib.filter_by_keys, as sorted pairs)
+    grib: tuple[tuple[str, str | int | float], ...] | None = None
     preprocess: Preprocess | None = None  # config input.preprocess: what workers apply to each slab
     #: the config's ``coords``, read and cut like variables into coord/<name> features (planning.aux_coords)
     coordinates: tuple[VariablePlan, ...] = ()
@@ -346,6 +350,23 @@ def _named_variables(config: BuildConfig) -> frozenset[str] | None:
     return None if names is None else frozenset([*names, *config.coords])
 
 
+def _grib_filter(config: BuildConfig, store: str | None) -> tuple[tuple[str, str | int | float], ...] | None:
+    """input.grib's filter_by_keys as sorted pairs where the input is GRIB files (None otherwise); GRIB with what
+    only NetCDF files or a Zarr store have refused."""
+    if not is_grib_input(config.input.paths, config.input.grib):
+        return None
+    if store is not None:
+        raise UserError(f"input.grib: {store} is a Zarr store, not GRIB files; drop input.grib or list GRIB files")
+    for key, what in (("preprocess", "derived variables"), ("new_dim", "a dim from the files' names")):
+        if getattr(config.input, key):
+            raise UserError(
+                f"input.{key}: {what} are not available with GRIB input yet; convert the files to NetCDF or Zarr "
+                "first (xr.open_dataset(path, engine='cfgrib').to_netcdf(...)), or drop input.{key}"
+            )
+    grib = config.input.grib
+    return tuple(sorted((grib.filter_by_keys if grib else {}).items()))
+
+
 def make_plan(
     config: BuildConfig,
     run_id: str | None = None,
@@ -371,11 +392,23 @@ def make_plan(
             f"input.new_dim: joins files by their names, but the input is one Zarr store ({store}); "
             "give the store the dim itself, or build from NetCDF files"
         )
-    if store is not None:
+    if config.input.icechunk is not None and (store is None or not is_icechunk(store)):
+        raise UserError(
+            f"input.icechunk: {config.input.paths[0]} is not an Icechunk repository (no refs/ and snapshots/ in "
+            "it); list the repository's directory in input.paths, or drop input.icechunk"
+        )
+    grib = _grib_filter(config, store)
+    if grib is not None:
+        # Imported here: cfgrib (and ecCodes) load only for a GRIB build.
+        from planning.inputs.grib_inventory import take_grib_inventory
+
+        inventory = take_grib_inventory(config.input.paths, config.input.concat_dim, dict(grib), decoding, tolerance)
+    elif store is not None:
         # Imported here: zarr (and numcodecs) load only for a store's build.
         from planning.inputs.zarr_inventory import take_store_inventory
 
-        inventory = take_store_inventory(store, config.input.concat_dim, decoding)
+        version = config.input.icechunk.version() if config.input.icechunk else None
+        inventory = take_store_inventory(store, config.input.concat_dim, decoding, version)
     else:
         inventory = take_inventory(
             config.input.paths,
@@ -501,13 +534,17 @@ def make_plan(
         probes=inventory.probes,
         selection=dataset.selection,
         zarr_store=store,
+        zarr_snapshot=None if inventory.zarr is None else inventory.zarr.snapshot,
+        grib=grib,
         preprocess=preprocess,
         coordinates=tuple(coordinates),
         unstated_calendar=unstated_calendar(inventory, decoding),
         generation=generation,
         generation_record=generation_entry(
             generation, len(values), values[0], values[len(values) - 1], held_files, store is not None, origin
-        ),
+        )
+        # An Icechunk repository's snapshot: what this generation read (an append reads a later one).
+        | ({"icechunk_snapshot": inventory.zarr.snapshot} if inventory.zarr and inventory.zarr.snapshot else {}),
         tendency=tendency,
         field=field,
     )

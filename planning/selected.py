@@ -90,7 +90,9 @@ class SelectedDataset:
         ]
         direct = plan_direct_reads(files, probes, read, self.inventory.sizes, self.concat_dim, member_dim)
         groups = self.inventory.groups
-        return SourceIndex.of(files, member_dim, direct, () if groups is None else groups.names)
+        messages = self.inventory.grib_messages
+        grib = None if messages is None else [messages[f.path] for f in files]
+        return SourceIndex.of(files, member_dim, direct, () if groups is None else groups.names, grib)
 
     def files_on_grid(self) -> list[SourceFile]:
         """The same files with their ranges on the selected concat dim (where splits, gaps and units count)."""

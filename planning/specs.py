@@ -52,6 +52,9 @@ class CutSpec:
     selection: Selection = dataclasses.field(default_factory=Selection)
     zarr_store: str | None = None  # the input is this Zarr store: units are read from it (planning.reads.zarr_reads)
     zarr_missing_chunks: str = "error"  # config input.missing_chunks: an absent chunk is an error, or fill values
+    zarr_snapshot: str | None = None  # the store is an Icechunk repository: the snapshot read
+    #: the input is GRIB files: the hypercube each is read at (planning.reads.grib_reads)
+    grib: tuple[tuple[str, str | int | float], ...] | None = None
     #: config input.preprocess: read its inputs, apply it to the slab, cut its outputs (``variables``)
     preprocess: Preprocess | None = None
     #: the config's ``coords``: read with the variables, cut into coord/<name> (planning.aux_coords)
@@ -198,6 +201,8 @@ def cut_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> Cut
         selection=plan.selection,
         zarr_store=plan.zarr_store,
         zarr_missing_chunks=plan.missing_chunks,
+        zarr_snapshot=plan.zarr_snapshot,
+        grib=plan.grib,
         preprocess=plan.preprocess,
         coords=plan.coordinates,
         pieces=plan.pieces,

@@ -157,7 +157,13 @@ def unit_reader(spec: CutSpec, sources: SourceIndex, unit: Unit) -> Reader:
         from planning.reads.zarr_reads import StoreReader  # here: zarr loads only for a store's build
 
         own, first = _own(spec, unit)
-        return StoreReader(spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first)
+        return StoreReader(
+            spec.zarr_store, concat_dim, spec.zarr_missing_chunks, spec.selection, own, first, spec.zarr_snapshot
+        )
+    if spec.grib is not None:
+        from planning.reads.grib_reads import GribReader  # here: cfgrib loads only for a GRIB build
+
+        return SelectionReader(GribReader(sources, concat_dim, spec.grib), spec.selection)
     return SelectionReader(files_reader(sources, concat_dim), spec.selection)
 
 

@@ -31,7 +31,13 @@ def source_reader(cut: CutSpec, concat_dim: str, sources: SourceIndex):
     if cut.zarr_store is not None:
         from planning.reads.zarr_reads import StoreReader  # here: zarr loads only for a store's build
 
-        return StoreReader(cut.zarr_store, concat_dim, cut.zarr_missing_chunks, cut.selection)
+        return StoreReader(
+            cut.zarr_store, concat_dim, cut.zarr_missing_chunks, cut.selection, snapshot=cut.zarr_snapshot
+        )
+    if cut.grib is not None:
+        from planning.reads.grib_reads import GribReader  # here: cfgrib loads only for a GRIB build
+
+        return SelectionReader(GribReader(sources, concat_dim, cut.grib), cut.selection)
     return SelectionReader(files_reader(sources, concat_dim), cut.selection)
 
 

@@ -154,6 +154,14 @@ def refuse_truncated(path: str, size: int, expected: int | None) -> None:
 NETCDF_LOCK = threading.RLock()
 
 
+def _with_engine(target, kwargs: dict) -> dict:
+    """A local file's engine named: netCDF4's, which reads NetCDF-3 and NetCDF-4 alike. Left to guess, xarray
+    imports every installed package's backend first (kerchunk's imports zarr, cfgrib's ecCodes) at each build."""
+    if "engine" in kwargs or not isinstance(target, (str, os.PathLike)):
+        return kwargs
+    return {**kwargs, "engine": "netcdf4"}
+
+
 @contextlib.contextmanager
 def open_locked(target, **kwargs) -> Iterator[xr.Dataset]:
     """``xr.open_dataset`` of a path or file object, holding the process's NetCDF lock until closed."""
@@ -162,7 +170,7 @@ def open_locked(target, **kwargs) -> Iterator[xr.Dataset]:
         # (NaN cannot be an integer fill); its warning says nothing the user can act on.
         warnings.simplefilter("ignore", xr.SerializationWarning)
         # No pandas indexes: we index by position, and building them is a quarter of an open.
-        dataset = xr.open_dataset(target, cache=False, create_default_indexes=False, **kwargs)
+        dataset = xr.open_dataset(target, cache=False, create_default_indexes=False, **_with_engine(target, kwargs))
         try:
             yield dataset
         finally:

@@ -15,20 +15,42 @@ from schemas.urls import is_remote
 #: Files only a Zarr store holds at its root: v3's zarr.json, v2's group and consolidated metadata.
 MARKERS = ("zarr.json", ".zgroup", ".zmetadata")
 
+#: Names that say kerchunk references: a JSON file, or a Parquet directory (kerchunk's and VirtualiZarr's writers).
+REFERENCE_SUFFIXES = (".json", ".parq", ".parquet")
+
+
+def is_reference(path: str) -> bool:
+    """Whether an input path names a kerchunk reference file (taken at its name's word, as ``.zarr`` is): read as
+    a Zarr store whose chunks are byte ranges of other files (planning.formats.store_sources)."""
+    return path.rstrip("/").lower().endswith(REFERENCE_SUFFIXES)
+
+
+def is_icechunk(path: str) -> bool:
+    """Whether a local directory is an Icechunk repository (its refs and snapshots; opened by
+    planning.formats.store_sources)."""
+    return not is_remote(path) and all(os.path.isdir(os.path.join(path, part)) for part in ("refs", "snapshots"))
+
 
 def is_store(path: str) -> bool:
     """Whether an input path names a Zarr store rather than NetCDF files (a glob never does).
 
-    A name with ".zarr" in it is taken at its word. Otherwise a local directory is looked into;
+    A name with ".zarr" in it is taken at its word, as is a kerchunk reference file's (.json, .parq).
+    Otherwise a local directory is looked into;
     a remote path only when its last part has no extension, so a list of NetCDF URLs costs no request.
     """
     name = path.rstrip("/").rsplit("/", 1)[-1]
     if ".zarr" in name.lower():
         return True
-    if glob.has_magic(path) or (is_remote(path) and "." in name):
+    if glob.has_magic(path):
+        return False
+    if is_reference(path):
+        return True
+    if is_remote(path) and "." in name:
         return False
     if not is_remote(path):
-        return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in MARKERS)
+        return os.path.isdir(path) and (
+            any(os.path.exists(os.path.join(path, m)) for m in MARKERS) or is_icechunk(path)
+        )
     fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
     return any(fs.exists(f"{root}/{marker}") for marker in MARKERS)
 
@@ -54,3 +76,4 @@ class StoreLayout:
 
     url: str
     chunks: dict[str, tuple[int, ...]]
+    snapshot: str | None = None  # an Icechunk repository's: the snapshot planned, which workers read

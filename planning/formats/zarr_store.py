@@ -7,15 +7,18 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Mapping
 
 import numcodecs
 import numcodecs.errors
 import xarray as xr
 import zarr.errors
+from fsspec.implementations.reference import ReferenceNotReachable
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from planning.formats.sources import NETCDF_LOCK
-from planning.formats.zarr_paths import MARKERS
+from planning.formats.store_sources import missing_target, open_icechunk, open_reference_store, target_of
+from planning.formats.zarr_paths import MARKERS, is_icechunk, is_reference
 from schemas.errors import UserError
 from schemas.urls import is_remote
 
@@ -35,6 +38,9 @@ FETCHED: contextvars.ContextVar[list[tuple[str, str, int]] | None] = contextvars
 class RecordingStore(WrapperStore):
     """A store that remembers the chunk keys it found missing (zarr reads them as fill values, silently)
     and notes the keys it returned, with their sizes, in FETCHED where a read sets it."""
+
+    #: an Icechunk repository's: the snapshot the store reads
+    snapshot: str | None = None
 
     def __init__(self, store):
         super().__init__(store)
@@ -77,8 +83,47 @@ class RecordingStore(WrapperStore):
             self.missing.clear()
 
 
-def open_store(url: str) -> RecordingStore:
-    """The store at a local path or fsspec URL, read-only."""
+class ReferenceStore(RecordingStore):
+    """A kerchunk reference file's store: a chunk whose referenced file is not there is an error naming that file,
+    never a missing chunk (which input.missing_chunks: fill would read as fill values)."""
+
+    def __init__(self, store, url: str, fs):
+        super().__init__(store)
+        self.url, self.fs = url, fs
+
+    def _with_store(self, store):
+        return type(self)(store, self.url, self.fs)
+
+    def _note(self, key: str, buffer, byte_range=None) -> None:
+        target = target_of(self.fs, key) if buffer is None else None
+        if target is not None:
+            raise missing_target(self.url, key, target)
+        super()._note(key, buffer, byte_range)
+
+    async def get(self, key, prototype, byte_range=None):
+        try:
+            return await super().get(key, prototype, byte_range)
+        except ReferenceNotReachable as error:  # fsspec's word for a referenced file that could not be read
+            raise missing_target(self.url, error.reference, error.target) from None
+
+    async def get_partial_values(self, prototype, key_ranges):
+        try:
+            return await super().get_partial_values(prototype, key_ranges)
+        except ReferenceNotReachable as error:
+            raise missing_target(self.url, error.reference, error.target) from None
+
+
+def open_store(url: str, version: Mapping[str, str] | None = None) -> RecordingStore:
+    """The store at a local path or fsspec URL, read-only; a kerchunk reference file's as a store of byte ranges;
+    an Icechunk repository's at ``version`` (config input.icechunk; default: branch main)."""
+    if version is not None or is_icechunk(url):
+        store, snapshot = open_icechunk(url, version or {"branch": "main"})
+        recording = RecordingStore(store)
+        recording.snapshot = snapshot
+        return recording
+    if is_reference(url):
+        store, fs = open_reference_store(url)
+        return ReferenceStore(store, url, fs)
     if is_remote(url):
         return RecordingStore(FsspecStore.from_url(url, read_only=True))
     if not os.path.isdir(url):
@@ -143,6 +188,8 @@ def open_store_dataset(url: str, store: RecordingStore, decode_times: bool = Tru
             )
     except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
         raise codec_error(url, error) from None
+    except UserError:
+        raise
     except (zarr.errors.NodeNotFoundError, FileNotFoundError):
         raise UserError(f"{url}: not a Zarr store (no {', '.join(MARKERS)} at its root); check input.paths") from None
     except Exception as error:

@@ -53,11 +53,63 @@ class NewDimConfig(_Strict):
         return value
 
 
+class GribConfig(_Strict):
+    """GRIB input: which hypercube of the files' messages is read (a GRIB file may hold several)."""
+
+    filter_by_keys: dict[str, str | int | float] = Field(
+        default_factory=dict,
+        json_schema_extra={"reference_type": "{key: value}"},
+        description=(
+            "the messages to read, by their ecCodes keys, as cfgrib takes them, e.g. {typeOfLevel: isobaricInhPa, "
+            "stepType: instant}; default: every message (the files must then hold one hypercube)"
+        ),
+    )
+
+    @field_validator("filter_by_keys")
+    @classmethod
+    def _keys(cls, value: dict) -> dict:
+        for key, wanted in value.items():
+            if not key or isinstance(wanted, bool):
+                raise ValueError(f"{key!r}: give an ecCodes key and a string or number, e.g. typeOfLevel: surface")
+        return value
+
+
+class IcechunkConfig(_Strict):
+    """Icechunk input: which version of the repository is read (at most one of branch, tag, snapshot)."""
+
+    branch: str | None = Field(
+        None, description="a branch: its latest snapshot when the build is planned (default main)"
+    )
+    tag: str | None = Field(None, description="a tag: the snapshot it names")
+    snapshot: str | None = Field(None, description="a snapshot id, e.g. K59448GV2VVDSFJW6W50")
+
+    @model_validator(mode="after")
+    def _one_version(self) -> IcechunkConfig:
+        given = [k for k in ("branch", "tag", "snapshot") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of branch, tag or snapshot, not {' and '.join(given)}")
+        for key in given:
+            if not getattr(self, key):
+                raise ValueError(f"{key}: give a name, or leave it out to read branch main")
+        return self
+
+    def version(self) -> dict[str, str]:
+        """The version as icechunk's readonly_session takes it."""
+        if self.tag is not None:
+            return {"tag": self.tag}
+        if self.snapshot is not None:
+            return {"snapshot_id": self.snapshot}
+        return {"branch": self.branch or "main"}
+
+
 class InputConfig(_Strict):
     """Where the NetCDF files are and how they join into one virtual dataset."""
 
     paths: list[str] = Field(
-        description="a glob or a list of globs (local paths or gs:// URLs) of NetCDF files, or one Zarr store"
+        description=(
+            "a glob or a list of globs (local paths or gs:// URLs) of NetCDF or GRIB files, or one Zarr store, "
+            "kerchunk reference file or Icechunk repository (see Other inputs)"
+        )
     )
     concat_dim: str = Field(
         "time", description="the dim the files are split along; files are ordered by its coordinate"
@@ -116,6 +168,24 @@ class InputConfig(_Strict):
             "files that are otherwise alike (ensemble members, one per file or per run of files) joined along a "
             r'new dim whose coordinate is read from their names, e.g. {name: member, from: "TREFHT\\.B06\\.(\\d+)"} '
             "(see Ensembles)"
+        ),
+    )
+    grib: GribConfig | None = Field(
+        None,
+        json_schema_extra={"reference_type": "{filter_by_keys}"},
+        description=(
+            "the paths are GRIB files (GRIB 1 or 2, read through cfgrib and ecCodes: pip install "
+            '"xarray-tfrecords[grib]"), and which of their hypercubes to read, e.g. {filter_by_keys: {typeOfLevel: '
+            "isobaricInhPa}}; files named *.grib, *.grib2, *.grb or *.grb2 are GRIB without it (see Other inputs)"
+        ),
+    )
+    icechunk: IcechunkConfig | None = Field(
+        None,
+        json_schema_extra={"reference_type": "{branch, tag or snapshot}"},
+        description=(
+            'the path is an Icechunk repository (local; pip install "xarray-tfrecords[icechunk]"): the version '
+            "read, e.g. {tag: v1}; default: branch main. The snapshot read is recorded in schema.json's sources "
+            "(see Other inputs)"
         ),
     )
     preprocess_inputs: list[str] | None = Field(

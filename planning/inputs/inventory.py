@@ -49,6 +49,8 @@ class Inventory:
     #: files holding different variables over the same steps (one variable per file, as CMIP): the groups
     #: (``files`` are the first group's)
     groups: VariableGroups | None = None
+    #: GRIB files: per file, (offset, length) of the messages of the hypercube read (planning.formats.grib)
+    grib_messages: Mapping[str, np.ndarray] | None = None
 
     @property
     def reference(self) -> FileInfo:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import xarray as xr
 
+from planning.formats.store_sources import check_targets
 from planning.formats.zarr_paths import StoreLayout
-from planning.formats.zarr_store import RecordingStore, check_codecs, open_store, open_store_dataset
+from planning.formats.zarr_store import RecordingStore, ReferenceStore, check_codecs, open_store, open_store_dataset
 from planning.inputs.coords import format_value
 from planning.inputs.inventory import Inventory
 from planning.inputs.limits import check_dim_sizes
@@ -48,12 +50,17 @@ def _refuse_missing_chunks(url: str, store: RecordingStore) -> None:
         )
 
 
-def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_STATED) -> Inventory:
+def take_store_inventory(
+    url: str, concat_dim: str, decoding: TimeDecoding = AS_STATED, version: Mapping[str, str] | None = None
+) -> Inventory:
     """The store as an inventory of one "file": what make_plan needs, read from the metadata and dim coordinates.
 
-    ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files.
+    ``decoding``: how times are decoded (input.decode_times, input.calendar), as for files;
+    ``version``: an Icechunk repository's (input.icechunk), whose snapshot the layout records.
     """
-    store = open_store(url)
+    store = open_store(url, version)
+    if isinstance(store, ReferenceStore):
+        check_targets(url, store.fs)
     # No index yet: a dim coordinate is loaded only once its size is known to be sane.
     ds = open_store_dataset(url, store, decode_times=False, indexes=False)
     try:
@@ -86,4 +93,4 @@ def take_store_inventory(url: str, concat_dim: str, decoding: TimeDecoding = AS_
             f"{format_value(values[step + 1])} at index {step + 1}); fix the store's coordinate"
         )
     # Static variables (no concat dim) are in the same store: Inventory.static_file_of names it.
-    return Inventory(concat_dim, (info,), (), values, zarr=StoreLayout(url, chunks))
+    return Inventory(concat_dim, (info,), (), values, zarr=StoreLayout(url, chunks, store.snapshot))

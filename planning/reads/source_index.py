@@ -43,6 +43,9 @@ class SourceIndex:
     classic: np.ndarray | None = None  # bool: each file's format as probed, classic NetCDF or not; None: not known
     groups: np.ndarray | None = None  # int64, ascending within a member; None: every file holds every variable
     group_names: tuple[tuple[str, ...], ...] = ()  # each group's variables
+    #: GRIB files: (offset, length) of the messages workers read, file i's at rows grib_first[i]:grib_first[i + 1]
+    grib_ranges: np.ndarray | None = None
+    grib_first: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -51,7 +54,13 @@ class SourceIndex:
         member_dim: str | None = None,
         direct: DirectReads | None = None,
         group_names: tuple[tuple[str, ...], ...] = (),
+        grib: list[np.ndarray] | None = None,
     ) -> SourceIndex:
+        """``grib``: each GRIB file's messages as (offset, length) rows (planning.formats.grib.message_ranges)."""
+        ranges = first = None
+        if grib is not None:
+            ranges = np.concatenate([np.asarray(r, dtype=np.int64).reshape(-1, 2) for r in grib] or [np.empty((0, 2))])
+            first = np.concatenate([[0], np.cumsum([len(r) for r in grib])]).astype(np.int64)
         return cls(
             tuple(f.path for f in files),
             np.array([f.start for f in files], dtype=np.int64),
@@ -64,6 +73,8 @@ class SourceIndex:
             None if any(f.classic is None for f in files) else np.array([f.classic for f in files], dtype=bool),
             np.array([f.group for f in files], dtype=np.int64) if group_names else None,
             tuple(group_names),
+            None if ranges is None else ranges.astype(np.int64),
+            first,
         )
 
     def __len__(self) -> int:
@@ -93,6 +104,17 @@ class SourceIndex:
     @property
     def total_bytes(self) -> int:
         return int(self.nbytes.sum())
+
+    def grib_messages(self, source: SourceFile) -> np.ndarray | None:
+        """The (offset, length) of the messages of GRIB file ``source`` workers read; None without an index."""
+        if self.grib_ranges is None or self.grib_first is None:
+            return None
+        found = int(np.searchsorted(self.starts, source.start, side="left"))
+        while found < len(self) and self.paths[found] != source.path and self.starts[found] == source.start:
+            found += 1
+        if found >= len(self) or self.paths[found] != source.path:
+            return None
+        return self.grib_ranges[self.grib_first[found] : self.grib_first[found + 1]]
 
     def group_of(self, variable: str) -> int:
         """The group of files that holds ``variable`` (0 for what every group holds, and without groups)."""
@@ -141,6 +163,8 @@ class SourceIndex:
             columns.update(classic=self.classic)
         if self.groups is not None:
             columns.update(groups=self.groups, group_names=np.array(json.dumps(self.group_names), dtype=np.str_))
+        if self.grib_ranges is not None:
+            columns.update(grib_ranges=self.grib_ranges, grib_first=self.grib_first)
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -164,6 +188,39 @@ class SourceIndex:
             if "groups" in columns:
                 groups = columns["groups"]
                 group_names = tuple(tuple(str(n) for n in names) for names in json.loads(str(columns["group_names"])))
+            grib_ranges = grib_first = None
+            if "grib_ranges" in columns:
+                grib_ranges, grib_first = _grib_columns(columns["grib_ranges"], columns["grib_first"], len(paths))
             return cls(
-                paths, starts, stops, nbytes, versions, members, member_dim, direct, classic, groups, group_names
+                paths,
+                starts,
+                stops,
+                nbytes,
+                versions,
+                members,
+                member_dim,
+                direct,
+                classic,
+                groups,
+                group_names,
+                grib_ranges,
+                grib_first,
             )
+
+
+def _grib_columns(ranges: np.ndarray, first: np.ndarray, files: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A saved GRIB message index, checked before workers seek by it (read from disk: untrusted); None where it is
+    not a sane index of these files (workers then scan each file whole, as without one)."""
+    sane = (
+        ranges.ndim == 2
+        and ranges.shape[1:] == (2,)
+        and ranges.dtype.kind == "i"
+        and first.shape == (files + 1,)
+        and first.dtype.kind == "i"
+        and (first[:1] == 0).all()
+        and (np.diff(first) >= 0).all()
+        and first[-1] == len(ranges)
+        and (ranges >= 0).all()
+        and (ranges[:, 1] > 0).all()
+    )
+    return (ranges.astype(np.int64), first.astype(np.int64)) if sane else (None, None)

@@ -25,22 +25,26 @@ from schemas.errors import UserError
 
 #: Each worker process opens a store once (its metadata: with consolidated metadata one request)
 #: and keeps it for every unit it reads; threads share it (zarr reads through its own event loop).
-_OPENED: dict[str, tuple[RecordingStore, xr.Dataset]] = {}
+_OPENED: dict[tuple[str, str | None], tuple[RecordingStore, xr.Dataset]] = {}
 _OPENING = threading.Lock()
 
 
-def _opened(url: str, reach: Mapping[str, int] | None = None) -> tuple[RecordingStore, xr.Dataset]:
-    """The store opened in this process; again where it is shorter than ``reach`` (per dim, the source index a
-    read reaches up to): steps were appended to it since (a long-lived process that builds, then appends)."""
+def _opened(
+    url: str, reach: Mapping[str, int] | None = None, snapshot: str | None = None
+) -> tuple[RecordingStore, xr.Dataset]:
+    """The store opened in this process (an Icechunk repository's at ``snapshot``); again where it is shorter than
+    ``reach`` (per dim, the source index a read reaches up to): steps were appended to it since (a long-lived
+    process that builds, then appends)."""
+    key = (url, snapshot)
     with _OPENING:
-        cached = _OPENED.get(url)
+        cached = _OPENED.get(key)
         if cached is not None and reach and any(cached[1].sizes.get(d, n) < n for d, n in reach.items()):
-            del _OPENED[url]
-        if url not in _OPENED:
-            store = open_store(url)
+            del _OPENED[key]
+        if key not in _OPENED:
+            store = open_store(url, None if snapshot is None else {"snapshot_id": snapshot})
             # Nothing is loaded (no index either), and times stay numbers as in the NetCDF route.
-            _OPENED[url] = store, open_store_dataset(url, store, decode_times=False, indexes=False)
-        return _OPENED[url]
+            _OPENED[key] = store, open_store_dataset(url, store, decode_times=False, indexes=False)
+        return _OPENED[key]
 
 
 def _chunk_where(key: str, variable: xr.Variable, concat_dim: str) -> str:
@@ -81,6 +85,8 @@ def _values(url: str, ds: xr.Dataset, variable: VariablePlan, where: dict) -> np
         values = ds[variable.name].isel(where).values
     except (zarr.errors.UnknownCodecError, numcodecs.errors.UnknownCodecError) as error:
         raise codec_error(url, error) from None  # checked at planning: a worker may lack what the driver has
+    except UserError:
+        raise  # (a reference store's chunk whose file is gone: planning.formats.zarr_store.ReferenceStore)
     except Exception as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise UserError(f"{url}: reading {variable.name!r} failed ({reason}); the store may be corrupt") from None
@@ -162,6 +168,7 @@ def read_store_box(
     selection: Selection | None = None,
     own: dict[str, np.ndarray] | None = None,
     first: bool = True,
+    snapshot: str | None = None,
 ) -> Slabs:
     """Each variable's values over ``box`` (index ranges on the selected grid), static variables included,
     each chunk fetched and decoded once, however many runs of it ``selection`` (config select) takes.
@@ -173,7 +180,7 @@ def read_store_box(
     Slabs.chunk_bytes counts the stored bytes of its own chunks (none without ``own``).
     """
     selection = selection or Selection()
-    store, ds = _opened(url, {d: _stop(_where(d, span, selection)) for d, span in box.items()})
+    store, ds = _opened(url, {d: _stop(_where(d, span, selection)) for d, span in box.items()}, snapshot)
     slabs = Slabs({})
     fetched: list[tuple[str, str, int]] = []
     token = FETCHED.set(fetched)
@@ -209,8 +216,17 @@ class StoreReader:
     selection: Selection = dataclasses.field(default_factory=Selection)
     own: dict[str, np.ndarray] | None = None
     first: bool = True
+    snapshot: str | None = None  # an Icechunk repository's: the snapshot planning resolved
 
     def read(self, variables: Sequence[VariablePlan], box: Box) -> Slabs:
         return read_store_box(
-            self.url, self.concat_dim, variables, box, self.missing_chunks, self.selection, self.own, self.first
+            self.url,
+            self.concat_dim,
+            variables,
+            box,
+            self.missing_chunks,
+            self.selection,
+            self.own,
+            self.first,
+            self.snapshot,
         )

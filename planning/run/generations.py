@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "xarray-tfrecords-generations/1"
 GENERATIONS_FILE = "generations.json"
-#: Keys of the config an append may change: which files it reads (the rest must be what the output was built with).
-APPENDABLE_KEYS = frozenset({"input.paths", "output.path"})
+#: Keys of the config an append may change: which files it reads, or which version of an Icechunk repository (the
+#: rest must be what the output was built with).
+APPENDABLE_KEYS = frozenset({"input.paths", "input.icechunk", "output.path"})
 
 
 class NothingToAppend(Exception):

@@ -216,6 +216,18 @@ def test_cmip_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file,
     assert sum(len(p) for p in PERIODS.values()) * 2 == len(list((tmp_path / "data" / "cmip6").glob("*.nc")))
 
 
+def test_grib_example_is_true_on_files_of_its_layout(tmp_path, capsys):
+    from grib_like import grib_along_time
+
+    grib_along_time(tmp_path / "data" / "ifs")
+    config = _example_config("grib:config", tmp_path)
+    _run(config, tmp_path, capsys)
+    schema = load_schema(config["output"]["path"])
+    # 6 forecasts of 2 x 3 patches (7 x 12 cells), each with its 2 steps and 2 levels.
+    assert schema.sample["num_samples"] == 36
+    assert {f.name: f.shape for f in schema.variable_features} == {"t": (2, 2, 3, 4), "z": (2, 2, 3, 4)}
+
+
 def test_roles_example_is_true_on_an_archive_of_its_layout(tmp_path, sample_file, capsys):
     from test_cmip_layout import write_cmip_archive
 

@@ -140,7 +140,7 @@ def test_keys_added_since_an_output_was_built_mean_their_defaults():
         check_config(built, {**now, "sample": {"time_features": ["year_progress"]}}, json_default)
     with pytest.raises(UserError, match=r"^sample\.time_features: \[\] differs from the None"):
         check_config(built, now)  # (without defaults, a missing key is a difference)
-    assert json_default("stats") == {"per": [], "reference_split": None, "tendency": False}
+    assert json_default("stats") == {"per": [], "reference_split": None, "over": "samples", "tendency": False}
     assert json_default("output.path") is None and json_default("no.such.key") is None
 
 

@@ -1,0 +1,130 @@
+"""GRIB files written with ecCodes from its own sample messages: forecast fields on pressure levels and at the
+surface, one file per analysis time (GRIB 2) or per forecast step (GRIB 1): the GRIB tests' inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: (shortName, typeOfLevel, levels): temperature and geopotential on pressure levels, 2 m temperature and
+#: surface pressure at the surface.
+FIELDS = [("t", "isobaricInhPa", (850, 500)), ("z", "isobaricInhPa", (850, 500)), ("sp", "surface", (0,))]
+LAT, LON = 7, 12
+
+
+def _field(rng, name: str, level: int) -> np.ndarray:
+    base = {"t": 250.0, "z": 50000.0, "sp": 100000.0}[name]
+    return (base + 10 * rng.standard_normal((LAT, LON))).astype(np.float64)
+
+
+def _message(eccodes, edition: int, name: str, level_type: str, level: int, date: int, hour: int, step: int, values):
+    sample = f"regular_ll_{'pl' if level_type == 'isobaricInhPa' else 'sfc'}_grib{edition}"
+    handle = eccodes.codes_grib_new_from_samples(sample)
+    for key, value in [
+        ("Ni", LON),
+        ("Nj", LAT),
+        ("latitudeOfFirstGridPointInDegrees", 90.0),
+        ("longitudeOfFirstGridPointInDegrees", 0.0),
+        ("latitudeOfLastGridPointInDegrees", -90.0),
+        ("longitudeOfLastGridPointInDegrees", 330.0),
+        ("iDirectionIncrementInDegrees", 30.0),
+        ("jDirectionIncrementInDegrees", 30.0),
+        ("dataDate", date),
+        ("dataTime", hour * 100),
+        ("typeOfLevel", level_type),
+        ("level", level),
+        ("shortName", name),
+        ("stepUnits", 1),
+        ("step", step),
+        ("bitsPerValue", 16),
+    ]:
+        eccodes.codes_set(handle, key, value)
+    eccodes.codes_set_values(handle, values.ravel())
+    return handle
+
+
+def write_grib(
+    path: Path, edition: int, times: list[tuple[int, int]], steps: list[int], fields=FIELDS, seed: int = 0
+) -> Path:
+    """One file of ``fields`` at each (date, hour) of ``times`` and each forecast step (hours) of ``steps``."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        for date, hour in times:
+            for step in steps:
+                for name, level_type, levels in fields:
+                    for level in levels:
+                        handle = _message(
+                            eccodes, edition, name, level_type, level, date, hour, step, _field(rng, name, level)
+                        )
+                        eccodes.codes_write(handle, stream)
+                        eccodes.codes_release(handle)
+    return path
+
+
+def grib_along_time(root: Path, edition: int = 2, days: int = 3, fields=FIELDS) -> list[Path]:
+    """A file per analysis time (00 and 12 UTC of each day), each at steps 0 and 6: forecasts along time."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for day in range(days):
+        for hour in (0, 12):
+            date = 20200101 + day
+            path = root / f"fc_{date}{hour:02d}.grib{edition}"
+            paths.append(write_grib(path, edition, [(date, hour)], [0, 6], fields, seed=day * 24 + hour))
+    return paths
+
+
+def grib_along_step(root: Path, edition: int = 1, steps: int = 4, fields=FIELDS) -> list[Path]:
+    """One forecast, a file per step (0, 6, 12, ... hours): files along the forecast step."""
+    root.mkdir(parents=True, exist_ok=True)
+    return [
+        write_grib(root / f"step_{6 * s:03d}.grb", edition, [(20200101, 0)], [6 * s], fields, seed=s)
+        for s in range(steps)
+    ]
+
+
+def write_ensemble(path: Path, date: int, members: int = 3, seed: int = 0) -> Path:
+    """An ensemble forecast's 2 m temperature at one analysis time, a message per member (cfgrib's ``number``)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        for member in range(members):
+            handle = _message(eccodes, 2, "2t", "surface", 0, date, 0, 0, _field(rng, "t", 0))
+            for key, value in [("productDefinitionTemplateNumber", 1), ("numberOfForecastsInEnsemble", members)]:
+                eccodes.codes_set(handle, key, value)
+            eccodes.codes_set(handle, "number", member)
+            eccodes.codes_write(handle, stream)
+            eccodes.codes_release(handle)
+    return path
+
+
+def write_reduced_gaussian(path: Path, date: int, seed: int = 0) -> Path:
+    """Temperature on ecCodes' reduced Gaussian grid N32 (cfgrib: one ``values`` dim, lat/lon along it)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        handle = eccodes.codes_grib_new_from_samples("reduced_gg_pl_32_grib2")
+        eccodes.codes_set(handle, "dataDate", date)
+        count = eccodes.codes_get(handle, "numberOfValues")
+        eccodes.codes_set_values(handle, 250 + 10 * rng.standard_normal(count))
+        eccodes.codes_write(handle, stream)
+        eccodes.codes_release(handle)
+    return path
+
+
+def write_polar_stereographic(path: Path, date: int, seed: int = 0) -> Path:
+    """Temperature on ecCodes' polar stereographic sample grid (cfgrib: dims y, x; 2-D latitude and longitude)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        handle = eccodes.codes_grib_new_from_samples("polar_stereographic_pl_grib2")
+        eccodes.codes_set(handle, "dataDate", date)
+        eccodes.codes_set_values(handle, 250 + 10 * rng.standard_normal(eccodes.codes_get(handle, "numberOfValues")))
+        eccodes.codes_write(handle, stream)
+        eccodes.codes_release(handle)
+    return path
