@@ -105,9 +105,12 @@ def load_dataset(
     normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
-    return parser_template.build_dataset(
-        schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
-    )
+    try:
+        return parser_template.build_dataset(
+            schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
+        )
+    except ValueError as error:  # the parser's checks of the shards (it imports TensorFlow alone: no UserError)
+        raise UserError(str(error)) from None
 
 
 #: Records read by offset together for the epoch-order dataset (one coalesced read per shard run).

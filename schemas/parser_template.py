@@ -49,10 +49,100 @@ def record_spec(schema):
 
 def shard_paths(schema, data_dir, split):
     """The shard files of one split, in written order."""
+    return [_shard_path(data_dir, shard["file"]) for shard in _split_shards(schema, split)]
+
+
+def _split_shards(schema, split):
     splits = schema["splits"]
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
-    return [_shard_path(data_dir, shard["file"]) for shard in splits[split]["shards"]]
+    return splits[split]["shards"]
+
+
+def check_shards(schema, data_dir, split):
+    """Each local shard of a split checked against schema.json before TensorFlow reads it: its size, and (unless
+    compressed) every record's length header, which must end inside the shard where the next record starts.
+
+    TensorFlow's reader allocates whatever a record's length header says before reading it: a header of 2**40
+    (its checksum valid) ends the process. One 8-byte read per record finds it first (a few microseconds a
+    record on a local disk). Remote shards are not walked (a request per record would cost more than reading
+    them); their records are counted as they are read, as every shard's are.
+    """
+    compressed = bool(schema.get("compression"))
+    for shard in _split_shards(schema, split):
+        path = _shard_path(data_dir, shard["file"])
+        local = path.removeprefix("file://")
+        if "://" in local:
+            continue
+        try:
+            size = os.stat(local).st_size
+        except FileNotFoundError:
+            raise ValueError(f"{path}: missing, but schema.json lists it; build the output again") from None
+        if size != shard["bytes"]:
+            raise ValueError(
+                f"{path}: {size} bytes on disk, schema.json says {shard['bytes']} (the shard was cut short, emptied "
+                "or written to since); build the output again"
+            )
+        if not compressed:
+            _check_frames(local, path, shard["records"], size)
+
+
+def _check_frames(local, path, records, size):
+    """ValueError naming the record whose length header runs past the shard, or the shard's records miscounted."""
+    offset = 0
+    with open(local, "rb", buffering=0) as stream:
+        for record in range(records):
+            stream.seek(offset)
+            header = stream.read(8)
+            if len(header) < 8:
+                raise ValueError(
+                    f"{path}: record {record}: the shard ends at byte {offset}, but schema.json lists {records} "
+                    "records; build the output again"
+                )
+            length = int.from_bytes(header, "little")
+            if length > size - offset - 16:
+                raise ValueError(
+                    f"{path}: record {record}: its length header says {length} bytes, past the shard's end at byte "
+                    f"{size}; the shard is damaged: build the output again"
+                )
+            offset += length + 16
+    if offset != size:
+        raise ValueError(
+            f"{path}: its {records} records end at byte {offset}, the shard at byte {size}; build the output again"
+        )
+
+
+def _counted(records, path, expected, chunk):
+    """A shard's records, ending in an error that names the shard (and the record) where it holds more or fewer
+    than schema.json lists: a shard cut short or appended to after it was checked, or a remote or compressed one.
+
+    Counted in chunks of records, closed by an empty chunk: a check per record would slow reading tenfold.
+    """
+    chunks = records.batch(chunk).concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
+
+    def count(seen, records):
+        now = seen + tf.size(records, out_type=tf.int64)
+        last = tf.equal(tf.size(records), 0)
+        wrong = tf.logical_or(now > expected, tf.logical_and(last, now < expected))
+
+        def refuse():
+            listed = tf.strings.as_string(expected)
+            short = tf.strings.join([": ", tf.strings.as_string(now), " records, but schema.json lists ", listed])
+            extra = tf.strings.join([": record ", listed, ": more records than the ", listed, " schema.json lists"])
+            changed = " (the shard changed after the output was built); build the output again"
+            message = tf.strings.join([path, tf.where(last, short, extra), changed])
+            with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+                return tf.identity(records)
+
+        return now, tf.cond(wrong, refuse, lambda: records)
+
+    return chunks.scan(tf.constant(0, tf.int64), _AS_IS(count)).unbatch()
+
+
+def _chunk(shards):
+    """Records counted together: 256, or fewer where records are large (about 1 MB a shard held at a time)."""
+    largest = max((shard["bytes"] // max(1, shard["records"]) for shard in shards), default=1)
+    return max(1, min(256, 2**20 // max(1, largest)))
 
 
 def _shard_path(data_dir, name):
@@ -138,7 +228,10 @@ def build_dataset(
     sets the points nan_policy: fill filled to ``normalized_fill`` (0: the mean) afterwards.
     """
     files = shard_paths(schema, data_dir, split)
-    files_ds = tf.data.Dataset.from_tensor_slices(files)
+    check_shards(schema, data_dir, split)
+    shards = _split_shards(schema, split)
+    counts, chunk = [shard["records"] for shard in shards], _chunk(shards)
+    files_ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
     if shuffle_buffer:
         files_ds = files_ds.shuffle(len(files), seed=seed)
     compression = _COMPRESSION[schema.get("compression")]
@@ -146,7 +239,7 @@ def build_dataset(
     # which starves the parser when records are small.
     cycle = len(files) if num_parallel_reads == tf.data.AUTOTUNE else num_parallel_reads
     dataset = files_ds.interleave(
-        _AS_IS(lambda path: tf.data.TFRecordDataset(path, compression_type=compression)),
+        _AS_IS(lambda path, n: _counted(tf.data.TFRecordDataset(path, compression_type=compression), path, n, chunk)),
         cycle_length=max(1, min(cycle, 64)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=not shuffle_buffer,
