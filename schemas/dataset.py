@@ -129,8 +129,13 @@ def _in_epoch_order(path, split, schema, batch_size, normalize, normalization, e
     unknown = set(options) - {"drop_remainder", "normalized_fill"}
     if unknown:
         raise UserError(f"load_dataset(epoch=...): {', '.join(sorted(unknown))} do not apply to a global order")
+    epoch, seed = _order_number("epoch", epoch), _order_number("seed", 0 if seed is None else seed)
+    try:  # a shard cut short or damaged: one line now, rather than from inside tf.data, with its traceback
+        parser_template.check_shards(schema.to_json(), str(path), split)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     source = RandomAccessSource(path, split, schema=schema)
-    n, seed = len(source), 0 if seed is None else seed
+    n = len(source)
     source.records([])  # refuses packed records now, not inside tf.data
 
     def records():
@@ -147,3 +152,13 @@ def _in_epoch_order(path, split, schema, batch_size, normalize, normalization, e
         normalization,
         options.get("normalized_fill", 0.0),
     )
+
+
+def _order_number(name: str, value) -> int:
+    """``epoch`` or ``seed`` of a global order as an int, refused here in one line rather than inside tf.data, where
+    the order is drawn (a fraction would be cut to a whole number, 2**64 would be the order of 0)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2**64:
+        raise UserError(f"load_dataset({name}=...): {value!r} is not a whole number from 0 to 2**64 - 1; pass one")
+    return int(value)

@@ -237,3 +237,37 @@ def test_the_check_at_open_reads_headers_alone(output):
     dataset = _load_dataset(output)  # opens: the walk passes
     with pytest.raises(tf.errors.DataLossError):
         _samples(dataset)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("epoch", "x"), ("epoch", -1), ("epoch", 1.5), ("epoch", True), ("epoch", 2**64), ("seed", "s"), ("seed", 2.0)],
+)
+def test_an_epoch_or_seed_that_is_no_order_is_one_line_before_tf_data(output, argument, value):
+    """Refused as load_dataset is called: inside tf.data it came wrapped in TensorFlow's text, with a traceback."""
+    from schemas.dataset import load_dataset
+
+    arguments = {"epoch": 0, argument: value}
+    with pytest.raises(UserError) as caught:
+        load_dataset(str(output), "data", batch_size=4, **arguments)
+    assert str(caught.value) == (
+        f"load_dataset({argument}=...): {value!r} is not a whole number from 0 to 2**64 - 1; pass one"
+    )
+
+
+def test_the_epoch_order_reads_every_sample_once(output):
+    from schemas.dataset import load_dataset
+
+    batches = load_dataset(str(output), "data", batch_size=4, epoch=2**64 - 1, seed=3).as_numpy_iterator()
+    assert sorted(i for batch in batches for i in batch["index/time"].tolist()) == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("damage", [_cut_at_record, _huge_length])
+def test_the_epoch_order_checks_the_shards_at_open(output, damage):
+    from schemas.dataset import load_dataset
+
+    damage(output)
+    with pytest.raises(UserError) as caught:
+        load_dataset(str(output), "data", batch_size=4, epoch=1)
+    assert str(caught.value).startswith(f"{output / SHARD}: ")
+    assert "\n" not in str(caught.value)
