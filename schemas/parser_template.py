@@ -274,6 +274,33 @@ def parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normal
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def check_output(schema, data_dir):
+    """ValueError unless the output at ``data_dir`` is the one this schema describes (its schema.json equal): a
+    parser.py copied elsewhere, or kept from an earlier build, would read another output's shards with its own
+    shard list, shapes and normalisation constants."""
+    url = os.path.join(data_dir, "schema.json")
+    local = url.removeprefix("file://")
+    if "://" not in local and os.path.exists(local) and not os.path.isfile(local):
+        raise ValueError(f"{url}: not a regular file; build the output again")
+    try:
+        with tf.io.gfile.GFile(url, "rb") as stream:
+            found = json.loads(stream.read())
+    except tf.errors.NotFoundError:
+        raise ValueError(
+            f"{url}: missing, so {data_dir} is not a complete output (a run that failed or is still running leaves "
+            "none); build it again, or pass the data_dir of the output this parser.py was generated for"
+        ) from None
+    except (ValueError, RecursionError):
+        raise ValueError(f"{url}: not JSON; build the output again") from None
+    if found != schema:
+        keys = sorted(set(found) | set(schema), key=str) if isinstance(found, dict) else ["everything"]
+        differ = [str(key) for key in keys if not isinstance(found, dict) or found.get(key) != schema.get(key)]
+        raise ValueError(
+            f"{url}: not the output this parser.py was generated for (they differ in {', '.join(differ)}: it was "
+            "built again or appended to since); use the parser.py written beside that schema.json"
+        )
+
+
 def _default_data_dir():
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.exists(os.path.join(here, "schema.json")):
@@ -316,9 +343,11 @@ if SCHEMA is not None:
                     "holding a `targets` role whose steps' previous steps the sample holds"
                 )
             normalization = {**NORMALIZATION, **RESIDUALS}
+        data_dir = data_dir or _default_data_dir()
+        check_output(SCHEMA, data_dir)
         return build_dataset(
             SCHEMA,
-            data_dir or _default_data_dir(),
+            data_dir,
             split,
             batch_size,
             shuffle_buffer=shuffle_buffer,
