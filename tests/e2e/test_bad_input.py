@@ -97,6 +97,18 @@ def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
     assert "not a folder" in line and (tmp_path / "o").read_text() == "x"
 
 
+def test_an_output_name_that_is_not_utf8_is_one_line(archive, tmp_path, capsys):
+    """The bytes of $'out\\xff' arrive as a surrogate in Python's str (was: UnicodeEncodeError)."""
+    from planning.config.model import OutputConfig
+
+    name = os.fsdecode(bytes(tmp_path) + b"/out\xff")
+    line = assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, flags=("--output", name))
+    assert line.startswith(f"error: {tmp_path / 'config.yaml'}: output.path: not UTF-8 (byte 0xff at character ")
+    assert "choose a name in UTF-8" in line
+    assert not os.path.lexists(name)
+    assert OutputConfig(path=str(tmp_path / "sortie_été")).path == str(tmp_path / "sortie_été")
+
+
 def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
     (archive / "notes.nc").write_text("not a netcdf file")
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "notes.nc", "not a NetCDF file")
