@@ -9,6 +9,7 @@ from typing import Any
 import fsspec
 
 from schemas.errors import UserError
+from schemas.sample_shapes import check_axis_lengths
 from schemas.schema import SCHEMA_FILE, STATS_FILE, Schema, SchemaError
 from schemas.urls import check_regular_file
 
@@ -36,9 +37,11 @@ def load_schema(path: str) -> Schema:
     except UnicodeDecodeError:
         raise UserError(f"{url}: not a valid schema (not UTF-8 text); build the output again") from None
     try:
-        return Schema.loads(text)
+        schema = Schema.loads(text)
     except SchemaError as error:
         raise UserError(f"{url}: not a valid schema ({error}); build the output again") from None
+    check_axis_lengths(schema, url)  # a shape permuted in schema.json would decode into the wrong places
+    return schema
 
 
 def load_stats(path: str) -> dict[str, Any]:
