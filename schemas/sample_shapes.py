@@ -26,10 +26,24 @@ def sample_axes(schema: Schema) -> dict:
     return {axis.get("dim"): axis for axis in schema.sample.get("axes", ()) if isinstance(axis, dict)}
 
 
+def shaped_as(feature: Feature, schema: Schema) -> Feature:
+    """The feature whose shape ``feature`` has: a mask's, the feature it masks (its steps, crop, channels)."""
+    of = feature.source.get("of") if feature.role == "mask" else None
+    return next((f for f in schema.features if f.name == of and f is not feature), feature)
+
+
 def expected_length(feature: Feature, dim: str, axes: dict) -> tuple[int | None, str] | None:
-    """(the length ``feature`` must have along ``dim``, what says so); None where nothing states one."""
-    if dim == CHANNEL_DIM and "channels" in feature.source:
-        return len(feature.source["channels"]), "its channels"
+    """(the length ``feature`` (as ``shaped_as`` gives it) must have along ``dim``, what says so); None where
+    nothing states one."""
+    source = feature.source
+    if dim == CHANNEL_DIM and "channels" in source:
+        return len(source["channels"]), "its channels"
+    steps = source.get("steps")
+    if isinstance(steps, dict) and isinstance(steps.get(dim), list):  # a role's own steps of the sample (roles)
+        return len(steps[dim]), f"its steps along {dim!r}"
+    crop = source.get("crop")
+    if isinstance(crop, dict) and _is_range(crop.get(dim)):  # a role's crop of the window
+        return crop[dim][1] - crop[dim][0], f"its crop along {dim!r}"
     if dim in axes:
         return axis_extent(axes[dim]), f"sample.axes ({axes[dim].get('role')})"
     return None
@@ -47,9 +61,13 @@ def check_axis_lengths(schema: Schema, where: str) -> None:
         return
     for feature in schema.features:
         for dim, size in zip(feature.dims, feature.shape):
-            expected = expected_length(feature, dim, axes)
+            expected = expected_length(shaped_as(feature, schema), dim, axes)
             if expected is not None and expected[0] is not None and size != expected[0]:
                 raise UserError(
                     f"{where}: feature {feature.name!r} is {size} long along {dim!r} (shape {list(feature.shape)}), "
                     f"but {expected[1]} says {expected[0]}; build the output again"
                 )
+
+
+def _is_range(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)

@@ -14,7 +14,7 @@ import numpy as np
 from schemas.dataset import load_schema
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
-from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes
+from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
@@ -117,7 +117,11 @@ def _check_declared_totals(path: str, schema: Schema) -> None:
 def _check_stats(path: str, schema: Schema) -> None:
     with fsspec.open(posixpath.join(path, STATS_FILE), "r") as stream:
         stats = json.load(stream).get("variables", {})
-    names = [name for f in schema.variable_features for name in f.source.get("channels", [f.name])]
+    # Statistics are a variable's, shared by the roles that take it (inputs/t and targets/t: t's), and a stack's
+    # are its channels'.
+    names = [
+        name for f in schema.variable_features for name in f.source.get("channels", [f.source.get("variable", f.name)])
+    ]
     missing = [name for name in names if name not in stats]
     if missing:
         raise VerifyError(
@@ -137,7 +141,7 @@ def _check_shapes(path: str, schema: Schema) -> None:
         raise VerifyError(str(error)) from None
     for feature in schema.features:
         for dim in feature.dims:
-            expected = expected_length(feature, dim, axes)
+            expected = expected_length(shaped_as(feature, schema), dim, axes)
             if expected is None:
                 raise VerifyError(
                     f"{where}: feature {feature.name!r} has dim {dim!r}, which is not among the sample's axes "
