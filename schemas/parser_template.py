@@ -113,10 +113,13 @@ def _check_frames(local, path, records, size):
 
 
 def _counted(records, path, expected, chunk):
-    """A shard's records, ending in an error that names the shard (and the record) where it holds more or fewer
-    than schema.json lists: a shard cut short or appended to after it was checked, or a remote or compressed one.
+    """A shard's records in chunks (1-D string tensors), ending in an error that names the shard (and the record)
+    where it holds more or fewer than schema.json lists: a shard cut short or appended to after it was checked,
+    or a remote or compressed one, which no check at open walks.
 
-    Counted in chunks of records, closed by an empty chunk: a check per record would slow reading tenfold.
+    Counted a chunk at a time, closed by an empty chunk, and the chunks are batched as they come (records fully
+    shuffled on disk are as random in a run of one shard as taken shard by shard): a check per record cost
+    more than the read (a scan per record read 400k small records in 38-45 s against 2.7 s).
     """
     chunks = records.batch(chunk).concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
 
@@ -136,13 +139,19 @@ def _counted(records, path, expected, chunk):
 
         return now, tf.cond(wrong, refuse, lambda: records)
 
-    return chunks.scan(tf.constant(0, tf.int64), _AS_IS(count)).unbatch()
+    return chunks.scan(tf.constant(0, tf.int64), _AS_IS(count)).filter(_AS_IS(lambda records: tf.size(records) > 0))
 
 
-def _chunk(shards):
-    """Records counted together: 256, or fewer where records are large (about 1 MB a shard held at a time)."""
+#: The most bytes of records a shard's chunk holds (a chunk of every shard read at once is in memory).
+_CHUNK_BYTES = 8 * 2**20
+
+
+def _chunk(shards, batch):
+    """Records counted (and batched) together: a whole batch where it fits in _CHUNK_BYTES, so that batching the
+    chunks copies nothing more; else as many records as fit."""
     largest = max((shard["bytes"] // max(1, shard["records"]) for shard in shards), default=1)
-    return max(1, min(256, 2**20 // max(1, largest)))
+    fit = max(1, _CHUNK_BYTES // max(1, largest))
+    return batch if batch <= fit else fit
 
 
 def _shard_path(data_dir, name):
@@ -230,7 +239,8 @@ def build_dataset(
     files = shard_paths(schema, data_dir, split)
     check_shards(schema, data_dir, split)
     shards = _split_shards(schema, split)
-    counts, chunk = [shard["records"] for shard in shards], _chunk(shards)
+    per_record = schema.get("examples_per_record", 1)
+    counts, chunk = [shard["records"] for shard in shards], _chunk(shards, max(1, batch_size // per_record))
     files_ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
     if shuffle_buffer:
         files_ds = files_ds.shuffle(len(files), seed=seed)
@@ -245,23 +255,32 @@ def build_dataset(
         deterministic=not shuffle_buffer,
     )
     if shuffle_buffer:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+        dataset = dataset.unbatch().shuffle(shuffle_buffer, seed=seed)
     if repeat:
         dataset = dataset.repeat()
-    return parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill)
+    return parse_batches(
+        dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill, not shuffle_buffer
+    )
 
 
-def parse_batches(dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill):
-    """Serialized records -> parsed batches (unpacked, normalised if asked), prefetched."""
+def parse_batches(
+    dataset, schema, batch_size, drop_remainder, normalize, normalization, normalized_fill, chunked=False
+):
+    """Serialized records (``chunked``: 1-D tensors of them) -> parsed batches (unpacked, normalised if asked),
+    prefetched."""
     spec = record_spec(schema)
     per_record = schema.get("examples_per_record", 1)
+
+    def batched(size, drop):
+        return dataset.rebatch(size, drop_remainder=drop) if chunked else dataset.batch(size, drop_remainder=drop)
+
     # Batch before parsing: parse_example on a batch is far cheaper than per-record parsing.
     if per_record == 1:
-        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        dataset = batched(batch_size, drop_remainder)
         parse = _AS_IS(lambda records: tf.io.parse_example(records, spec))
         dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     else:
-        dataset = dataset.batch(max(1, batch_size // per_record))
+        dataset = batched(max(1, batch_size // per_record), False)
         dataset = dataset.map(
             _AS_IS(lambda records: _unpack(tf.io.parse_example(records, spec), per_record)),
             num_parallel_calls=tf.data.AUTOTUNE,

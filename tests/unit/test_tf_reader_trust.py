@@ -271,3 +271,24 @@ def test_the_epoch_order_checks_the_shards_at_open(output, damage):
         load_dataset(str(output), "data", batch_size=4, epoch=1)
     assert str(caught.value).startswith(f"{output / SHARD}: ")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("per_record", [1, 4])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"shuffle_buffer": 8, "seed": 1}, {"drop_remainder": True}, {"num_parallel_reads": 1}],
+    ids=["plain", "shuffled", "drop_remainder", "one_reader"],
+)
+def test_every_sample_is_read_once_whatever_the_options(tmp_path, per_record, options):
+    """The records are counted in chunks of each shard: chunks batch into whole batches, records of every shard."""
+    from schemas.dataset import load_dataset
+
+    output = tmp_path / "out"
+    write_output(output, make_columns(FEATURES, SAMPLES), [10, IN_SHARD], examples_per_record=per_record)
+    batches = list(load_dataset(str(output), "data", batch_size=4, **options).as_numpy_iterator())
+    seen = [i for batch in batches for i in batch["index/time"].tolist()]
+    assert [len(batch["index/time"]) for batch in batches[:-1]] == [4] * (len(batches) - 1)
+    if options.get("drop_remainder"):
+        assert len(seen) == SAMPLES // 4 * 4 and len(set(seen)) == len(seen)
+    else:
+        assert sorted(seen) == list(range(SAMPLES))
