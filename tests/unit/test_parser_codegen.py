@@ -93,8 +93,9 @@ def test_a_parser_refuses_an_output_built_again_since(tmp_path):
         with pytest.raises(ValueError) as caught:
             make()
         assert str(caught.value) == (
-            f"{rebuilt / 'schema.json'}: not the output this parser.py was generated for (they differ in num_examples, splits: it "
-            "was built again or appended to since); use the parser.py written beside that schema.json"
+            f"{rebuilt / 'schema.json'}: not the output this parser.py was generated for (they differ in "
+            "num_examples, splits: it was built again or appended to since); use the parser.py written beside that "
+            "schema.json"
         )
     (rebuilt / "schema.json").unlink()
     with pytest.raises(ValueError, match=r"schema.json: missing, so .* is not a complete output"):
