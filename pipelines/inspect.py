@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, configure_logging, dropped_line, report_failure
@@ -62,6 +63,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # The summary
 
 
+def printable(text: str) -> str:
+    """``text`` with control and format characters escaped (\\x1b, \\n, \\u202e): names and attributes come from
+    the input files, and a terminal would act on them (colours, a cleared screen, lines that are not there, text
+    shown reversed)."""
+    return "".join(
+        ch.encode("unicode_escape").decode() if unicodedata.category(ch) in ("Cc", "Cf") else ch for ch in text
+    )
+
+
 def _megabytes(size: int) -> str:
     return f"{size / 1e6:,.1f} MB" if size >= 1e5 else f"{size / 1e3:,.1f} kB"
 
@@ -103,6 +113,7 @@ def _describe_feature(feature: Feature) -> tuple[str, str]:
 
 def _table(rows: list[list[str]], indent: str = "  ", align: str = "") -> list[str]:
     """Rows as aligned columns; ``align`` gives '<' or '>' per column (default left)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
@@ -300,7 +311,7 @@ def summary(path: str, only_split: str | None = None) -> str:
         config_lines(schema),
         stats_lines(stats, schema),
     ]
-    return "\n\n".join("\n".join(section) for section in sections if section)
+    return "\n\n".join("\n".join(map(printable, section)) for section in sections if section)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from planning.config.model import BuildConfig
+from planning.formats.sources import netcdf_engine
 from planning.inputs.inventory import Inventory
 from planning.inputs.metadata import FileInfo, VariableInfo
 from planning.positions import OtherCoordinate
@@ -210,8 +211,7 @@ def with_static_coordinates(schema: Schema, plans: Sequence[VariablePlan], datas
             continue
         import xarray as xr
 
-        # netCDF4's engine named: left to guess, xarray would import every installed package's backend first.
-        with xr.open_dataset(plan.static_path, engine="netcdf4", decode_times=False) as ds:
+        with xr.open_dataset(plan.static_path, engine=netcdf_engine(plan.static_path), decode_times=False) as ds:
             variable = ds[plan.name]
             taken = {d: dataset.selection.indices(d, variable.sizes[d]) for d in plan.dims}
             values = variable.isel(taken).values

@@ -9,6 +9,7 @@ from typing import Any
 import fsspec
 
 from schemas.errors import UserError
+from schemas.sample_shapes import check_axis_lengths
 from schemas.schema import SCHEMA_FILE, STATS_FILE, Schema, SchemaError
 from schemas.urls import check_regular_file
 
@@ -36,9 +37,11 @@ def load_schema(path: str) -> Schema:
     except UnicodeDecodeError:
         raise UserError(f"{url}: not a valid schema (not UTF-8 text); build the output again") from None
     try:
-        return Schema.loads(text)
+        schema = Schema.loads(text)
     except SchemaError as error:
         raise UserError(f"{url}: not a valid schema ({error}); build the output again") from None
+    check_axis_lengths(schema, url)  # a shape permuted in schema.json would decode into the wrong places
+    return schema
 
 
 def load_stats(path: str) -> dict[str, Any]:
@@ -106,9 +109,12 @@ def load_dataset(
     normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
-    return parser_template.build_dataset(
-        schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
-    )
+    try:
+        return parser_template.build_dataset(
+            schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options
+        )
+    except ValueError as error:  # the parser's checks of the shards (it imports TensorFlow alone: no UserError)
+        raise UserError(str(error)) from None
 
 
 #: Records read by offset together for the epoch-order dataset (one coalesced read per shard run).
@@ -128,7 +134,12 @@ def _in_epoch_order(path, split, schema, batch_size, normalize, normalization, e
     if unknown:
         raise UserError(f"load_dataset(epoch=...): {', '.join(sorted(unknown))} do not apply to a global order")
     # Checked now: inside tf.data a bad seed would surface as a generator's error, not as this line.
-    epoch, seed = checked_word(epoch, "epoch"), checked_word(0 if seed is None else seed, "seed")
+    epoch = checked_word(epoch, "load_dataset(epoch=...)")
+    seed = checked_word(0 if seed is None else seed, "load_dataset(seed=...)")
+    try:  # a shard cut short or damaged: one line now, rather than from inside tf.data, with its traceback
+        parser_template.check_shards(schema.to_json(), str(path), split)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     source = RandomAccessSource(path, split, schema=schema)
     n = len(source)
     source.records([])  # refuses packed records now, not inside tf.data

@@ -64,7 +64,8 @@ def iter_shard_records(url: str, shard: Shard, compression: str | None, verify: 
     count = 0
     with open_shard(url, compression) as stream:
         try:
-            for record in read_records(stream, verify=verify, name=url):
+            size = shard.bytes if compression is None else None  # (gzip: schema.json gives the compressed size)
+            for record in read_records(stream, verify=verify, name=url, size=size):
                 count += 1
                 yield record
         except (EOFError, gzip.BadGzipFile, zlib.error) as error:  # a gzip stream cut short or damaged

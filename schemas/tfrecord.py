@@ -73,9 +73,16 @@ def write_records(stream: BinaryIO, records: Iterable[bytes]) -> int:
     return count
 
 
-def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") -> Iterator[bytes]:
-    """Yield the records of a TFRecord stream, checking both CRCs unless ``verify`` is false."""
-    index = 0
+def read_records(
+    stream: BinaryIO, verify: bool = True, name: str = "<stream>", size: int | None = None
+) -> Iterator[bytes]:
+    """Yield the records of a TFRecord stream, checking both CRCs unless ``verify`` is false.
+
+    ``size``: the stream's bytes, where known; a length header that runs past them names its record (a length
+    of 2**40 would otherwise be asked of memory). Where unknown (a decompressed stream), data is read in
+    pieces, so a false length costs no more memory than the stream holds.
+    """
+    index = offset = 0
     while True:
         header = stream.read(HEADER_BYTES)
         if not header:
@@ -86,7 +93,12 @@ def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") 
         (length,) = _LENGTH.unpack(length_bytes)
         if verify and _CRC.unpack(header[_LENGTH.size :])[0] != masked_crc(length_bytes):
             raise CorruptRecordError(f"{name}: record {index}: length CRC mismatch")
-        data = stream.read(length)
+        # (A record starting past the end is one more than listed: its reader counts it.)
+        if size is not None and offset < size and length > size - offset - HEADER_BYTES - FOOTER_BYTES:
+            raise CorruptRecordError(
+                f"{name}: record {index}: its length header says {length} bytes, past the shard's end at byte {size}"
+            )
+        data = _read_up_to(stream, length)
         footer = stream.read(FOOTER_BYTES)
         if len(data) < length or len(footer) < FOOTER_BYTES:
             raise CorruptRecordError(f"{name}: record {index}: truncated data")
@@ -94,6 +106,26 @@ def read_records(stream: BinaryIO, verify: bool = True, name: str = "<stream>") 
             raise CorruptRecordError(f"{name}: record {index}: data CRC mismatch")
         yield data
         index += 1
+        offset += HEADER_BYTES + length + FOOTER_BYTES
+
+
+#: The most bytes of a record asked of a stream at once.
+_PIECE = 64 * 2**20
+
+
+def _read_up_to(stream: BinaryIO, length: int) -> bytes:
+    """``length`` bytes of the stream, or fewer where it ends first; read in pieces, never allocating ``length``
+    at once (a stream's ``read(n)`` may reserve n bytes before reading)."""
+    if length <= _PIECE:
+        return stream.read(length)
+    pieces, left = [], length
+    while left:
+        piece = stream.read(min(left, _PIECE))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
 def read_frame_at(fd: int, offset: int, size: int, shard: str, record: int) -> bytes:

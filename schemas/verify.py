@@ -15,6 +15,7 @@ import numpy as np
 from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
 from schemas.reader import Reader, batch_length
+from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
 from schemas.tfrecord import CorruptRecordError
@@ -138,71 +139,28 @@ def _check_stats(path: str, schema: Schema) -> None:
         )
 
 
-#: The dim of a stacked feature's channels (planning.layout), the one dim not among the sample's axes.
-CHANNEL_DIM = "channel"
-
-
-def _axis_extent(axis: dict) -> int | None:
-    """How long a feature is along this sample axis (schema.json's sample.axes); None: no feature holds it."""
-    role = axis.get("role")
-    if role == "window":
-        return axis.get("size")
-    if role == "offsets":
-        return len(axis.get("offsets", ()))
-    if role == "keep":
-        return axis.get("length")
-    return None  # iterate: one sample per index
-
-
-def _described(schema: Schema, feature):
-    """The feature whose provenance gives ``feature``'s shape: a mask's (mask/<name> has its shape), else itself."""
-    if feature.role != "mask":
-        return feature
-    return next((f for f in schema.features if f.name == feature.source.get("of")), feature)
-
-
-def _role_extent(feature, dim: str) -> int | None:
-    """How long a role's feature (sample.roles) is along a dim its role takes some steps of, or crops; None: whole."""
-    steps, crop = feature.source.get("steps"), feature.source.get("crop")
-    if isinstance(steps, dict) and dim in steps:
-        return len(steps[dim])
-    if isinstance(crop, dict) and dim in crop:
-        start, stop = crop[dim]
-        return stop - start
-    return None
-
-
 def _check_shapes(path: str, schema: Schema) -> None:
     """Every feature's shape is what its dims are in one sample: a window's size, a kept dim's length, ..."""
-    axes = {axis.get("dim"): axis for axis in schema.sample.get("axes", ()) if isinstance(axis, dict)}
+    axes = sample_axes(schema)
     if not axes:  # not recorded (an output written by hand, or by an early version): nothing to compare
         return
     where = posixpath.join(path, SCHEMA_FILE)
+    try:
+        check_axis_lengths(schema, where)
+    except UserError as error:
+        raise VerifyError(str(error)) from None
     for feature in schema.features:
-        for dim, size in zip(feature.dims, feature.shape):
-            described = _described(schema, feature)
-            channels = described.source.get("channels")
-            taken = _role_extent(described, dim)
-            if dim == CHANNEL_DIM and channels:
-                expected, what = len(channels), "its channels"
-            elif taken is not None:
-                expected, what = taken, f"its role's {'steps' if dim in described.source.get('steps', {}) else 'crop'}"
-            elif dim in axes:
-                expected, what = _axis_extent(axes[dim]), f"sample.axes ({axes[dim].get('role')})"
-            else:
+        for dim in feature.dims:
+            expected = expected_length(shaped_as(feature, schema), dim, axes)
+            if expected is None:
                 raise VerifyError(
                     f"{where}: feature {feature.name!r} has dim {dim!r}, which is not among the sample's axes "
                     f"({', '.join(map(str, axes))}); build the output again"
                 )
-            if expected is None:
+            if expected[0] is None:
                 raise VerifyError(
                     f"{where}: feature {feature.name!r} has dim {dim!r}, which sample.axes iterates (one sample per "
                     "index), so no feature holds it; build the output again"
-                )
-            if size != expected:
-                raise VerifyError(
-                    f"{where}: feature {feature.name!r} is {size} long along {dim!r} (shape {list(feature.shape)}), "
-                    f"but {what} says {expected}; build the output again"
                 )
 
 

@@ -286,6 +286,14 @@ class OutputConfig(_Strict):
     def _one_meaning(cls, value: str) -> str:
         # A file:// URL names a local directory: treat it as one (records can be written in place there).
         value = value.removeprefix("file://") or value
+        try:
+            value.encode("utf-8")  # a name given in bytes that are not UTF-8 arrives with them escaped as surrogates
+        except UnicodeEncodeError as error:
+            byte = ord(value[error.start]) & 0xFF
+            raise ValueError(
+                f"not UTF-8 (byte 0x{byte:02x} at character {error.start}), and schema.json and parser.py name the "
+                "output in UTF-8; choose a name in UTF-8"
+            ) from None
         if "::" in value:
             raise ValueError("'::' chains URLs in fsspec, so the output would be read back from another place")
         if any(c in value for c in "*?[]"):

@@ -154,12 +154,32 @@ def refuse_truncated(path: str, size: int, expected: int | None) -> None:
 NETCDF_LOCK = threading.RLock()
 
 
+#: What NetCDF files start with: classic (CDF-1, CDF-2, CDF-5) and NetCDF-4 (HDF5's signature).
+_NETCDF_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05", b"\x89HDF\r\n\x1a\n")
+
+
+def netcdf_engine(target) -> str | None:
+    """ "netcdf4" for a local file that starts as a NetCDF file does (netCDF4 reads classic and NetCDF-4 alike);
+    None for anything else (a GRIB file, a store, a file object), which xarray's own guess then names.
+
+    Left to guess, xarray imports every installed package's backend first (kerchunk's imports zarr and numcodecs,
+    cfgrib's ecCodes), at every open of every build.
+    """
+    if not isinstance(target, (str, os.PathLike)) or is_remote(str(target)):
+        return None
+    try:
+        with open(target, "rb") as stream:
+            start = stream.read(8)
+    except OSError:
+        return None
+    return "netcdf4" if start.startswith(_NETCDF_MAGIC) else None
+
+
 def _with_engine(target, kwargs: dict) -> dict:
-    """A local file's engine named: netCDF4's, which reads NetCDF-3 and NetCDF-4 alike. Left to guess, xarray
-    imports every installed package's backend first (kerchunk's imports zarr, cfgrib's ecCodes) at each build."""
-    if "engine" in kwargs or not isinstance(target, (str, os.PathLike)):
+    if "engine" in kwargs:
         return kwargs
-    return {**kwargs, "engine": "netcdf4"}
+    engine = netcdf_engine(target)
+    return kwargs if engine is None else {**kwargs, "engine": engine}
 
 
 @contextlib.contextmanager

@@ -45,8 +45,25 @@ class FileInfo:
     scalar_values: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+#: The longest attribute value kept whole, in characters (a list's in characters of its repr). schema.json and
+#: parser.py hold every variable's attributes, once each: three variables carrying a 20 MB ``history`` made both
+#: 63 MB, and TensorFlow's import of that parser 1.1 GB; what a reader needs (units, names, flags) is far shorter.
+MAX_ATTR_CHARS = 4096
+
+
+def capped_attr(value: Any) -> Any:
+    """An attribute value as schema.json keeps it: whole, or a longer one in part, saying its full length."""
+    if isinstance(value, str) and len(value) > MAX_ATTR_CHARS:
+        return f"{value[:MAX_ATTR_CHARS]} [... cut: {len(value):,} characters in the file]"
+    if isinstance(value, list) and len(text := repr(value)) > MAX_ATTR_CHARS:
+        # (cut short, the list would read as the whole value: its numbers are not kept, only what it was)
+        return f"[not kept: a list of {len(value):,} values in the file, {len(text):,} characters] {text[:256]} ..."
+    return value
+
+
 def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
-    """Attributes as JSON-ready values, plus the CF encoding keys that decoding consumed."""
+    """Attributes as JSON-ready values (each at most MAX_ATTR_CHARS long), plus the CF encoding keys that decoding
+    consumed."""
     out = {}
     merged = {**variable.attrs}
     for key in ("units", "calendar"):
@@ -61,7 +78,7 @@ def _attrs(variable: xr.Variable | xr.DataArray) -> dict[str, Any]:
             value = value.decode(errors="replace")
         if isinstance(value, float) and not np.isfinite(value):
             value = str(value)
-        out[str(key)] = value
+        out[str(key)] = capped_attr(value)
     return out
 
 

@@ -97,6 +97,18 @@ def test_an_output_path_that_is_a_file(archive, tmp_path, capsys):
     assert "not a folder" in line and (tmp_path / "o").read_text() == "x"
 
 
+def test_an_output_name_that_is_not_utf8_is_one_line(archive, tmp_path, capsys):
+    """The bytes of $'out\\xff' arrive as a surrogate in Python's str (was: UnicodeEncodeError)."""
+    from planning.config.model import OutputConfig
+
+    name = os.fsdecode(bytes(tmp_path) + b"/out\xff")
+    line = assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, flags=("--output", name))
+    assert line.startswith(f"error: {tmp_path / 'config.yaml'}: output.path: not UTF-8 (byte 0xff at character ")
+    assert "choose a name in UTF-8" in line
+    assert not os.path.lexists(name)
+    assert OutputConfig(path=str(tmp_path / "sortie_été")).path == str(tmp_path / "sortie_été")
+
+
 def test_a_file_that_is_not_netcdf(archive, tmp_path, capsys):
     (archive / "notes.nc").write_text("not a netcdf file")
     assert_fails(config_for([archive / "*.nc"], tmp_path / "o"), tmp_path, capsys, "notes.nc", "not a NetCDF file")
@@ -489,3 +501,23 @@ def test_a_build_after_a_failed_one_in_the_same_process_writes(archive, tmp_path
     monkeypatch.setattr(graph, "make_plan", plan_then_change)
     plan, schema = graph.run_build(parse_config(config_for([archive / "*.nc"], tmp_path / "next")), [])
     assert schema is not None and schema.num_examples() == plan.num_samples > 0
+
+
+def test_long_attributes_are_kept_in_part_saying_their_length(tmp_path, capsys):
+    """Three variables with a 20 MB history made schema.json and parser.py 63 MB each (1.1 GB to import)."""
+    history = "".join(f"{i}: ncks -A step {i}\n" for i in range(40_000))  # ~800 kB
+    path = make_file(tmp_path / "a.nc", "2020-01-01T00", 4)
+    with xr.open_dataset(path) as opened:
+        ds = opened.load()
+    for name in ("t", "q"):
+        ds[name].attrs.update(history=history, flag_values=np.arange(5000, dtype="i4"), units="K")
+    ds.to_netcdf(tmp_path / "long.nc")
+    output = tmp_path / "o"
+    status, err = run(config_for([tmp_path / "long.nc"], output), tmp_path, capsys)
+    assert status == 0, err
+    attrs = load_schema(str(output)).feature("t").source["attrs"]
+    assert attrs["units"] == "K"
+    assert attrs["history"] == f"{history[:4096]} [... cut: {len(history):,} characters in the file]"
+    assert attrs["flag_values"].startswith("[not kept: a list of 5,000 values in the file, ")
+    for name in ("schema.json", "parser.py"):
+        assert (output / name).stat().st_size < 100_000, name

@@ -247,3 +247,18 @@ def test_plots_names_and_units_with_dollar_signs(tmp_path, capsys):
     code, out, err = run(capsys, str(output), "--plot", str(png), "--samples", "2")
     assert code == 0 and err == "" and out == f"Wrote {png}\n"
     assert png.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_summary_escapes_control_characters_from_the_files(damaged, capsys):
+    """Attributes come from the input files: an escape sequence would clear the screen or forge a line."""
+    path = damaged / "schema.json"
+    schema = json.loads(path.read_text())
+    hostile = "Temperature\x1b[2J\x1b]0;title\x07\nerror: forged line\r\u202eevil"
+    schema["features"][0]["source"]["attrs"].update(long_name=hostile, units="K\x9b31m")
+    path.write_text(json.dumps(schema))
+    code, out, err = run(capsys, str(damaged))
+    assert code == 0 and err == ""
+    assert not [ch for ch in out if ch != "\n" and (ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch == "\u202e")]
+    assert "Temperature\\x1b[2J\\x1b]0;title\\x07\\nerror: forged line\\r\\u202eevil" in out
+    assert "K\\x9b31m" in out
+    assert "\nerror: forged line" not in out

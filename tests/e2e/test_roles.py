@@ -163,6 +163,10 @@ def test_nan_masks_of_role_features_take_the_roles_steps_and_crops(tmp_path):
     output = build_quietly(config, tmp_path)
     records = read_all_records(output, load_schema(str(output)))
     assert records["mask/inputs/ab"].shape[1:] == (2, 4, 4, 2) and records["mask/targets/a"].shape[1:] == (1, 2, 2)
+    # verify (and every reader) compares a role's shape with its steps and crop, a mask's with its feature's
+    from schemas.verify import verify_output
+
+    verify_output(str(output))
     for i in range(len(records["index/time"])):
         t, y, x = (int(records[f"index/{d}"][i]) for d in ("time", "lat", "lon"))
         for c, name in enumerate("ab"):

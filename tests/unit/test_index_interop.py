@@ -79,7 +79,9 @@ def test_the_global_order_refuses_packed_records_and_sequential_options(tmp_path
         load_dataset(str(tmp_path / "packed"), epoch=0)
     with pytest.raises(UserError, match="shuffle_buffer do not apply to a global order"):
         load_dataset(str(output), epoch=0, shuffle_buffer=10)
-    with pytest.raises(UserError, match=r"seed: -1 is outside 0\.\.2"):  # was the order of seed 2**64 - 1
+    with pytest.raises(
+        UserError, match=r"load_dataset\(seed=\.\.\.\): -1 is outside 0\.\.2"
+    ):  # was the order of seed 2**64 - 1
         load_dataset(str(output), epoch=0, seed=-1)
-    with pytest.raises(UserError, match="epoch: True is not a whole number"):
+    with pytest.raises(UserError, match=r"load_dataset\(epoch=\.\.\.\): True is not a whole number"):
         load_dataset(str(output), epoch=True)

@@ -102,3 +102,45 @@ def test_a_parser_refuses_an_output_whose_schema_commits_other_generations(tmp_p
     assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
     (copied / "schema.json").write_text(uncommitted.dumps())  # and beside the schema it was written for
     assert sum(len(b["index/time"]) for b in parser.make_dataset("data", data_dir=str(copied))) == 10
+
+
+def _built(directory, samples, constants):
+    """An output of ``samples`` samples with its own parser.py, normalising t with ``constants``."""
+    from synthetic_output import FEATURES, make_columns, write_output
+
+    schema = write_output(directory, make_columns(FEATURES, samples), [samples // 2, samples - samples // 2])
+    (directory / "parser.py").write_text(render_parser(schema, str(directory), {"t": constants}))
+    return directory
+
+
+def test_a_parser_refuses_an_output_built_again_since(tmp_path):
+    """A parser.py kept from an earlier build would normalise the new data with the old constants, unannounced."""
+    import pytest
+
+    from helpers import import_generated_parser
+
+    old = import_generated_parser(_built(tmp_path / "old", 10, {"mean": 1.0, "std": 2.0}))
+    rebuilt = _built(tmp_path / "out", 12, {"mean": 5.0, "std": 3.0})
+    (rebuilt / "parser.py").write_text((tmp_path / "old" / "parser.py").read_text())  # the old parser copied in
+    for make in (lambda: old.make_dataset(data_dir=str(rebuilt)), import_generated_parser(rebuilt).make_dataset):
+        with pytest.raises(ValueError) as caught:
+            make()
+        assert str(caught.value) == (
+            f"{rebuilt / 'schema.json'}: not the output this parser.py was generated for (they differ in "
+            "num_examples, splits: it was built again or appended to since); use the parser.py written beside that "
+            "schema.json"
+        )
+    (rebuilt / "schema.json").unlink()  # the shards alone: checked against the parser's own schema before reading
+    with pytest.raises(ValueError, match=r"bytes on disk, schema.json says"):
+        old.make_dataset(data_dir=str(rebuilt))
+
+
+def test_a_parser_reads_its_own_output_from_anywhere(tmp_path):
+    from helpers import import_generated_parser
+
+    output = _built(tmp_path / "out", 10, {"mean": 1.0, "std": 2.0})
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "parser.py").write_text((output / "parser.py").read_text())
+    parser = import_generated_parser(tmp_path / "elsewhere")  # no schema.json beside it: reads OUTPUT_URL
+    batches = parser.make_dataset(batch_size=4).as_numpy_iterator()
+    assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))

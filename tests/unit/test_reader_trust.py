@@ -192,3 +192,33 @@ def test_verify_output_is_exported_by_schemas():
 
     assert schemas.verify_output is verify_output and schemas.VerifyError is VerifyError
     assert {"verify_output", "VerifyError"} <= set(schemas.__all__)
+
+
+#: sample.axes as a build records them, for the synthetic output's features (t: level, lat, lon = 2, 3, 4).
+AXES = [
+    {"dim": "time", "role": "window", "size": 3},
+    {"dim": "level", "role": "keep", "length": 2},
+    {"dim": "lat", "role": "window", "size": 3},
+    {"dim": "lon", "role": "window", "size": 4},
+]
+
+
+def _load_dataset(path):
+    from schemas.dataset import load_dataset
+
+    return sum(len(batch["t"]) for batch in load_dataset(str(path), "data", batch_size=8))
+
+
+@pytest.mark.parametrize("reader", [*sorted(READS), "load_dataset"])
+def test_a_shape_permuted_with_the_same_number_of_values_is_refused(outputs, reader):
+    """Records hold values flat: shape [2, 4, 3] for [2, 3, 4] decoded silently into the wrong places."""
+    read = READS.get(reader, _load_dataset)
+    this, _ = outputs
+    _edit_schema(this, lambda schema: schema["sample"].__setitem__("axes", AXES))
+    read(this)  # as built: read
+    _edit_schema(this, lambda schema: schema["features"][0].__setitem__("shape", [2, 4, 3]))
+    message = _refused(read, this)
+    assert message == (
+        f"{this / 'schema.json'}: feature 't' is 4 long along 'lat' (shape [2, 4, 3]), but sample.axes (window) "
+        "says 3; build the output again"
+    )
