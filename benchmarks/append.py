@@ -77,7 +77,7 @@ def _close(got, want) -> bool:
 
 def union_equals_rebuild(appended: Path, full: Path) -> dict[str, bool]:
     """Whether the generations hold the full build's samples (all features) and its statistics (1e-12)."""
-    from schemas.dataset import load_schema
+    from schemas.metadata import load_schema
 
     splits = list(load_schema(str(full)).splits)
     same = list(load_schema(str(appended)).splits) == splits
@@ -107,7 +107,7 @@ def run(workdir: Path, files: int, added: int, quick: bool, repeat: int = 1) -> 
     config = str(write_config(workdir, spec, archive, appended))
     full_config = str(write_config(workdir, spec, archive, full))
     _run(["--config", config, "--input", *paths[: files - added], "--overwrite", "--quiet"])
-    from schemas.dataset import load_schema
+    from schemas.metadata import load_schema
 
     old = [n for shards in load_schema(str(appended)).splits.values() for s in shards for n in (s.file, s.index) if n]
     before = _hashes(appended, old)

@@ -161,7 +161,7 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     filled = with_nan and plan.nan_policy == "fill"
     stats = {}
     if filled or plan.preprocess is not None:  # read once, only when a line below needs it
-        from schemas.dataset import load_stats
+        from schemas.metadata import load_stats
 
         stats = load_stats(plan.output)
     if filled:

@@ -63,8 +63,8 @@ from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
 from planning.specs import StageSpecs, compile_specs, field_spec, finalize_spec, run_files, tendency_spec
 from planning.write_strategy import choose_write_strategy, lay_out
-from schemas.dataset import load_schema
 from schemas.errors import UserError
+from schemas.metadata import load_schema
 from schemas.schema import Schema
 from schemas.urls import is_remote
 from transforms.cut import CutSamples

@@ -281,7 +281,7 @@ def config_lines(schema: Schema) -> list[str]:
 
 
 def summary(path: str, only_split: str | None = None) -> str:
-    from schemas.dataset import load_schema, load_stats
+    from schemas.metadata import load_schema, load_stats
     from schemas.verify import list_files
 
     schema = load_schema(path)

@@ -33,8 +33,8 @@ from pipelines.plot_data import (
     unstack,
     unwrapped,
 )
-from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
+from schemas.metadata import load_schema, load_stats
 from schemas.reader import Reader
 from schemas.schema import Feature, Schema, default_split
 

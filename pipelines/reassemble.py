@@ -156,7 +156,7 @@ def _claim_work_folder(fs, path: str, url: str) -> None:
 
 def make_plan(args, store: str, work: str):
     """The plan workers run (transforms.reassemble.ReassemblePlan), and the sample files they read."""
-    from schemas.dataset import load_schema
+    from schemas.metadata import load_schema
     from schemas.prediction_files import list_predictions
     from schemas.schema import default_split
     from schemas.urls import is_remote

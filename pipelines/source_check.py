@@ -31,8 +31,8 @@ from planning.formats.zarr_paths import is_store
 from planning.inputs.coords import record_values
 from planning.positions import TIME_FEATURE_ROLE, TimeFeatures
 from planning.sampling import Axis, SampleGrid
-from schemas.dataset import load_schema
 from schemas.errors import UserError
+from schemas.metadata import load_schema
 from schemas.reader import Reader, batch_length
 from schemas.schema import Feature, Schema
 from schemas.urls import is_remote

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema
 from schemas.errors import UserError
+from schemas.metadata import load_schema
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.shard_index import ShardIndex, index_name, load_index

@@ -22,8 +22,8 @@ from typing import TypeVar
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema, normalization_constants
 from schemas.errors import UserError
+from schemas.metadata import load_schema, normalization_constants
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.tfrecord import CorruptRecordError, read_records

@@ -891,7 +891,7 @@ def reassemble(
             that does not exist, or an output built before reassembly existed.
     """
     import_xarray()
-    from schemas.dataset import load_schema
+    from schemas.metadata import load_schema
     from schemas.reader import Reader
     from schemas.schema import default_split
 

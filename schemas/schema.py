@@ -34,7 +34,7 @@ MAX_RECORD_VALUES = 2**31 // 4
 class SchemaError(ValueError):
     """A schema (schema.json's JSON) that is malformed: the message names the entry and what is wrong with it.
 
-    ``schemas.dataset.load_schema`` adds the file and the fix.
+    ``schemas.metadata.load_schema`` adds the file and the fix.
     """
 
 

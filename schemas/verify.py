@@ -12,8 +12,8 @@ import time
 import fsspec
 import numpy as np
 
-from schemas.dataset import load_schema, load_stats
 from schemas.errors import UserError
+from schemas.metadata import load_schema, load_stats
 from schemas.reader import Reader, batch_length
 from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name

@@ -1,8 +1,8 @@
 """Finalize: check the counts, then commit: generations.json, stats.json, parser.py and, last, schema.json.
 
-schema.json is the output's commit marker (docs/design.md, decision 5): it is written only after every shard is in place and
-each split's written samples equal the samples cut less those dropped for NaN, so a reader that
-finds it finds a complete dataset. The other files are written under the run's directory first and
+schema.json is the output's commit marker (docs/design.md, decision 5): it is written only after every
+shard is in place and each split's written samples equal the samples cut less those dropped for NaN, so a
+reader that finds it finds a complete dataset. The other files are written under the run's directory first and
 renamed into place just before it (``commit``), so a failure while writing them changes nothing.
 """
 

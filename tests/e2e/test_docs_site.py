@@ -1,4 +1,4 @@
-"""The documentation site as a reader sees it: built strictly, served, opened in headless Chromium, navigated, searched."""
+"""The documentation site as a reader sees it: built strictly, served, opened in headless Chromium, searched."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def output(pristine, tmp_path) -> Path:
 
 
 def _schema(output: Path):
-    from schemas.dataset import load_schema
+    from schemas.metadata import load_schema
 
     return load_schema(str(output))
 
