@@ -238,6 +238,16 @@ def _print_dry_run(plan: BuildPlan) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.build``: build an output from a config (without one: the built-in demo).
+
+    Args:
+        argv: the command line without the program name (default: ``sys.argv[1:]``); flags the build does not
+            know go to Beam's PipelineOptions (``--runner``, ``--direct_num_workers``, ...).
+
+    Returns:
+        The exit status: 0 built (or nothing to append), 1 failed, 2 bad input or configuration (one line on
+        stderr naming the file, variable or key and the fix), 130 or 143 stopped by Ctrl-C or SIGTERM.
+    """
     parser = make_parser()
     args, beam_args = parser.parse_known_args(argv)
     configure_logging(args.verbose)

@@ -118,6 +118,14 @@ def embed(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.config_reference``: print the config reference, or write it into a page.
+
+    Args:
+        argv: the command line without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0.
+    """
     parser = argparse.ArgumentParser(prog="python -m pipelines.config_reference", description=__doc__)
     parser.add_argument("--write", metavar="PAGE", help="replace the reference section of this file")
     args = parser.parse_args(argv)

@@ -302,6 +302,14 @@ def write_eraint_standin(path: Path, *, latitudes: int = 241, longitudes: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.demo --eraint-standin PATH``: write the ERA-Interim stand-in the walkthrough uses.
+
+    Args:
+        argv: the command line without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 written, 2 the path cannot be written or scipy is missing (one line).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.demo",
         description=(

@@ -349,6 +349,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.inspect``: describe an output, verify it (``--verify``, ``--source N``) or plot it.
+
+    Args:
+        argv: the command line without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 as described or verified, 1 a check failed (one line naming the file and the fix),
+        2 not a complete output or bad arguments.
+    """
     args = parse_args(argv)
     configure_logging(args.verbose)
     try:

@@ -454,6 +454,16 @@ def _remove_run_files(store: str | None, work: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.reassemble``: put predictions (or the split's records) back on the source grid.
+
+    Args:
+        argv: the command line without the program name (default: ``sys.argv[1:]``); flags it does not know go
+            to Beam's PipelineOptions.
+
+    Returns:
+        The exit status: 0 written, 1 failed, 2 bad input (one line naming the prediction file or the key),
+        130 or 143 stopped (nothing half-written left under ``--to``).
+    """
     from pipelines.cli import EXIT_INTERRUPTED
     from pipelines.stopping import EXIT_CODES, StopOnSignal, stopped_line
     from planning.run.cancellation import reset as reset_cancellation

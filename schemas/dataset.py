@@ -14,15 +14,30 @@ def load_dataset(
     epoch: int | None = None,
     **options,
 ):
-    """The same tf.data pipeline as the output's generated ``parser.make_dataset``.
+    """A split as a tf.data pipeline: the same as the output's generated ``parser.make_dataset``.
 
-    Options: shuffle_buffer, num_parallel_reads, drop_remainder, repeat, seed, and
-    normalized_fill: with ``normalize``, what the points nan_policy: fill filled become (default 0).
-    ``normalize="tendency"``: the ``targets`` role's features as residuals, (x - x_before - mean) / std
-    with the statistics of x(t+1) - x(t) (stats.tendency); the other features as with ``normalize=True``.
-    ``epoch``: the samples in that epoch's global order instead (``schemas.epoch_order`` with
-    ``seed``, default 0), read by offset through each shard's index: a fresh order every epoch,
-    the same on every machine; one thread reads, so it is slower than the sequential read.
+    Each local shard is checked against schema.json before it is read, and every shard's records are counted as
+    they are read: a shard cut short, emptied, appended to or damaged ends the read in one line naming it.
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL (``gs://...``).
+        split: the split to read (``"data"`` for a build without ``splits:``).
+        batch_size: samples per batch.
+        normalize: True: ``(x - mean) / std`` with stats.json's constants; ``"tendency"``: the ``targets``
+            role's features as residuals, (x - x_before - mean) / std with the statistics of x(t+1) - x(t)
+            (stats.tendency), the others as with True.
+        epoch: read the samples in that epoch's global order instead (``schemas.epoch_order`` with ``seed``,
+            default 0), by offset through each shard's index: a fresh order every epoch, the same on every
+            machine; one thread reads, so it is slower than the sequential read.
+        **options: ``shuffle_buffer``, ``num_parallel_reads``, ``drop_remainder``, ``repeat``, ``seed``, and
+            ``normalized_fill`` (with ``normalize``: what the points nan_policy: fill filled become, default 0).
+
+    Returns:
+        A ``tf.data.Dataset`` of dicts of tensors shaped (batch, *feature shape).
+
+    Raises:
+        UserError: no complete output at ``path``, a split it does not hold (or with no data yet), a shard that
+            disagrees with schema.json, a bad epoch or seed, or options that do not apply.
     """
     from schemas import parser_template  # imports TensorFlow; only readers pay for it
 

@@ -25,6 +25,15 @@ def load_schema(path: str) -> Schema:
 
     Every reader loads it here, so a schema.json that is damaged or edited (not JSON, wrong types, shard
     names outside the output) is refused here, in one line naming the file and the entry at fault.
+
+    Args:
+        path: the output's folder.
+
+    Returns:
+        The ``Schema``: features, splits and their shards, the sample's axes, provenance.
+
+    Raises:
+        UserError: no schema.json (not a complete output), or one that is damaged or edited.
     """
     url = posixpath.join(str(path), SCHEMA_FILE)
     try:
@@ -50,6 +59,15 @@ def load_stats(path: str) -> dict[str, Any]:
     An append writes stats.json (and parser.py) before schema.json, its commit: killed between them, it
     leaves the new generation's statistics beside the old schema, which would normalise the data the
     schema lists with statistics of data it does not list.
+
+    Args:
+        path: the output's folder.
+
+    Returns:
+        stats.json as a dict: ``over``, ``variables``, ``splits``, ``normalization``, and ``tendency`` where built.
+
+    Raises:
+        UserError: statistics of another commit than schema.json's.
     """
     stats = json.loads(_read_text(posixpath.join(str(path), STATS_FILE)))
     held = stats.get("generations")

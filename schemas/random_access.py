@@ -34,7 +34,20 @@ Sample = dict[str, np.ndarray]
 
 
 class RandomAccessSource:
-    """The samples of one split, by position; pickles small (each process opens the shards itself)."""
+    """The samples of one split, by position; pickles small (each process opens the shards itself).
+
+    ``source[i]`` is the i-th sample ``Reader`` yields; both CRCs of every record read are checked, and each index
+    is checked against its shard before an offset in it is used.
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: the split to read.
+        schema: the output's schema, if already loaded.
+
+    Raises:
+        UserError: a split the output does not hold (or with no data yet), gzip shards (no index), or a damaged
+            index or record when read.
+    """
 
     def __init__(self, path: str, split: str = "data", *, schema: Schema | None = None):
         self.path = str(path).rstrip("/") or "/"
@@ -242,5 +255,13 @@ class RandomAccessSource:
 
 
 def open_source(path: str, split: str = "data") -> RandomAccessSource:
-    """The samples of a split by position (a map-style dataset for Grain and PyTorch)."""
+    """The samples of a split by position (a map-style dataset for Grain and PyTorch).
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: the split to read.
+
+    Returns:
+        A ``RandomAccessSource``: ``len(source)``, ``source[i]``, ``source.__getitems__([i, j, ...])``.
+    """
     return RandomAccessSource(path, split)

@@ -100,7 +100,23 @@ def batch_length(batch: Batch) -> int:
 
 
 class Reader:
-    """The samples of one split of an output, decoded to numpy, shard after shard in written order."""
+    """The samples of one split of an output, decoded to numpy, shard after shard in written order.
+
+    Needs no TensorFlow: every CRC and every shard's record count is checked, and each feature is decoded with its
+    declared dtype and shape, value for value what ``tf.io.parse_example`` returns.
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: the split to read (``"data"`` for a build without ``splits:``).
+        schema: the output's schema, if already loaded.
+        verify: check each record's CRCs as it is read.
+        normalize: True: ``(x - mean) / std`` with stats.json's constants; ``"tendency"``: targets as residuals.
+        normalized_fill: with ``normalize``, the value of the points nan_policy: fill filled.
+
+    Raises:
+        UserError: no complete output at ``path``, a split it does not hold, or a damaged shard (named, with the
+            record at fault) when it is read.
+    """
 
     def __init__(
         self,
@@ -283,5 +299,13 @@ def shuffled(items: Iterable[T], buffer_size: int, rng: np.random.Generator) -> 
 
 
 def read_split(path: str, split: str = "data") -> Batch:
-    """Every sample of a split as one dict of numpy arrays (for small outputs and checks)."""
+    """Every sample of a split as one dict of numpy arrays (for small outputs and checks).
+
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: the split to read.
+
+    Returns:
+        ``{feature name: array}``, each array shaped (samples, *feature shape).
+    """
     return Reader(path, split).read_all()

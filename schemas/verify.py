@@ -167,9 +167,19 @@ def _check_shapes(path: str, schema: Schema) -> None:
 def verify_output(path: str, split: str | None = None, *, source_samples: int = 0, seed: int = 0) -> VerifyReport:
     """Read every shard of the output (or of one split) and check it against schema.json.
 
-    ``source_samples``: also re-read that many random samples (``seed`` picks them) from the output's
-    inputs with xarray and compare every feature bit for bit (needs the build's install: xarray).
-    Raises VerifyError (one line: the file at fault, the problem, the fix) at the first mismatch.
+    Args:
+        path: the output's folder, a local path or an fsspec URL.
+        split: only this split (default: every split).
+        source_samples: also re-read that many random samples from the output's inputs with plain xarray and
+            compare every feature bit for bit (needs the build's install: xarray).
+        seed: which samples ``source_samples`` picks.
+
+    Returns:
+        A ``VerifyReport``: samples per split, shards, records, bytes read and, with ``source_samples``, the
+        source check's summary.
+
+    Raises:
+        VerifyError: at the first mismatch, in one line: the file at fault, the problem, the fix.
     """
     started = time.monotonic()
     path = str(path).rstrip("/") or "/"
