@@ -171,6 +171,21 @@ class TendencyPlan:
         return next(a.dim for a in self.grid.axes if a.role == "window")
 
 
+def source_pass_grid(grid: SampleGrid, concat_dim: str, per: Sequence[str], steps_per_position: int) -> SampleGrid:
+    """The grid of a statistics pass over the source field rather than the samples: windows of
+    ``steps_per_position`` steps along the concat dim, one step apart (1: each step; 2: each pair of steps),
+    ``stats.per`` dims kept whole, every other dim iterated, so each cell lies in one unit alone."""
+    axes = []
+    for axis in grid.axes:
+        if axis.dim == concat_dim:
+            axes.append(Axis.window(concat_dim, axis.length, steps_per_position, 1))
+        elif axis.dim in per:
+            axes.append(Axis.keep(axis.dim, axis.length))
+        else:
+            axes.append(Axis.iterate(axis.dim, axis.length))
+    return SampleGrid(tuple(axes))
+
+
 def plan_tendency(
     config: BuildConfig,
     grid: SampleGrid,
@@ -210,16 +225,7 @@ def plan_tendency(
             f"stats.tendency: split {reference!r} holds no two consecutive {concat_dim} steps a regular step apart, "
             "so there is no x(t+1) - x(t) to summarise; widen the split, or remove stats.tendency"
         )
-    per = set(config.stats.per)
-    axes = []
-    for axis in grid.axes:
-        if axis.dim == concat_dim:
-            axes.append(Axis.window(concat_dim, steps, 2, 1))
-        elif axis.dim in per:
-            axes.append(Axis.keep(axis.dim, axis.length))
-        else:
-            axes.append(Axis.iterate(axis.dim, axis.length))
-    pair_grid = SampleGrid(tuple(axes))
+    pair_grid = source_pass_grid(grid, concat_dim, config.stats.per, steps_per_position=2)
     # Per pair and cell: its float64 difference and what Moments makes of it.
     units = plan_units_of(pair_grid, 8, {concat_dim: pairs})
     return TendencyPlan(pair_grid, units, pairs, members, config.split_dim if members is not None else None)
@@ -290,16 +296,7 @@ def plan_field(
         return None
     concat_dim, split_dim = config.input.concat_dim, config.split_dim
     steps = grid.axis(concat_dim).length
-    per = set(config.stats.per)
-    axes = []
-    for axis in grid.axes:
-        if axis.dim == concat_dim:
-            axes.append(Axis.window(concat_dim, steps, 1, 1))
-        elif axis.dim in per:
-            axes.append(Axis.keep(axis.dim, axis.length))
-        else:
-            axes.append(Axis.iterate(axis.dim, axis.length))
-    field_grid = SampleGrid(tuple(axes))
+    field_grid = source_pass_grid(grid, concat_dim, config.stats.per, steps_per_position=1)
     ranges = tuple((s.start, s.stop) for s in splits)
     held = None if kept is None else (kept.start, kept.stop)
     in_split = _split_labels(ranges, 0, grid.axis(split_dim).length) >= 0
