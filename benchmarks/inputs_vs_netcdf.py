@@ -157,13 +157,10 @@ def _fetched(output: str) -> tuple[float, float] | None:
     return None if found is None else tuple(float(found.group(i).replace(",", "")) for i in (1, 2))
 
 
-def _samples(output: Path) -> int | None:
+def _samples(output: Path) -> int:
     from schemas import load_schema
 
-    try:
-        return load_schema(str(output)).num_examples()
-    except Exception:  # a failed build: reported as failed, its count unknown
-        return None
+    return load_schema(str(output)).num_examples()
 
 
 def run(workdir: Path, quick: bool, rounds: int = 1, timeout: float = 3600) -> dict:
@@ -230,7 +227,11 @@ def run(workdir: Path, quick: bool, rounds: int = 1, timeout: float = 3600) -> d
     results["reference_identical"] = same_shards(outputs["kerchunk reference"], outputs["NetCDF files"])
     if results["reference_identical"] is not True:
         results["failed"].append("inputs: kerchunk reference shards not byte-identical to NetCDF's")
-    shutil.rmtree(workdir / "out" / spec.name, ignore_errors=True)
+    counts = {name: row.get("samples") for name, row in results["rows"].items() if row["ok"]}
+    if len(counts) == len(INPUTS) and len(set(counts.values())) != 1:
+        results["failed"].append("inputs: sample counts differ: " + ", ".join(f"{n} {c:,}" for n, c in counts.items()))
+    for output in outputs.values():  # its own alone: the folder may hold other benchmarks' outputs
+        shutil.rmtree(output, ignore_errors=True)
     return results
 
 
