@@ -28,6 +28,9 @@ ROWS = [
 
 def test_quick_inputs_benchmark_prints_every_row_and_identical_reference_shards(tmp_path):
     result_file = tmp_path / "inputs.json"
+    kept = tmp_path / "out" / "quick-patches-4f" / "pipeline" / "data-00000-of-00002.tfrecord"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"another benchmark's output (benchmarks.run --keep-outputs)")
     printed = run_benchmark(
         "benchmarks.inputs_vs_netcdf", "--quick", "--workdir", str(tmp_path), "--json", str(result_file)
     )
@@ -41,6 +44,7 @@ def test_quick_inputs_benchmark_prints_every_row_and_identical_reference_shards(
     assert {row["samples"] for row in rows.values()} == {32}
     assert rows["kerchunk reference"]["fetched_mb"] > 0 and rows["kerchunk reference"]["needed_mb"] > 0
     assert all(row["rchar"] > 0 and row["peak_rss"] > 0 for row in rows.values())
+    assert kept.exists() and not list(kept.parent.parent.glob("inputs-*"))  # its own outputs removed, no other
 
     # The same through python -m benchmarks.run --only inputs: its section in the report, the cached copies reused.
     printed = run_benchmark("benchmarks.run", "--only", "inputs", "--quick", "--workdir", str(tmp_path))
