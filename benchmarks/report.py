@@ -358,6 +358,10 @@ def render(results: dict, *, for_docs: bool = False) -> str:
         from benchmarks.scale import render as many_files_section
 
         sections.append(many_files_section(results["many_files"], for_docs=for_docs))
+    if "inputs" in results:
+        from benchmarks.inputs_vs_netcdf import render as inputs_section
+
+        sections.append(inputs_section(results["inputs"], for_docs=for_docs))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

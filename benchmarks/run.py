@@ -20,7 +20,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks import bytecode, datasets, measure, report, shard_writer
+from benchmarks import bytecode, datasets, inputs_vs_netcdf, measure, report, shard_writer
 from benchmarks import scale as many_files
 from benchmarks.datasets import DatasetSpec
 from benchmarks.measure import Measurement, run_measured
@@ -38,10 +38,12 @@ COMPETITORS = (
     "help",
     "shard-writer",
     "scale",
+    "inputs",
 )
 #: What runs without --only: "scale" (many small files against one, benchmarks.scale: minutes, and about
-#: 1 GB of cached archives) only when asked for.
-DEFAULT_COMPETITORS = tuple(c for c in COMPETITORS if c != "scale")
+#: 1 GB of cached archives) and "inputs" (the 1x set as GRIB and as a kerchunk reference,
+#: benchmarks.inputs_vs_netcdf: a GRIB copy written once) only when asked for.
+DEFAULT_COMPETITORS = tuple(c for c in COMPETITORS if c not in ("scale", "inputs"))
 #: Competitors that need the patches archive of every --scales size.
 _ON_SCALES = frozenset({"floor", "io-limit", "pipeline", "pipeline-2w", "naive", "startup", "read"})
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
@@ -401,7 +403,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="tiny datasets: a smoke test, not a measurement")
     parser.add_argument(
-        "--only", nargs="+", choices=COMPETITORS, help="run only these competitors (scale: only when named here)"
+        "--only",
+        nargs="+",
+        choices=COMPETITORS,
+        help="run only these competitors (scale, inputs: only when named here)",
     )
     parser.add_argument(
         "--repeat",
@@ -451,6 +456,8 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
         )
     if "scale" in bench.selected:
         results["many_files"] = many_files.run(bench.workdir, bench.quick, repeat=bench.repeat, timeout=bench.timeout)
+    if "inputs" in bench.selected:
+        results["inputs"] = inputs_vs_netcdf.run(bench.workdir, bench.quick, bench.repeat, bench.timeout)
     results["targets"] = [t.to_json() for t in report.all_targets(results)]
     return results
 
@@ -462,6 +469,7 @@ def failures(results: dict) -> list[str]:
     rows += [(name, results[name]) for name in ("read_small", "help", "demo") if name in results]
     failed = [name for name, row in rows if not row.get("ok")]
     failed += shard_writer.failed(results["shard_writer"]) if "shard_writer" in results else []
+    failed += results["inputs"]["failed"] if "inputs" in results else []
     return failed + (results["many_files"]["failed"] if "many_files" in results else [])
 
 

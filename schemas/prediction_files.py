@@ -177,7 +177,8 @@ class _RecordsCapped:
     def read(self, size: int = -1) -> bytes:
         if size < 0 or size > self.limit:
             raise UserError(
-                f"{self.url}: a record declares {size:,} bytes, more than a prediction of this output's samples "
+                f"{self.url}: a record declares at least {size:,} bytes, more than a prediction of this output's "
+                "samples "
                 f"takes ({self.limit:,}); write one tf.Example per sample"
             )
         return self.stream.read(size)

@@ -78,6 +78,8 @@ class RandomAccessSource:
         self._indexes: dict[int, ShardIndex] = {}
         self._files: dict[int, int] = {}
         self._remote = is_remote(self.path)
+        if not self._remote:
+            self._check_sizes()
         self._fs = None
 
     def __len__(self) -> int:
@@ -144,6 +146,23 @@ class RandomAccessSource:
         return parts, rows.reshape(-1), within % self._per
 
     # Reading
+
+    def _check_sizes(self) -> None:
+        """Each local shard's size as schema.json says (one stat a shard): a shard cut short would serve the samples
+        before the cut and fail at the first after it, mid-epoch; one written to since holds records no index lists.
+        """
+        for shard in self.shards:
+            url = self._url(shard)
+            check_regular_file(url)  # (a FIFO in its place: named as one, not as a shard of 0 bytes)
+            try:
+                size = os.stat(url).st_size
+            except FileNotFoundError:
+                raise UserError(f"{url}: missing, but schema.json lists it; build the output again") from None
+            if size != shard.bytes:
+                raise UserError(
+                    f"{url}: {size} bytes on disk, schema.json says {shard.bytes} (the shard was cut short, emptied or "
+                    "written to since); build the output again"
+                )
 
     def _url(self, shard: Shard) -> str:
         return posixpath.join(self.path, shard.file)

@@ -405,7 +405,7 @@ NOT_RUN = {
     "from dask_gateway import Gateway": "asks a dask-gateway hub for a cluster",
 }
 #: Blocks that other tests run, on outputs of their own (the walkthrough's, a split named valid).
-RUN_ELSEWHERE = ("walkthrough:python", "reading:tensorflow", "reassemble:python")
+RUN_ELSEWHERE = ("walkthrough:python", "reading:tensorflow", "reassemble:python", "reassemble:roles")
 
 RUN_BLOCKS = """
 import json, os, sys, traceback

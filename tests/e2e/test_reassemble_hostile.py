@@ -150,13 +150,13 @@ def test_a_gzipped_tfrecord_bomb_is_refused_from_its_record_header(overlapping, 
     assert (folder / "p.tfrecord.gz").stat().st_size < 2**20
     tracemalloc.start()
     try:
-        with pytest.raises(UserError, match=r"p\.tfrecord\.gz: a record declares 104,857,600 bytes, more than"):
+        with pytest.raises(UserError, match=r"p\.tfrecord\.gz: a record declares at least [0-9,]+ bytes, more than"):
             list(read_predictions(str(folder / "p.tfrecord.gz"), load_schema(str(overlapping))))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 20 * 2**20
-    assert "a record declares 104,857,600 bytes" in _refused(overlapping, folder, tmp_path, capsys)
+    assert "a record declares at least" in _refused(overlapping, folder, tmp_path, capsys)
 
 
 def test_a_float_index_is_refused_not_truncated(overlapping, tmp_path, capsys):

@@ -292,3 +292,20 @@ def test_every_sample_is_read_once_whatever_the_options(tmp_path, per_record, op
         assert len(seen) == SAMPLES // 4 * 4 and len(set(seen)) == len(seen)
     else:
         assert sorted(seen) == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("damage", [_cut_at_record, _emptied, _appended], ids=["cut", "emptied", "appended"])
+def test_random_access_refuses_a_shard_of_another_size_at_open(output, damage):
+    """open_source (and so shuffled_stream) served the samples before a cut and failed mid-epoch at the first after
+    it; a shard written to since was read as if whole. Refused at open now, naming the shard, as load_dataset does."""
+    from schemas.random_access import open_source
+    from schemas.stream import shuffled_stream
+
+    assert len(open_source(str(output))) == SAMPLES
+    damage(output)
+    for open_it in (lambda: open_source(str(output)), lambda: shuffled_stream(str(output), seed=1)):
+        with pytest.raises(UserError) as caught:
+            open_it()
+        assert str(caught.value).startswith(f"{output / SHARD}: ") and "bytes on disk, schema.json says" in str(
+            caught.value
+        )
