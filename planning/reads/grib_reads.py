@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from planning.formats.grib import open_grib
-from planning.reads.slabs import Box, Slabs, _check_unchanged, _checked
+from planning.reads.slabs import Box, Slabs, _check_unchanged, _checked, join_pieces
 from planning.reads.source_index import SourceIndex
 from planning.run.variables import VariablePlan
 from schemas.errors import UserError
@@ -66,10 +66,4 @@ class GribReader:
             values = _read_file(source.path, keys, self.concat_dim, along, local, self.sources.grib_messages(source))
             for variable in along:
                 parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
-        for variable in along:
-            pieces = parts[variable.name]
-            if not pieces:
-                raise ValueError(f"no input file covers {self.concat_dim} range {begin}:{end}")
-            axis = variable.dims.index(self.concat_dim)
-            slabs.values[variable.name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
-        return slabs
+        return join_pieces(slabs, along, parts, self.concat_dim, begin, end)

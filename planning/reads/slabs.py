@@ -245,6 +245,11 @@ def read_slabs(files: Sequence[SourceFile], concat_dim: str, variables: Sequence
     for source, local, values in zip(files, boxes, read):
         for variable in along:
             parts[variable.name].append(_checked(source.path, variable, values[variable.name], local))
+    return join_pieces(slabs, along, parts, concat_dim, begin, end)
+
+
+def join_pieces(slabs, along, parts, concat_dim: str, begin: int, end: int):
+    """Each variable's pieces, file after file, joined along the concat dim into ``slabs`` (returned)."""
     for variable in along:
         pieces = parts[variable.name]
         if not pieces:
