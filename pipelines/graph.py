@@ -116,7 +116,7 @@ def build_pipeline(
     if specs.tendency is not None:  # stats.tendency: the source's pairs of steps, read by units of their own
         tendency = (
             pipeline
-            | "EnumerateTendencyUnits" >> EnumerateUnits(specs.tendency.plan.units, None, ranges)
+            | "EnumerateTendencyUnits" >> EnumerateUnits(specs.tendency.plan.units, specs.tendency.units_file, ranges)
             | "SpreadTendencyUnits" >> beam.Reshuffle()
             | "ComputeTendency" >> ComputeTendency(specs.tendency)
         )
@@ -124,7 +124,7 @@ def build_pipeline(
     if specs.field is not None:  # stats.over: field: the source's steps and cells, read by units of their own
         field = (
             pipeline
-            | "EnumerateFieldUnits" >> EnumerateUnits(specs.field.plan.units, None, ranges)
+            | "EnumerateFieldUnits" >> EnumerateUnits(specs.field.plan.units, specs.field.units_file, ranges)
             | "SpreadFieldUnits" >> beam.Reshuffle()
             | "ComputeFieldStats" >> ComputeFieldStats(specs.field)
         )

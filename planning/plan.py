@@ -8,6 +8,7 @@ driver: each stage gets a small spec compiled from it (planning.specs) holding o
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ from planning.sampling import Axis, SampleGrid, UnitCost, Units, chunk_breaks, p
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
 from schemas.errors import UserError
+from schemas.npy_files import npz_arrays
 from schemas.schema import Schema, default_split, shard_name
 from schemas.shard_index import index_name
 
@@ -160,6 +162,18 @@ class TendencyPlan:
     #: reference split (None: every position)
     members: np.ndarray | None = None
     split_dim: str | None = None
+
+    def pairs_to_bytes(self) -> bytes:
+        """``pairs`` as an .npz file's bytes (a run file: the job graph leaves them out)."""
+        buffer = io.BytesIO()
+        np.savez(buffer, pairs=self.pairs)
+        return buffer.getvalue()
+
+    def with_pairs(self, data: bytes) -> TendencyPlan:
+        """This plan with the ``pairs`` that ``pairs_to_bytes`` saved."""
+        with npz_arrays(data) as arrays:
+            pairs = arrays["pairs"]
+        return dataclasses.replace(self, pairs=pairs)
 
     def unit_pairs(self, unit) -> tuple[int, int]:
         """[start, stop) of the pair starts ``unit`` owns."""

@@ -184,6 +184,10 @@ class Units:
         bounds = [total * i // count for i in range(count + 1)]
         return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
+    def hollow(self) -> Units:
+        """No units, over the same dims: what a step that never enumerates them carries (they are in a run file)."""
+        return Units(tuple(np.zeros((0, 2), dtype=np.int64) for _ in self.spans), self.order)
+
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         np.savez(

@@ -131,6 +131,17 @@ class TendencySpec:
     plan: TendencyPlan
     split: str  # the reference split
     per: tuple[str, ...] = ()
+    units_file: RunFile | None = None  # where workers load the plan's units from (None: the graph holds them)
+    pairs_file: RunFile | None = None  # ... and its pairs (None: the graph holds them)
+
+    def for_workers(self) -> TendencySpec:
+        """What the summarising step carries in the job graph: the plan without what the run's files hold."""
+        plan = self.plan
+        if self.units_file is not None:
+            plan = dataclasses.replace(plan, units=plan.units.hollow())
+        if self.pairs_file is not None:
+            plan = dataclasses.replace(plan, pairs=np.zeros(0, dtype=bool))
+        return dataclasses.replace(self, plan=plan)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,6 +153,13 @@ class FieldSpec:
     plan: FieldPlan
     split_names: tuple[str, ...]
     per: tuple[str, ...] = ()
+    units_file: RunFile | None = None  # where workers load the plan's units from (None: the graph holds them)
+
+    def for_workers(self) -> FieldSpec:
+        """What the summarising step carries in the job graph: the plan without the units (enumerated apart)."""
+        if self.units_file is None:
+            return self
+        return dataclasses.replace(self, plan=dataclasses.replace(self.plan, units=self.plan.units.hollow()))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -169,19 +187,26 @@ class FinalizeSpec:
 
 #: The run's files for the workers (``run_files``), by name.
 SOURCES, UNITS, POSITIONS = "sources", "units", "positions"
+TENDENCY_UNITS, TENDENCY_PAIRS, FIELD_UNITS = "tendency_units", "tendency_pairs", "field_units"
 
 
 def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes]]:
     """What the job graph leaves out because it grows with the input, saved under ``directory`` for the workers.
 
-    The input files' index, the work units, and the positions' arrays (coordinates, splits):
-    the graph carries each file's URL and digest only, the same few bytes for a month as for 85 years.
+    The input files' index, the work units, and the positions' arrays (coordinates, splits); the
+    units of stats.tendency and stats.over: field, and the tendency's pairs: the graph carries each
+    file's URL and digest only, the same few bytes for a month as for 85 years.
     """
     contents = {
         SOURCES: plan.sources.to_bytes(),
         UNITS: plan.units.to_bytes(),
         POSITIONS: plan.positions.to_bytes(),
     }
+    if plan.tendency is not None and len(plan.tendency.units):
+        contents[TENDENCY_UNITS] = plan.tendency.units.to_bytes()
+        contents[TENDENCY_PAIRS] = plan.tendency.pairs_to_bytes()
+    if plan.field is not None and len(plan.field.units):
+        contents[FIELD_UNITS] = plan.field.units.to_bytes()
     return {name: (RunFile.of(join(directory, f"{name}.npz"), data), data) for name, data in contents.items()}
 
 
@@ -236,16 +261,20 @@ def field_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> F
     """ComputeFieldStats' spec (None unless stats.over: field, or when no unit holds a step to count)."""
     if plan.field is None or not len(plan.field.units):
         return None
+    files = files or {}
     cut = dataclasses.replace(cut_spec(plan, files), positions_file=None)  # (positions: the samples', not read)
-    return FieldSpec(cut, plan.field, tuple(s.name for s in plan.splits), plan.stats_per)
+    return FieldSpec(cut, plan.field, tuple(s.name for s in plan.splits), plan.stats_per, files.get(FIELD_UNITS))
 
 
 def tendency_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> TendencySpec | None:
     """ComputeTendency's spec (None without stats.tendency, or an append that adds no pair)."""
     if plan.tendency is None or not len(plan.tendency.units):
         return None
+    files = files or {}
     cut = dataclasses.replace(cut_spec(plan, files), positions_file=None)  # (positions: the samples', not read)
-    return TendencySpec(cut, plan.tendency, plan.reference_split, plan.stats_per)
+    return TendencySpec(
+        cut, plan.tendency, plan.reference_split, plan.stats_per, files.get(TENDENCY_UNITS), files.get(TENDENCY_PAIRS)
+    )
 
 
 def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:

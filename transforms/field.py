@@ -73,7 +73,7 @@ def _summaries(moments: dict[str, dict[str, Moments]]) -> dict[str, SplitSummary
 
 class _FieldFn(beam.DoFn):
     def __init__(self, spec: FieldSpec):
-        self._spec = spec
+        self._spec = spec.for_workers()
 
     def setup(self):
         self._spec = dataclasses.replace(self._spec, cut=with_run_files(self._spec.cut))

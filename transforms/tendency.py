@@ -24,6 +24,7 @@ from planning.sampling import Unit
 from planning.specs import CutSpec, TendencySpec
 from transforms.cut import read_box, to_record_dtype, with_run_files
 from transforms.stats import UNITS_PER_GROUP, MergeSummaries, Moments, SplitSummary
+from transforms.units import load_run_file
 
 
 def source_reader(cut: CutSpec, concat_dim: str, sources: SourceIndex):
@@ -73,10 +74,10 @@ def tendency_moments(spec: TendencySpec, sources: SourceIndex, unit: Unit) -> di
 
 class _TendencyFn(beam.DoFn):
     def __init__(self, spec: TendencySpec):
-        self._spec = spec
+        self._spec = spec.for_workers()
 
     def setup(self):
-        self._spec = dataclasses.replace(self._spec, cut=with_run_files(self._spec.cut))
+        self._spec = with_tendency_files(self._spec)
 
     def process(self, unit: Unit):
         check_stopped()
@@ -95,9 +96,18 @@ class ComputeTendency(beam.PTransform):
         return units | "SummarizeTendency" >> beam.ParDo(_TendencyFn(self.spec)) | "MergeTendency" >> MergeSummaries()
 
 
+def with_tendency_files(spec: TendencySpec) -> TendencySpec:
+    """The spec with what it left in the run's files (the cut's, and the plan's pairs) loaded, once per process."""
+    spec = dataclasses.replace(spec, cut=with_run_files(spec.cut))
+    if spec.pairs_file is not None:
+        plan = load_run_file(spec.pairs_file, spec.plan.with_pairs)
+        spec = dataclasses.replace(spec, plan=plan, pairs_file=None)
+    return spec
+
+
 def tendency_summary(spec: TendencySpec) -> dict[str, SplitSummary]:
     """ComputeTendency's result computed here, unit by unit in order (an append that adds steps but no sample)."""
-    spec = dataclasses.replace(spec, cut=with_run_files(spec.cut))
+    spec = with_tendency_files(spec)
     merged: dict[str, Moments] = {}
     for unit in spec.plan.units:
         for name, moments in tendency_moments(spec, spec.cut.sources, unit).items():

@@ -52,7 +52,10 @@ class EnumerateUnits(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
-            # No reshuffle of its own: the pipeline spreads the units, once, after they are made.
             | "Ranges" >> beam.Create(self.units.slices(self.ranges), reshuffle=False)
+            # The ranges spread over the workers before they become units: made in one bundle, a range's units
+            # would all be made by the worker that holds it (18 us a unit: 15 min for ARCO-ERA5's 49M), before
+            # the pipeline's own Reshuffle spreads them. (Beam's DaskRunner drops Reshuffles: a range is a task.)
+            | "SpreadRanges" >> beam.Reshuffle()
             | "Units" >> beam.FlatMap(units_of_range, self.file or self.units).with_output_types(Unit)
         )
