@@ -47,6 +47,7 @@ SLOWEST_MODULES = [
     "tests/e2e/test_append.py",
     "tests/e2e/test_bad_input.py",
     "tests/e2e/test_zarr.py",
+    "tests/e2e/test_portable.py",
     "tests/e2e/test_stopping.py",
     "tests/e2e/test_reproducible.py",
     "tests/test_style.py",
