@@ -222,7 +222,7 @@ def _run_build(
         # local runs on the streamed graph have not been measured since.
         streamed = is_dask_runner(options)
         outline = STREAMED_OUTLINE if streamed else OUTLINE
-        write = choose_write_strategy(plan, work, groups_in_memory=is_dask_runner(options))
+        write = choose_write_strategy(plan, work)
         write = dataclasses.replace(write, progress_shown=progress is not None)
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:

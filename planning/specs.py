@@ -80,6 +80,8 @@ class WriteSpec:
     examples_per_record: int
     #: local runs: where bucket files and progress markers go (None: no progress markers)
     bucket_dir: str | None = None
+    #: workers that share no filesystem: where each unit's spill object goes (transforms.buckets.spill)
+    spill_dir: str | None = None
     progress_dir: str | None = None
     layout: ShardLayout | None = None  # IN_PLACE only
     writer_budget_bytes: int = WRITER_BUDGET_BYTES
@@ -247,6 +249,7 @@ def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
         compression=plan.compression,
         examples_per_record=plan.examples_per_record,
         bucket_dir=write.bucket_dir,
+        spill_dir=write.spill_dir,
         progress_dir=write.progress_dir,
         layout=write.layout,
     )

@@ -20,8 +20,8 @@ class WriteStrategy(enum.Enum):
     IN_PLACE = "in place"
     #: each unit writes one bucket file per shard; only (shard, path) goes through GroupByKey
     BUCKET_FILES = "bucket files"
-    #: each unit's bucket bytes go through the runner's GroupByKey to the shard writers
-    RUNNER_SHUFFLE = "runner shuffle"
+    #: each unit writes one spill object of its buckets; only (shard, object, byte range) goes through GroupByKey
+    SPILL_OBJECTS = "spill objects"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +31,7 @@ class WritePlan:
     strategy: WriteStrategy
     reason: str
     #: a folder every worker sees: bucket files, progress markers and the layout go there (the
-    #: driver's filesystem, shared; or, for bucket files only, the output's own ``_tmp/<run>/`` URL);
-    #: None: the workers share no filesystem
+    #: driver's filesystem, shared; or, for spill objects, the output's own ``_tmp/<run>/`` URL)
     work_dir: str | None = None
     layout: ShardLayout | None = None  # IN_PLACE, once laid out
     #: whether a live progress line reads the markers (none is shown with --quiet): without one, none is written
@@ -43,6 +42,10 @@ class WritePlan:
         return join(self.work_dir, "buckets") if self.strategy is WriteStrategy.BUCKET_FILES else None
 
     @property
+    def spill_dir(self) -> str | None:
+        return join(self.work_dir, "spill") if self.strategy is WriteStrategy.SPILL_OBJECTS else None
+
+    @property
     def progress_dir(self) -> str | None:
         # Markers are local files the driver's live line reads: none in a URL, none that nothing reads (a file
         # made for each unit: at 4x the benchmark's, 0.1-0.3 s of the kernel's inode allocation).
@@ -51,13 +54,11 @@ class WritePlan:
         return join(self.work_dir, "progress")
 
 
-def choose_write_strategy(plan: BuildPlan, work_dir: str | None, groups_in_memory: bool = False) -> WritePlan:
+def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
     """The build's write strategy, why, and where its working files go; decides only, writes nothing.
 
     ``work_dir``: a folder every worker sees (they share the driver's filesystem), or None. An
     ``IN_PLACE`` write is laid out next, once the output is the run's (``lay_out``).
-    ``groups_in_memory``: the runner's GroupByKey lists each key's values in one worker's memory
-    (Beam's DaskRunner), so bulk bytes must not ride it, whatever the workers share.
 
     ========================  =================================================================
     strategy                  when
@@ -71,19 +72,17 @@ def choose_write_strategy(plan: BuildPlan, work_dir: str | None, groups_in_memor
     ``BUCKET_FILES``          workers share a filesystem, otherwise. The local runner holds every
                               grouped value in memory, so bulk bytes must not ride its
                               GroupByKey (docs/design.md, decision 3); shard writers read the files.
-                              Without a shared filesystem on a runner whose GroupByKey holds
-                              a key's values in memory (Beam's DaskRunner): bucket files
-                              under the output's own ``_tmp/<run>/`` (a URL every worker
-                              writes), which the shard writers stream from.
-    ``RUNNER_SHUFFLE``        distributed runners whose workers share no disk and whose shuffle
-                              is built for bulk bytes (Dataflow, Flink, Spark).
+    ``SPILL_OBJECTS``         workers share no filesystem (Dataflow, Dask without
+                              --shared_filesystem, Flink, Spark): each unit writes one object under
+                              the output's own ``_tmp/<run>/`` holding its buckets back to back,
+                              and only references to them ride the runner's GroupByKey. A
+                              runner's shuffle is billed by the byte (Dataflow Shuffle), and
+                              Beam's DaskRunner lists a key's values in one worker's memory.
     ========================  =================================================================
     """
-    if work_dir is None and groups_in_memory:
-        reason = "the runner's GroupByKey holds a shard's records in memory: bucket files under the output's _tmp/"
-        return WritePlan(WriteStrategy.BUCKET_FILES, reason, run_dir(plan.output, plan.run_id))
     if work_dir is None:
-        return WritePlan(WriteStrategy.RUNNER_SHUFFLE, "workers share no filesystem: records ride the runner's shuffle")
+        reason = "workers share no filesystem: one spill object a unit under the output's _tmp/, references shuffled"
+        return WritePlan(WriteStrategy.SPILL_OBJECTS, reason, run_dir(plan.output, plan.run_id))
     reason = _why_not_in_place(plan)
     if reason is not None:
         return WritePlan(WriteStrategy.BUCKET_FILES, reason, work_dir)

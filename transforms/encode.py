@@ -2,9 +2,11 @@
 
 Each sample's key picks its shard within its split. A bucket carries framed tf.Example
 records, or raw sample rows when samples are packed several to a record (packing must wait for
-the shard's sort). With a bucket directory (local runners) a bucket is written to a file and
-only its path travels through the GroupByKey; otherwise the bytes do, as a distributed
-runner's shuffle is built for it (docs/design.md, decision 3).
+the shard's sort). Where the workers share a filesystem (local runners) a bucket is written to a
+file of its own; otherwise a block's buckets go to one spill object under the output's ``_tmp/``
+(transforms.buckets.spill). Either way only a reference travels through the GroupByKey: a
+runner's shuffle is billed by the byte, and some hold a key's values in memory (docs/design.md,
+decision 3).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from planning.run.progress import mark
 from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
 from transforms.buckets.blobs import bucket_pieces, row_dtype
+from transforms.buckets.spill import spill_buckets
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
 
 
@@ -106,13 +109,13 @@ class _EncodeAndBucketFn(beam.DoFn):
         self._encoder = ExampleEncoder(self._spec.features)
 
     def process(self, block: Block):
-        directory = self._spec.bucket_dir
-        for shard, pieces in bucket_block(self._spec, self._encoder, block):
-            self._bytes.inc(sum(map(len, pieces)))
-            if directory is None:
-                yield shard, b"".join(pieces)
-            else:
-                path = bucket_path(directory, shard, block.unit, block.piece)
+        buckets = bucket_block(self._spec, self._encoder, block)
+        self._bytes.inc(sum(len(piece) for _, pieces in buckets for piece in pieces))
+        if self._spec.spill_dir is not None:
+            yield from spill_buckets(self._spec.spill_dir, block.unit, block.piece, buckets)
+        else:
+            for shard, pieces in buckets:
+                path = bucket_path(self._spec.bucket_dir, shard, block.unit, block.piece)
                 write_atomically(path, pieces)
                 yield shard, path
         mark(self._spec.progress_dir, "unit", block.unit, block.piece, block.pieces, samples=block.num_samples)
@@ -120,7 +123,7 @@ class _EncodeAndBucketFn(beam.DoFn):
 
 @dataclasses.dataclass
 class EncodeAndBucket(beam.PTransform):
-    """Blocks -> (shard number, bucket): a bucket file's path if the spec has a bucket directory, else its bytes."""
+    """Blocks -> (shard number, bucket): a bucket file's path, or where its bytes are in the block's spill object."""
 
     spec: WriteSpec
 

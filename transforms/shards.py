@@ -32,6 +32,7 @@ from schemas.shard_index import FrameSizes
 from schemas.urls import is_remote
 from transforms.buckets.blobs import row_dtype
 from transforms.buckets.sorting import BufferLedger, SortedBuckets
+from transforms.buckets.spill import SpilledBucket, fetch_spilled
 from transforms.files import use_anonymous_credentials_for_emulator, write_atomically, write_index
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 #: encoded records, framed records, compressed), beside an index of up to a quarter.
 _PLAIN_BATCH_FRACTION = 4
 _PACKED_BATCH_FRACTION = 16
+#: Spilled buckets fetched at once, as a fraction of the writer's budget (each is then written to local temp).
+_FETCH_FRACTION = 4
 
 
 @dataclasses.dataclass
@@ -119,14 +122,17 @@ def _too_large(name: str, size: int, limit: int, more: bool = False) -> str:
 def write_shard(
     spec: WriteSpec, shard: int, buckets: Iterable[bytes | str], ledger: BufferLedger | None = None
 ) -> ShardResult:
-    """Write one shard from its buckets (file paths or bytes); ``ledger`` counts the bytes held."""
+    """Write one shard from its buckets (file paths, bytes, or spilled buckets); ``ledger`` counts the bytes held."""
     split, number = spec.split_of_shard(shard)
     path = spec.shard_path(shard)
     name = os.path.basename(path)
     tally = _Tally()
     with SortedBuckets(spec.writer_budget_bytes, ledger) as sorted_buckets:
+        spilled = []
         for bucket in buckets:
-            if not isinstance(bucket, str):
+            if isinstance(bucket, SpilledBucket):
+                spilled.append(bucket)  # (fetched together below, many ranges at once)
+            elif not isinstance(bucket, str):
                 sorted_buckets.add_blob(bucket)
             elif is_remote(bucket):
                 with FileSystems.open(bucket, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
@@ -134,6 +140,9 @@ def write_shard(
             else:
                 sorted_buckets.add_file(bucket)
             del bucket  # a blob's memory is the runner's to release once it is on disk
+        for blob in fetch_spilled(spilled, spec.writer_budget_bytes // _FETCH_FRACTION):
+            sorted_buckets.add_blob(blob, name=f"shard {name}'s bucket")
+            del blob
         if spec.examples_per_record == 1 and sorted_buckets.payload_bytes > spec.max_shard_bytes:
             raise UserError(_too_large(name, sorted_buckets.payload_bytes, spec.max_shard_bytes))
         chunks = _capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)

@@ -5,15 +5,15 @@ Beam's DaskRunner runs each stage over a whole partition and keeps its output as
 every next stage has read it, so CutSamples followed by WriteShards would hold every block of a
 partition at once. Here one step cuts a unit, writes its records (in place or to bucket files)
 and summarises it before the next unit is cut: what a partition keeps is a small result per
-unit (counts, or a bucket file's path: on Dask, bucket bytes never ride the runner's
-GroupByKey, which lists a key's values in memory; planning.write_strategy).
+unit (counts, or references to bucket files or spill objects: on Dask, bucket bytes never ride the
+runner's GroupByKey, which lists a key's values in memory; planning.write_strategy).
 
 Every GroupByKey is a shuffle of every partition on Dask (a few dozen scheduler tasks, each a
 round trip). Counting what was written in place, merging the statistics and collecting for
 Finalize would be three in a row (four global combines in all); here they are one: every
 unit's small result goes to one combine, and one step commits the shards, merges the
 statistics in the order ComputeStats merges them (the same bits) and writes the metadata. Bucket
-files still meet their shard through one GroupByKey before it. Not for Beam's multi-threaded local
+files and spill objects still meet their shard through one GroupByKey before it. Not for Beam's multi-threaded local
 runner: the combine's accumulators carry every unit's summaries, megabytes at scale, which it garbled
 through the combine's GroupByKey ("Invalid PaneInfoEncoding" in a 4x build; the cause, Beam's timed
 flush, is turned off since: pipelines.runners).

@@ -84,5 +84,11 @@ def bucket_path(directory: str, shard: int, unit: int, piece: int = 0) -> str:
     return join(directory, f"shard-{shard:05d}", f"{name}.bucket")
 
 
+def spill_path(directory: str, unit: int, piece: int = 0) -> str:
+    """The spill object a unit (or a piece of it, after the first) writes: its buckets for every shard."""
+    name = f"unit-{unit:06d}" if piece == 0 else f"unit-{unit:06d}-{piece}"
+    return join(directory, f"{name}.spill")
+
+
 def relative(base: str, path: str) -> str:
     return posixpath.relpath(path, base) if not is_remote(base) else path[len(base.rstrip("/")) + 1 :]

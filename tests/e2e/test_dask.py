@@ -181,10 +181,13 @@ def workers_see_the_emulator(gcs, client):
         client.run(lambda: [os.environ.pop(name, None) for name in names])
 
 
-def test_without_a_shared_filesystem_buckets_go_through_gs_files_not_the_runners_groupbykey(
+def test_without_a_shared_filesystem_records_go_through_spill_objects_not_the_runners_groupbykey(
     small_archive, local_build, tmp_path, client, workers_see_the_emulator, caplog
 ):
-    """Beam's DaskRunner lists a key's values in one worker's memory: a shard's records must not be those values."""
+    """Beam's DaskRunner lists a key's values in one worker's memory: a shard's records must not be those values.
+    Each unit writes one spill object on gs://; each shard's GroupByKey hands over byte ranges of them."""
+    from transforms.buckets.spill import SpilledBucket
+
     gcs = workers_see_the_emulator
     caplog.set_level(logging.INFO, logger="pipelines.graph")
     for path in sorted(small_archive.glob("*.nc")):
@@ -198,7 +201,7 @@ def test_without_a_shared_filesystem_buckets_go_through_gs_files_not_the_runners
 
         def recording(spec, shard, buckets, ledger=None):
             buckets = list(buckets)
-            got.append([bucket if isinstance(bucket, str) else len(bucket) for bucket in buckets])  # a path, or bytes
+            got.append(buckets)
             return original(spec, shard, buckets, ledger)
 
         shards.write_shard, shards.seen_by_test = recording, (original, got)
@@ -215,13 +218,15 @@ def test_without_a_shared_filesystem_buckets_go_through_gs_files_not_the_runners
         build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask/in/*.nc", output), *dask_flags(client))
     finally:
         got = [buckets for found in client.run(restore).values() for buckets in found]
-    assert "bucket files" in strategy_logged(caplog) and "GroupByKey holds" in strategy_logged(caplog)
-    # Each of the 3 shards was written once, from its units' bucket files under the run's _tmp/ on gs://.
+    assert "spill objects" in strategy_logged(caplog)
+    # Each of the 3 shards was written once, from references into its units' spill objects under the run's _tmp/.
     assert len(got) == 3 and all(buckets for buckets in got), got
-    for buckets in got:
-        assert all(isinstance(b, str) and b.startswith(f"{output}/_tmp/") and b.endswith(".bucket") for b in buckets)
+    references = [b for buckets in got for b in buckets]
+    assert all(isinstance(b, SpilledBucket) and b.url.startswith(f"{output}/_tmp/") for b in references)
+    objects = {b.url for b in references}
+    assert all(url.endswith(".spill") for url in objects) and len(objects) < len(references)  # one a unit, not a shard
     assert_same_output(gcs.cat, output, local_build)
-    # No bucket file, run file or progress marker is left, on gs:// or on this machine.
+    # No spill object, run file or progress marker is left, on gs:// or on this machine.
     assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local_build.iterdir())
     assert not Path("gs:").exists()  # progress markers are local files: none were made for a URL
 

@@ -72,9 +72,7 @@ def test_a_portable_job_on_a_shared_filesystem_writes_the_local_runners_bytes(
     assert len(expected) == 6 and _shards(read, portable) == expected
 
 
-def test_a_portable_job_to_gs_rides_the_runners_shuffle_and_writes_the_local_runners_bytes(
-    gcs, archive, tmp_path, caplog
-):
+def test_a_portable_job_to_gs_spills_to_objects_and_writes_the_local_runners_bytes(gcs, archive, tmp_path, caplog):
     """What Dataflow runs: workers that share no filesystem, a gs:// output (the storage emulator)."""
     for path in archive:
         gcs.put(str(path), f"{BUCKET}/portable-in/{path.name}")
@@ -84,7 +82,7 @@ def test_a_portable_job_to_gs_rides_the_runners_shuffle_and_writes_the_local_run
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pipelines.graph"):
         assert main(["--config", _config(tmp_path, paths, portable), *PORTABLE]) == 0
-    assert _strategy(caplog) == "runner shuffle"
+    assert _strategy(caplog) == "spill objects"
     expected = _shards(gcs.cat, local)
     assert len(expected) == 6 and _shards(gcs.cat, portable) == expected
     assert not gcs.exists(f"{portable}/_tmp")

@@ -21,7 +21,7 @@ from planning.plan import make_plan
 from planning.run.contracts import SAMPLE_ID
 from planning.run.names import work_dir
 from planning.specs import compile_specs, cut_spec, stats_spec
-from planning.write_strategy import WritePlan, WriteStrategy, lay_out
+from planning.write_strategy import WritePlan, WriteStrategy, choose_write_strategy, lay_out
 from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
@@ -145,7 +145,7 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
 
 def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     encoder = ExampleEncoder(plan.schema.features)
-    specs = compile_specs(plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
+    specs = compile_specs(plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", "/unused"))
     by_shard: dict[int, list[bytes]] = {}
     for unit in plan.units:
         for shard, pieces in bucket_block(specs.write, encoder, cut_unit(specs.cut, plan.sources, unit)):
@@ -170,12 +170,18 @@ def test_buckets_hold_each_sample_once_and_sort_by_key(plan):
     assert len(seen) == len(set(seen)) == plan.num_samples
 
 
-def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
-    """The local-runner path (bucket files), the distributed path (blobs through GroupByKey), and the
-    Dask paths (each unit cut, written and summarised in one step, committed in one combine: transforms.streamed),
-    with bucket files and written in place."""
+def test_bucket_files_and_spill_objects_write_the_same_bytes(config, tmp_path):
+    """The local-runner path (bucket files), the distributed path (spill objects, references through GroupByKey),
+    and the Dask paths (each unit cut, written and summarised in one step, committed in one combine:
+    transforms.streamed), with bucket files, spill objects and written in place."""
     outputs = {}
-    cases = [("local", True, False), ("shuffle", False, False), ("streamed", True, True), ("in_place", None, True)]
+    cases = [
+        ("local", True, False),
+        ("spill", False, False),
+        ("streamed", True, True),
+        ("streamed_spill", False, True),
+        ("in_place", None, True),
+    ]
     for name, local, streamed in cases:
         output = str(tmp_path / name)
         this_plan = make_plan(config.model_copy(update={"output": config.output.model_copy(update={"path": output})}))
@@ -188,14 +194,16 @@ def test_bucket_files_and_shuffled_blobs_write_the_same_bytes(config, tmp_path):
                 this_plan, WritePlan(WriteStrategy.BUCKET_FILES, "bucket files", work_dir(output, this_plan.run_id))
             )
         else:
-            specs = compile_specs(this_plan, WritePlan(WriteStrategy.RUNNER_SHUFFLE, "runner shuffle"))
+            write = choose_write_strategy(this_plan, None)  # (the output's own _tmp/<run>/)
+            assert write.strategy is WriteStrategy.SPILL_OBJECTS
+            specs = compile_specs(this_plan, write)
         with local_pipeline() as p:
             schemas = build_pipeline(p, this_plan.units, specs, ranges=3, stream_blocks=streamed)
             assert_that(schemas | beam.Map(lambda s: s.num_records()), equal_to([this_plan.num_samples]))
         files = [*(s.file for s in load_schema(output).splits["data"]), "stats.json"]
         outputs[name] = {file: (tmp_path / name / file).read_bytes() for file in files}
-    assert outputs["local"] == outputs["shuffle"] == outputs["streamed"] == outputs["in_place"]
-    assert not any((tmp_path / name / "_tmp").exists() for name in ("local", "streamed", "in_place"))
+    assert all(outputs[name] == outputs["local"] for name, *_ in cases)
+    assert not any((tmp_path / name / "_tmp").exists() for name, *_ in cases)
 
 
 def _group_by_keys(pipeline: beam.Pipeline) -> list[str]:

@@ -32,21 +32,18 @@ def hand_made(**changes) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{**facts, **changes})
 
 
-def test_workers_that_share_no_filesystem_get_the_runners_shuffle_whatever_the_plan():
-    write = choose_write_strategy(hand_made(), None)
-    assert write.strategy is WriteStrategy.RUNNER_SHUFFLE and "share no filesystem" in write.reason
-    assert (write.work_dir, write.bucket_dir, write.progress_dir, write.layout) == (None, None, None, None)
-
-
 @pytest.mark.parametrize("output", ["gs://bucket/out", "/data/out"])
-def test_a_runner_that_groups_in_memory_gets_bucket_files_under_the_outputs_tmp_instead(output):
-    write = choose_write_strategy(hand_made(output=output), None, groups_in_memory=True)
-    assert write.strategy is WriteStrategy.BUCKET_FILES and "GroupByKey holds a shard's records" in write.reason
-    assert write.work_dir == f"{output}/_tmp/0123456789ab" and write.bucket_dir == f"{write.work_dir}/buckets"
+def test_workers_that_share_no_filesystem_get_spill_objects_under_the_outputs_tmp_whatever_the_plan(output):
+    """No payload through the runner's GroupByKey: Dataflow bills its shuffle by the byte, Dask holds it in memory."""
+    write = choose_write_strategy(hand_made(output=output), None)
+    assert write.strategy is WriteStrategy.SPILL_OBJECTS and "share no filesystem" in write.reason
+    assert write.work_dir == f"{output}/_tmp/0123456789ab" and write.spill_dir == f"{write.work_dir}/spill"
+    assert (write.bucket_dir, write.layout) == (None, None)
     # Progress markers are local files the driver reads: none in a URL.
     assert write.progress_dir == (None if output.startswith("gs://") else f"{write.work_dir}/progress")
     # A shared filesystem decides as before.
-    assert choose_write_strategy(hand_made(), "/work", groups_in_memory=True).strategy is WriteStrategy.IN_PLACE
+    assert choose_write_strategy(hand_made(), "/work").strategy is WriteStrategy.IN_PLACE
+    assert choose_write_strategy(hand_made(), "/work").spill_dir is None
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ a record); payloads are read with positioned reads in key order, a batch at a ti
 index would outgrow half the budget, or too many buckets would be open at once, the records
 indexed so far are written in key order to a sorted run in local temp, and the runs are merged
 (heapq.merge) at the end, each through a small buffer. Buckets handed over as bytes (the
-runner's shuffle) go to local temp first, so the caller can let them go.
+ranges of spill objects) go to local temp first, so the caller can let them go.
 """
 
 from __future__ import annotations
@@ -160,12 +160,12 @@ class SortedBuckets:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
-    def add_blob(self, blob: bytes) -> None:
+    def add_blob(self, blob: bytes, name: str = "bucket") -> None:
         """A bucket handed over in memory: copied to local temp, so the caller may drop it."""
         path = self._temporary("bucket")
         with open(path, "wb") as stream:
             stream.write(blob)
-        self.add_file(path, name="bucket", owned=True)
+        self.add_file(path, name=name, owned=True)
 
     def add_stream(self, stream: BinaryIO, name: str) -> None:
         """A bucket to read from a stream (e.g. a remote file): copied to local temp a buffer at a time."""
