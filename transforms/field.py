@@ -21,7 +21,7 @@ from planning.run.cancellation import check_stopped
 from planning.sampling import Unit
 from planning.specs import FieldSpec
 from transforms.cut import read_box, to_record_dtype, with_run_files
-from transforms.stats import UNITS_PER_GROUP, MergeSummaries, Moments, SplitSummary, merge_by_name
+from transforms.stats import MergeSummaries, Moments, SplitSummary, keyed_part, merge_by_name
 from transforms.tendency import source_reader
 
 
@@ -81,7 +81,7 @@ class _FieldFn(beam.DoFn):
     def process(self, unit: Unit):
         check_stopped()
         summary = _summaries(field_moments(self._spec, self._spec.cut.sources, unit))
-        yield unit.index // UNITS_PER_GROUP, ((unit.index, 0), summary)
+        yield keyed_part(unit.index, summary)
 
 
 @dataclasses.dataclass
@@ -91,7 +91,8 @@ class ComputeFieldStats(beam.PTransform):
     spec: FieldSpec
 
     def expand(self, units):
-        return units | "SummarizeField" >> beam.ParDo(_FieldFn(self.spec)) | "MergeField" >> MergeSummaries()
+        merge = MergeSummaries(len(self.spec.plan.units))
+        return units | "SummarizeField" >> beam.ParDo(_FieldFn(self.spec)) | "MergeField" >> merge
 
 
 def field_summary(spec: FieldSpec) -> dict[str, SplitSummary]:

@@ -24,6 +24,7 @@ from planning.features import stored_cells
 from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 from schemas.schema import Feature
+from transforms import summary_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,48 +264,49 @@ def summarize_block(
     return out
 
 
-#: Units whose summaries are merged together, in unit (and piece) order, before the groups are merged in
-#: group order: a fixed order of float additions, so the statistics are the same to the last bit
-#: whatever order the runner delivers the blocks in, with a bounded number held at once.
-UNITS_PER_GROUP = 256
+def keyed_part(unit: int, summary: dict[str, SplitSummary], piece: int = 0, pieces: int = 1):
+    """(group, ((unit, piece, pieces), summary)): a unit's (or a piece's) summary as the merge takes it."""
+    return unit // summary_tree.UNITS_PER_GROUP, ((unit, piece, pieces), summary)
 
 
 def keyed_summary(
     block: Block, split_names: Sequence[str], per: Sequence[str], features: Sequence[Feature] = (), over="samples"
 ):
     summary = summarize_block(block, split_names, per, features, over)
-    return block.unit // UNITS_PER_GROUP, ((block.unit, block.piece), summary)
+    return keyed_part(block.unit, summary, block.piece, block.pieces)
 
 
-def _merge_group(group: int, parts: Iterable[tuple[int, dict[str, SplitSummary]]]):
+def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], dict[str, SplitSummary]]]):
     return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
 
 
-def merge_groups_in_order(groups: Mapping[int, Iterable[tuple[tuple[int, int], dict[str, SplitSummary]]]]):
-    """keyed_summary's parts of every group ({group: [(unit and piece, summary)]}) merged as ComputeStats merges
-    them: each group's in unit order, then the groups in order (the same float additions, the same bits)."""
-    return merge_by_name(_merge_group(group, groups[group])[1] for group in sorted(groups))
+def summary_tree_of(units: int) -> summary_tree.SummaryTree:
+    """An empty merge of the statistics' summaries in the fixed tree (transforms.summary_tree), for ``units`` units."""
+    return summary_tree.SummaryTree(merge_by_name, units)
 
 
 class _MergeGroupsInOrderFn(beam.CombineFn):
-    """Merges the groups' summaries in group order; its accumulator holds one summary per group."""
+    """Merges the groups' summaries in the tree's order; its accumulator holds a summary per finished branch of
+    groups and the groups of the branches being filled (all of them when ``units`` is not known: 0)."""
+
+    def __init__(self, units: int = 0):
+        self._units = units
 
     def create_accumulator(self):
-        return {}
+        return summary_tree_of(self._units)
 
     def add_input(self, accumulator, element):
-        group, summary = element
-        accumulator[group] = summary
+        accumulator.add_group(*element)
         return accumulator
 
     def merge_accumulators(self, accumulators):
-        merged = {}
-        for accumulator in accumulators:
-            merged.update(accumulator)
+        merged, *rest = accumulators
+        for accumulator in rest:
+            merged.absorb(accumulator)
         return merged
 
     def extract_output(self, accumulator):
-        return merge_by_name(accumulator[group] for group in sorted(accumulator))
+        return accumulator.result()
 
 
 @dataclasses.dataclass
@@ -318,14 +320,16 @@ class ComputeStats(beam.PTransform):
             blocks
             | "SummarizeBlock"
             >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per, self.spec.features, self.spec.over)
-            | "MergeSummaries" >> MergeSummaries()
+            | "MergeSummaries" >> MergeSummaries(self.spec.units)
         )
 
 
 @dataclasses.dataclass
 class MergeSummaries(beam.PTransform):
-    """keyed_summary's parts -> one merged {split: SplitSummary} dict, in unit order (ComputeStats' and the
-    tendency's steps after their per-unit one)."""
+    """keyed_summary's parts -> one merged {split: SplitSummary} dict, in the tree's order (ComputeStats' and the
+    tendency's steps after their per-unit one). ``units``: how many units deliver parts (0: not known)."""
+
+    units: int = 0
 
     def expand(self, parts):
         return (
@@ -334,7 +338,7 @@ class MergeSummaries(beam.PTransform):
             | "MergeGroup" >> beam.MapTuple(_merge_group)
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn()).without_defaults()
+            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn(self.units)).without_defaults()
         )
 
 

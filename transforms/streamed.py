@@ -34,7 +34,7 @@ from transforms.files import use_anonymous_credentials_for_emulator
 from transforms.finalize import finalize_output
 from transforms.in_place import add_counts, commit_shards
 from transforms.shards import WriteBucketedShards
-from transforms.stats import keyed_summary, merge_by_name, merge_groups_in_order
+from transforms.stats import keyed_summary, merge_by_name, summary_tree_of
 from transforms.write import block_writer
 
 _WRITTEN, _SUMMARY, _SHARD, _MERGED = 0, 1, 2, 3
@@ -77,14 +77,18 @@ def _is_summary(element: tuple) -> bool:
 
 
 class _CollectFn(beam.CombineFn):
-    """Every unit's result -> (shard -> [records, bytes] written in place, shard results, {stats group: [(unit and
-    piece, summary)]}, statistics merged elsewhere), as one element."""
+    """Every unit's result -> (shard -> [records, bytes] written in place, shard results, the units' summaries in
+    their merge tree (transforms.summary_tree: a few nodes, not a summary a unit), statistics merged elsewhere),
+    as one element."""
+
+    def __init__(self, units: int):
+        self._units = units
 
     def create_accumulator(self):
-        return {}, [], {}, {}
+        return {}, [], summary_tree_of(self._units), {}
 
     def add_input(self, accumulator, element):
-        written, results, groups, merged = accumulator
+        written, results, tree, merged = accumulator
         kind, value = element
         if kind == _WRITTEN:
             written = add_counts([written, value])
@@ -93,32 +97,31 @@ class _CollectFn(beam.CombineFn):
         elif kind == _MERGED:
             merged = merge_by_name([merged, value])
         else:
-            group, part = value
-            groups.setdefault(group, []).append(part)
-        return written, results, groups, merged
+            group, ((unit, piece, pieces), summary) = value
+            tree.add_part(group, unit, piece, pieces, summary)
+        return written, results, tree, merged
 
     def merge_accumulators(self, accumulators):
-        written, results, groups, merged = self.create_accumulator()
-        for other_written, other_results, other_groups, other_merged in accumulators:
+        written, results, tree, merged = self.create_accumulator()
+        for other_written, other_results, other_tree, other_merged in accumulators:
             written = add_counts([written, other_written])
             results.extend(other_results)
-            for group, parts in other_groups.items():
-                groups.setdefault(group, []).extend(parts)
+            tree.absorb(other_tree)
             merged = merge_by_name([merged, other_merged])
-        return written, results, groups, merged
+        return written, results, tree, merged
 
     def extract_output(self, accumulator):
         return accumulator
 
 
 def _commit(collected: tuple, write: WriteSpec, finalize: FinalizeSpec) -> Schema:
-    """Shards written in place committed, the statistics merged as ComputeStats merges them (each group's parts in
-    unit order, then the groups in order: the same float additions), the metadata written."""
+    """Shards written in place committed, the statistics merged as ComputeStats merges them (the same tree of
+    units, groups and branches: the same float additions), the metadata written."""
     use_anonymous_credentials_for_emulator()
-    written, results, groups, merged = collected
+    written, results, tree, merged = collected
     if write.strategy is WriteStrategy.IN_PLACE:
         results = list(commit_shards(written, write))
-    summaries = merge_by_name([merge_groups_in_order(groups), merged])
+    summaries = merge_by_name([tree.result(), merged])
     return finalize_output(finalize, results, summaries)
 
 
@@ -151,6 +154,6 @@ class StreamBlocks(beam.PTransform):
             parts
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "Collect" >> beam.CombineGlobally(_CollectFn()).without_defaults()
+            | "Collect" >> beam.CombineGlobally(_CollectFn(self.stats.units)).without_defaults()
             | "Commit" >> beam.Map(_commit, self.write, self.finalize)
         )

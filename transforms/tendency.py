@@ -23,7 +23,7 @@ from planning.run.cancellation import check_stopped
 from planning.sampling import Unit
 from planning.specs import CutSpec, TendencySpec
 from transforms.cut import read_box, to_record_dtype, with_run_files
-from transforms.stats import UNITS_PER_GROUP, MergeSummaries, Moments, SplitSummary
+from transforms.stats import MergeSummaries, Moments, SplitSummary, keyed_part
 from transforms.units import load_run_file
 
 
@@ -83,7 +83,7 @@ class _TendencyFn(beam.DoFn):
         check_stopped()
         moments = tendency_moments(self._spec, self._spec.cut.sources, unit)
         summary = {self._spec.split: SplitSummary({}, tendency=moments)}
-        yield unit.index // UNITS_PER_GROUP, ((unit.index, 0), summary)
+        yield keyed_part(unit.index, summary)
 
 
 @dataclasses.dataclass
@@ -93,7 +93,8 @@ class ComputeTendency(beam.PTransform):
     spec: TendencySpec
 
     def expand(self, units):
-        return units | "SummarizeTendency" >> beam.ParDo(_TendencyFn(self.spec)) | "MergeTendency" >> MergeSummaries()
+        merge = MergeSummaries(len(self.spec.plan.units))
+        return units | "SummarizeTendency" >> beam.ParDo(_TendencyFn(self.spec)) | "MergeTendency" >> merge
 
 
 def with_tendency_files(spec: TendencySpec) -> TendencySpec:

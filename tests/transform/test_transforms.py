@@ -26,6 +26,7 @@ from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import frame, read_records
+from transforms import summary_tree
 from transforms.buckets.blobs import unpack_bucket
 from transforms.buckets.sorting import SortedBuckets
 from transforms.cut import CutSamples, HeldBytes, cut_unit
@@ -103,7 +104,8 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
     )
     plan = make_plan(config, unit_budget_bytes=2e3)
     assert len(plan.units) > 20
-    monkeypatch.setattr(stats_module, "UNITS_PER_GROUP", 4)  # several groups, each merged apart
+    monkeypatch.setattr(summary_tree, "UNITS_PER_GROUP", 4)  # several groups, each merged apart
+    monkeypatch.setattr(summary_tree, "GROUPS_PER_BRANCH", 2)  # ... and several branches of them
     spec = stats_spec(plan)
     # What SummarizeBlock makes of each block does not depend on the order: made once, then delivered in any order.
     keyed = [
@@ -117,7 +119,7 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
         for group, part in order:  # GroupUnits: each group's parts in the order they arrived
             groups.setdefault(group, []).append(part)
         merged = [stats_module._merge_group(group, parts) for group, parts in groups.items()]
-        combine = stats_module._MergeGroupsInOrderFn()
+        combine = stats_module._MergeGroupsInOrderFn(len(plan.units))
         shuffled = [merged[i] for i in rng.permutation(len(merged))]
         cuts = sorted(rng.choice(np.arange(1, len(merged)), size=2, replace=False).tolist())
         accumulators = []
