@@ -32,9 +32,10 @@ VALUES_DTYPE = np.dtype(np.float32)
 class GribMessages:
     """One GRIB file's messages of the chosen hypercube, and where cfgrib places each (none: not known)."""
 
-    ranges: np.ndarray  # int64 (n, 2): (offset, length) of each message that the filter may take
-    #: int64 (n, 1 + k): the number of the variable (in ``layout``) each message fills (-1: one cfgrib leaves
-    #: out), then its index along each of that variable's dims before its grid's dims (-1 past them)
+    #: int64 (n, 2): (offset, length) of each message cfgrib reads (placed), or that the filter may take
+    ranges: np.ndarray
+    #: int64 (n, 1 + k): the number of the variable (in ``layout``) each message fills, then its index along each
+    #: of that variable's dims before its grid's dims (-1 past them)
     cells: np.ndarray | None = None
     checks: np.ndarray | None = None  # int64 (n,): CRC-32 of each message's bytes and then of its cell row
     #: each variable's (name, dims as the build reads them, grid shape (the trailing dims' sizes))
@@ -64,47 +65,59 @@ def _on_disk_array(variable):
     return None
 
 
-def place_messages(dataset, ranges: np.ndarray, local: str, promoted: str | None) -> GribMessages:
-    """Where cfgrib places each message of ``ranges`` in ``dataset`` (cfgrib's, not yet promoted), and each
-    message's check; without cells where cfgrib's index cannot be mapped to them for sure.
+def _message_length(head: bytes) -> int | None:
+    """A GRIB message's length from its first 16 bytes (section 0); None where it does not say it plainly (not
+    GRIB, or a GRIB 1 message over 8 MB, whose length ecCodes works out from its end)."""
+    if len(head) < 16 or head[:4] != b"GRIB":
+        return None
+    if head[7] == 2:
+        return int.from_bytes(head[8:16], "big")
+    length = int.from_bytes(head[4:7], "big")
+    return length if head[7] == 1 and not length & 0x800000 else None
+
+
+def place_messages(dataset, local: str, promoted: str | None) -> GribMessages | None:
+    """The messages cfgrib reads for ``dataset`` (cfgrib's, not yet promoted), each with its place and its check;
+    None where cfgrib's index cannot be mapped to whole messages for sure.
 
     Args:
         dataset: the file's hypercube as ``xr.open_dataset(local, engine="cfgrib", cache=False)`` gives it.
-        ranges: (offset, length) of the messages that the filter may take (planning.formats.grib.message_ranges).
-        local: the file the offsets are in (the one cfgrib opened).
+        local: the file cfgrib opened (its index's offsets are in it).
         promoted: the concat dim, where the build gives each variable that dim first (a scalar in the file).
 
     Returns:
-        The messages, with their cells and checks where every field cfgrib reads is one whole message of them.
+        The messages, in file order, with their cells and checks.
     """
-    unplaced = GribMessages(ranges)
-    rows = {int(offset): row for row, offset in enumerate(ranges[:, 0])}
-    layout, placements = [], []
+    layout, placements = [], {}
     for number, name in enumerate(dataset.data_vars):
         array = _on_disk_array(dataset[name])
         if array is None or np.dtype(array.dtype) != VALUES_DTYPE or not 1 <= array.geo_ndim <= 2:
-            return unplaced
+            return None
         if np.float32(array.missing_value) != MISSING:
-            return unplaced  # cfgrib could not set its missing value: not what decode_field gives
+            return None  # cfgrib could not set its missing value: not what decode_field gives
         dims = tuple(dataset[name].dims)
         grid = tuple(int(n) for n in array.shape[-array.geo_ndim :])
         prefix = (0,) if promoted is not None else ()
         layout.append((str(name), ((promoted,) if promoted else ()) + dims, grid))
         for header, ids in array.field_id_index.items():
             first = ids[0]
-            if not isinstance(first, (int, np.integer)) or int(first) not in rows:
-                return unplaced  # a field inside a multi-field message, or one the scan did not find
-            placements.append((rows[int(first)], number, (*prefix, *(int(i) for i in header))))
-    width = 1 + max((len(where) for _, _, where in placements), default=0)
-    cells = np.full((len(ranges), width), -1, dtype=np.int64)
-    for row, number, where in placements:
-        if cells[row, 0] != -1:
-            return unplaced  # one message in two cells: not something a worker places for sure
-        cells[row, : 1 + len(where)] = (number, *where)
-    checks = np.zeros(len(ranges), dtype=np.int64)
+            if not isinstance(first, (int, np.integer)) or int(first) in placements:
+                return None  # a field inside a multi-field message, or one message in two cells
+            placements[int(first)] = (number, *prefix, *(int(i) for i in header))
+    offsets = sorted(placements)
+    width = 1 + max((len(cell) - 1 for cell in placements.values()), default=0)
+    ranges = np.zeros((len(offsets), 2), dtype=np.int64)
+    cells = np.full((len(offsets), width), -1, dtype=np.int64)
+    checks = np.zeros(len(offsets), dtype=np.int64)
     with open(local, "rb") as stream:
-        for row, (offset, length) in enumerate(ranges.tolist()):
-            checks[row] = message_check(os.pread(stream.fileno(), length, offset), cells[row])
+        for row, offset in enumerate(offsets):
+            length = _message_length(os.pread(stream.fileno(), 16, offset))
+            message = os.pread(stream.fileno(), length, offset) if length else b""
+            if len(message) != length or not message.endswith(b"7777"):
+                return None
+            ranges[row] = offset, length
+            cells[row, : len(placements[offset])] = placements[offset]
+            checks[row] = message_check(message, cells[row])
     return GribMessages(ranges, cells, checks, tuple(layout))
 
 
