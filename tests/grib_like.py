@@ -128,3 +128,51 @@ def write_polar_stereographic(path: Path, date: int, seed: int = 0) -> Path:
         eccodes.codes_write(handle, stream)
         eccodes.codes_release(handle)
     return path
+
+
+def write_scanned(path: Path, edition: int, scanning: dict, date: int, seed: int = 0) -> Path:
+    """Temperature on 2 pressure levels at 2 steps, on a grid scanned as ``scanning`` says (jScansPositively,
+    iScansNegatively, alternativeRowScanning), with points missing by the bitmap (and one value at float32's
+    largest, which cfgrib takes for missing too): every way a field's values can come out of a message."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as stream:
+        for step in (0, 6):
+            for level in (850, 500):
+                values = _field(rng, "t", level)
+                values[rng.random(values.shape) < 0.2] = 9999.0  # the bitmap's missing points
+                if level == 500:
+                    values[0, 1] = float(np.finfo(np.float32).max)
+                handle = _message(eccodes, edition, "t", "isobaricInhPa", level, date, 0, step, np.zeros((LAT, LON)))
+                eccodes.codes_set(handle, "packingType", "grid_ieee")  # float32's largest value kept as it is
+                for key, value in scanning.items():
+                    eccodes.codes_set(handle, key, value)
+                if scanning.get("jScansPositively"):
+                    eccodes.codes_set(handle, "latitudeOfFirstGridPointInDegrees", -90.0)
+                    eccodes.codes_set(handle, "latitudeOfLastGridPointInDegrees", 90.0)
+                if scanning.get("iScansNegatively"):
+                    eccodes.codes_set(handle, "longitudeOfFirstGridPointInDegrees", 330.0)
+                    eccodes.codes_set(handle, "longitudeOfLastGridPointInDegrees", 0.0)
+                eccodes.codes_set(handle, "bitmapPresent", 1)
+                eccodes.codes_set(handle, "missingValue", 9999.0)
+                eccodes.codes_set_values(handle, values.ravel())
+                eccodes.codes_write(handle, stream)
+                eccodes.codes_release(handle)
+    return path
+
+
+def write_multi_field(path: Path, date: int, seed: int = 0) -> Path:
+    """Temperature at 850 and 500 hPa as two fields of one GRIB 2 message (a multi-field message)."""
+    import eccodes
+
+    rng = np.random.default_rng(seed)
+    multi = eccodes.codes_grib_multi_new()
+    for level in (850, 500):
+        handle = _message(eccodes, 2, "t", "isobaricInhPa", level, date, 0, 0, _field(rng, "t", level))
+        eccodes.codes_grib_multi_append(handle, 4, multi)
+        eccodes.codes_release(handle)
+    with open(path, "wb") as stream:
+        eccodes.codes_grib_multi_write(multi, stream)
+    eccodes.codes_grib_multi_release(multi)
+    return path

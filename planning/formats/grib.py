@@ -13,6 +13,7 @@ import fsspec
 import numpy as np
 import xarray as xr
 
+from planning.formats.grib_fields import GribMessages, place_messages
 from planning.formats.sources import NETCDF_LOCK
 from schemas.errors import UserError
 from schemas.urls import is_remote
@@ -237,7 +238,8 @@ def open_grib(
 
     No index file is written beside the user's file (cfgrib's default). ``ranges``: the messages
     planning indexed (message_ranges), the only ones read; ``index``: where planning wants them
-    found (appended to it). Times stay numbers unless ``decode_times``, as for NetCDF files.
+    found and placed (a planning.formats.grib_fields.GribMessages appended to it). Times stay
+    numbers unless ``decode_times``, as for NetCDF files.
     """
     try:
         import cfgrib  # noqa: F401
@@ -265,8 +267,12 @@ def open_grib(
         if not dataset.data_vars:
             raise _no_message(path, local, filter_by_keys)
         if index is not None:
-            try:
-                index.append(message_ranges(local, filter_by_keys))
-            except Exception as error:  # ecCodes' own types: a message cfgrib skipped may not parse here either
-                raise _refusal(path, local, error, filter_by_keys) from None
+            promoted = concat_dim if concat_dim in dataset.coords and dataset[concat_dim].ndim == 0 else None
+            placed = place_messages(dataset, local, promoted)
+            if placed is None:  # workers read the file through cfgrib: the messages it may take, by a scan
+                try:
+                    placed = GribMessages(message_ranges(local, filter_by_keys))
+                except Exception as error:  # ecCodes' own types: a message cfgrib skipped may not parse here either
+                    raise _refusal(path, local, error, filter_by_keys) from None
+            index.append(placed)
         yield _promote(dataset, concat_dim)

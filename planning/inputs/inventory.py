@@ -14,6 +14,7 @@ import fsspec
 import numpy as np
 
 from planning.formats.calendars import GREGORIAN, as_cftime, calendar_of
+from planning.formats.grib_fields import GribMessages
 from planning.formats.sources import NETCDF_LOCK, ListedFile, SourceFile, check_not_truncated, list_files
 from planning.formats.zarr_paths import StoreLayout
 from planning.inputs.coords import format_value
@@ -49,8 +50,9 @@ class Inventory:
     #: files holding different variables over the same steps (one variable per file, as CMIP): the groups
     #: (``files`` are the first group's)
     groups: VariableGroups | None = None
-    #: GRIB files: per file, (offset, length) of the messages of the hypercube read (planning.formats.grib)
-    grib_messages: Mapping[str, np.ndarray] | None = None
+    #: GRIB files: per file, the messages of the hypercube read and where each lies in it
+    #: (planning.formats.grib_fields)
+    grib_messages: Mapping[str, GribMessages] | None = None
 
     @property
     def reference(self) -> FileInfo:

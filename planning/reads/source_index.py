@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from planning.formats.grib_fields import GribMessages
 from planning.formats.sources import SourceFile
 from planning.inputs.variable_groups import group_of
 from planning.reads.direct_reads import DirectReads
@@ -46,6 +47,11 @@ class SourceIndex:
     #: GRIB files: (offset, length) of the messages workers read, file i's at rows grib_first[i]:grib_first[i + 1]
     grib_ranges: np.ndarray | None = None
     grib_first: np.ndarray | None = None
+    #: and where cfgrib places each (planning.formats.grib_fields.GribMessages), one layout for every file; None:
+    #: not known for every file (workers then read the files' messages through cfgrib)
+    grib_cells: np.ndarray | None = None
+    grib_checks: np.ndarray | None = None
+    grib_layout: tuple[tuple[str, tuple[str, ...], tuple[int, ...]], ...] = ()
 
     @classmethod
     def of(
@@ -54,13 +60,16 @@ class SourceIndex:
         member_dim: str | None = None,
         direct: DirectReads | None = None,
         group_names: tuple[tuple[str, ...], ...] = (),
-        grib: list[np.ndarray] | None = None,
+        grib: list[GribMessages] | None = None,
     ) -> SourceIndex:
-        """``grib``: each GRIB file's messages as (offset, length) rows (planning.formats.grib.message_ranges)."""
+        """``grib``: each GRIB file's messages (planning.formats.grib_fields)."""
         ranges = first = None
+        cells, checks, layout = _grib_cells(grib or [])
         if grib is not None:
-            ranges = np.concatenate([np.asarray(r, dtype=np.int64).reshape(-1, 2) for r in grib] or [np.empty((0, 2))])
-            first = np.concatenate([[0], np.cumsum([len(r) for r in grib])]).astype(np.int64)
+            ranges = np.concatenate(
+                [np.asarray(m.ranges, dtype=np.int64).reshape(-1, 2) for m in grib] or [np.empty((0, 2))]
+            )
+            first = np.concatenate([[0], np.cumsum([len(m.ranges) for m in grib])]).astype(np.int64)
         return cls(
             tuple(f.path for f in files),
             np.array([f.start for f in files], dtype=np.int64),
@@ -75,6 +84,9 @@ class SourceIndex:
             tuple(group_names),
             None if ranges is None else ranges.astype(np.int64),
             first,
+            cells,
+            checks,
+            layout,
         )
 
     def __len__(self) -> int:
@@ -105,8 +117,8 @@ class SourceIndex:
     def total_bytes(self) -> int:
         return int(self.nbytes.sum())
 
-    def grib_messages(self, source: SourceFile) -> np.ndarray | None:
-        """The (offset, length) of the messages of GRIB file ``source`` workers read; None without an index."""
+    def _grib_rows(self, source: SourceFile) -> slice | None:
+        """The rows of GRIB file ``source``'s messages in the index; None without an index."""
         if self.grib_ranges is None or self.grib_first is None:
             return None
         found = int(np.searchsorted(self.starts, source.start, side="left"))
@@ -114,7 +126,19 @@ class SourceIndex:
             found += 1
         if found >= len(self) or self.paths[found] != source.path:
             return None
-        return self.grib_ranges[self.grib_first[found] : self.grib_first[found + 1]]
+        return slice(int(self.grib_first[found]), int(self.grib_first[found + 1]))
+
+    def grib_messages(self, source: SourceFile) -> np.ndarray | None:
+        """The (offset, length) of the messages of GRIB file ``source`` workers read; None without an index."""
+        rows = self._grib_rows(source)
+        return None if rows is None else self.grib_ranges[rows]
+
+    def grib_fields(self, source: SourceFile) -> GribMessages | None:
+        """GRIB file ``source``'s messages and where cfgrib places each; None where that is not known."""
+        rows = self._grib_rows(source)
+        if rows is None or self.grib_cells is None or self.grib_checks is None:
+            return None
+        return GribMessages(self.grib_ranges[rows], self.grib_cells[rows], self.grib_checks[rows], self.grib_layout)
 
     def group_of(self, variable: str) -> int:
         """The group of files that holds ``variable`` (0 for what every group holds, and without groups)."""
@@ -165,6 +189,11 @@ class SourceIndex:
             columns.update(groups=self.groups, group_names=np.array(json.dumps(self.group_names), dtype=np.str_))
         if self.grib_ranges is not None:
             columns.update(grib_ranges=self.grib_ranges, grib_first=self.grib_first)
+        if self.grib_cells is not None:
+            layout = json.dumps([[name, list(dims), list(grid)] for name, dims, grid in self.grib_layout])
+            columns.update(
+                grib_cells=self.grib_cells, grib_checks=self.grib_checks, grib_layout=np.array(layout, dtype=np.str_)
+            )
         np.savez_compressed(buffer, paths=paths, versions=versions, **columns)
         return buffer.getvalue()
 
@@ -191,6 +220,12 @@ class SourceIndex:
             grib_ranges = grib_first = None
             if "grib_ranges" in columns:
                 grib_ranges, grib_first = _grib_columns(columns["grib_ranges"], columns["grib_first"], len(paths))
+            grib_cells = grib_checks = None
+            grib_layout: tuple = ()
+            if grib_ranges is not None and "grib_cells" in columns:
+                grib_cells, grib_checks, grib_layout = _grib_placements(
+                    columns["grib_cells"], columns["grib_checks"], str(columns["grib_layout"]), len(grib_ranges)
+                )
             return cls(
                 paths,
                 starts,
@@ -205,6 +240,9 @@ class SourceIndex:
                 group_names,
                 grib_ranges,
                 grib_first,
+                grib_cells,
+                grib_checks,
+                grib_layout,
             )
 
 
@@ -224,3 +262,43 @@ def _grib_columns(ranges: np.ndarray, first: np.ndarray, files: int) -> tuple[np
         and (ranges[:, 1] > 0).all()
     )
     return (ranges.astype(np.int64), first.astype(np.int64)) if sane else (None, None)
+
+
+def _grib_cells(grib: list[GribMessages]) -> tuple[np.ndarray | None, np.ndarray | None, tuple]:
+    """The files' cells and checks as columns, where every file's messages are placed on one layout (the variables'
+    dims and grids agree across files, as planning requires); else none (workers then read through cfgrib)."""
+    if not grib or not all(m.placed and m.layout == grib[0].layout for m in grib):
+        return None, None, ()
+    width = max(m.cells.shape[1] for m in grib)
+    cells = np.full((sum(len(m.ranges) for m in grib), width), -1, dtype=np.int64)
+    row = 0
+    for messages in grib:
+        cells[row : row + len(messages.cells), : messages.cells.shape[1]] = messages.cells
+        row += len(messages.cells)
+    return cells, np.concatenate([m.checks for m in grib]).astype(np.int64), grib[0].layout
+
+
+def _grib_placements(
+    cells: np.ndarray, checks: np.ndarray, layout_json: str, messages: int
+) -> tuple[np.ndarray | None, np.ndarray | None, tuple]:
+    """A saved GRIB placement, checked before workers place fields by it (read from disk: untrusted); none where it
+    is not a sane placement of the index's messages (workers then read the messages through cfgrib)."""
+    try:
+        layout = tuple(
+            (str(name), tuple(str(d) for d in dims), tuple(int(n) for n in grid))
+            for name, dims, grid in json.loads(layout_json)
+        )
+    except (ValueError, TypeError):
+        return None, None, ()
+    sane = (
+        cells.ndim == 2
+        and cells.shape[0] == messages
+        and cells.shape[1] >= 1
+        and cells.dtype.kind == "i"
+        and checks.shape == (messages,)
+        and checks.dtype.kind == "i"
+        and (cells >= -1).all()
+        and (cells[:, 0] < len(layout)).all()
+        and all(len(dims) - len(grid) < cells.shape[1] and all(n > 0 for n in grid) for _, dims, grid in layout)
+    )
+    return (cells.astype(np.int64), checks.astype(np.int64), layout) if sane else (None, None, ())
