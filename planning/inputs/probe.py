@@ -155,8 +155,9 @@ REQUESTS_IN_FLIGHT = 32
 FILES_PER_BATCH = 512
 
 
-#: Below this many remote files a pool of processes costs more than it saves: forking the launcher and
-#: each pool process's own connections cost about what parsing this many files on another core saves.
+#: Below this many remote files a pool of processes costs more than it saves: forking the launcher, and each
+#: pool process's own session and connections (a few tenths of a second), against 5-10 ms of parsing a file
+#: that another core takes over.
 POOL_MIN_FILES = 256
 #: Remote files a pool process fetches and parses per task: its own connections fetch a task's ends while
 #: the other processes parse theirs; small enough that the last tasks leave no core idle for long.

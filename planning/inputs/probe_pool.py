@@ -23,8 +23,8 @@ R = TypeVar("R")
 
 
 def pool_processes() -> int:
-    """Processes a pool of probes may use: the cores this process may run on (its affinity, which a container's
-    or ``taskset``'s limit narrows), at most MAX_PROCESSES; 1 where processes cannot be forked."""
+    """Processes a pool of probes may use: the cores this process may run on (its CPU affinity, which ``taskset``
+    or a cpuset narrows; a CPU quota does not), at most MAX_PROCESSES; 1 where processes cannot be forked."""
     if "fork" not in mp.get_all_start_methods():
         return 1
     try:
