@@ -281,6 +281,10 @@ def all_targets(results: dict) -> list[Target]:
         from benchmarks.scale import targets as many_files_targets
 
         targets += many_files_targets(results["many_files"])
+    if "remote_planning" in results:
+        from benchmarks.remote_planning import targets as remote_planning_targets
+
+        targets += remote_planning_targets(results["remote_planning"])
     demo = results.get("demo")
     if demo is not None:
         targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
@@ -362,6 +366,10 @@ def render(results: dict, *, for_docs: bool = False) -> str:
         from benchmarks.inputs_vs_netcdf import render as inputs_section
 
         sections.append(inputs_section(results["inputs"], for_docs=for_docs))
+    if "remote_planning" in results:
+        from benchmarks.remote_planning import render as remote_planning_section
+
+        sections.append(remote_planning_section(results["remote_planning"], for_docs=for_docs))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

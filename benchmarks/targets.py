@@ -34,6 +34,8 @@ MAX_ZARR_FETCHED_PER_STORED = 1.1
 MAX_ZARR_BUILD_RSS = 1.5 * GB
 #: the launcher's peak RSS planning gs:// NetCDF-4 files: KiB more per file (benchmarks.scale, 2,100 to 10,000 files)
 MAX_REMOTE_PLAN_KIB_PER_FILE = 8.0
+#: planning 2,100 gs:// NetCDF-4 files: wall with 1 core / with 2 (benchmarks.remote_planning: the probes' pool)
+MIN_REMOTE_PLAN_PARALLEL = 1.6
 #: the job graph (a dry run's pipeline proto) from one month to 1940-2024; its largest / its smallest; the largest run's
 #: dry-run wall and launcher peak RSS (benchmarks.job_graph)
 MAX_JOB_GRAPH_MB = 1.0

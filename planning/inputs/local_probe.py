@@ -20,10 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import multiprocessing as mp
 import os
-import signal
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -34,6 +31,7 @@ from planning.formats.netcdf3 import read_header
 from planning.formats.remote_files import RemoteFile
 from planning.formats.sources import NETCDF_LOCK, is_hdf5
 from planning.inputs.probe import FileProbe, _plain, probe_classic
+from planning.inputs.probe_pool import map_in_pool, pool_processes
 from planning.inputs.twin_probe import Twins
 from planning.run.cancellation import check_stopped
 
@@ -215,17 +213,6 @@ def _probe_serially(
     return probes
 
 
-def _default_signals() -> None:
-    """In a pool process: Ctrl-C and SIGTERM end it as they end any program.
-
-    A forked process inherits the build's handling of them (pipelines.stopping), which would
-    report its signals as the build's own; the build kills its pool when it stops.
-    """
-    signal.set_wakeup_fd(-1)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def probe_local_files(
     paths_and_sizes: list[tuple[str, int]], concat_dim: str, wanted: frozenset[str] | None = None
 ) -> list[FileProbe | None]:
@@ -234,12 +221,10 @@ def probe_local_files(
 
     ``wanted``: the variables whose byte layouts to record (None: every one).
 
-    The HDF5 library serialises all work in a process, so processes are the only way to use
-    more than one core. They are forked: a fresh interpreter would spend longer importing
-    numpy and h5py than probing a few thousand files.
+    The pool (planning.inputs.probe_pool) has a process for each of the launcher's cores.
     """
-    processes = min(os.cpu_count() or 1, 8)
-    if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
+    processes = pool_processes()
+    if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2:
         return _probe_serially(concat_dim, wanted, paths_and_sizes)
     twins = Twins()
     first = _probe_serially(concat_dim, wanted, paths_and_sizes[:FILES_PER_TASK], twins)
@@ -247,6 +232,5 @@ def probe_local_files(
     if twins.matched >= TWINS_FOR_NO_POOL * len(first):  # files written alike: 0.06 ms each, no pool to start
         return first + _probe_serially(concat_dim, wanted, rest, twins)
     tasks = [rest[i : i + FILES_PER_TASK] for i in range(0, len(rest), FILES_PER_TASK)]
-    with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
-        results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
-        return first + [probe for chunk in results for probe in chunk]
+    results = map_in_pool(functools.partial(_probe_serially, concat_dim, wanted), tasks, processes)
+    return first + [probe for chunk in results for probe in chunk]

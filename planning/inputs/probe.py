@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fsspec
@@ -25,7 +25,9 @@ from planning.formats.classic_reads import read_raw
 from planning.formats.netcdf3 import ClassicHeader, read_header
 from planning.formats.remote_files import BlockReader, RemoteFile
 from planning.formats.sources import HDF5_SIGNATURE, NETCDF_LOCK, ListedFile, refuse_truncated
+from planning.inputs.probe_pool import map_in_pool, pool_processes
 from planning.inputs.time_decoding import AS_STATED, MissingValue, TimeDecoding
+from planning.run.cancellation import check_stopped
 
 #: Attributes that change how xarray decodes a variable's values (and so its decoded dtype).
 _DECODING_ATTRS = ("scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "units", "calendar")
@@ -153,18 +155,42 @@ REQUESTS_IN_FLIGHT = 32
 FILES_PER_BATCH = 512
 
 
-def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
-    """Probe remote files, FILES_PER_BATCH at a time: both ends of a batch's files fetched concurrently, then
-    parsed one by one.
+#: Below this many remote files a pool of processes costs more than it saves: forking the launcher, and each
+#: pool process's own session and connections (a few tenths of a second), against 5-10 ms of parsing a file
+#: that another core takes over.
+POOL_MIN_FILES = 256
+#: Remote files a pool process fetches and parses per task: its own connections fetch a task's ends while
+#: the other processes parse theirs; small enough that the last tasks leave no core idle for long.
+FILES_PER_TASK = 128
 
-    None for a file that needs the full look (an unusual layout, a truncated or unreadable file:
-    the full look names the problem).
+
+def probe_remote(files: list[ListedFile], concat_dim: str) -> list[FileProbe | None]:
+    """Probe remote files, a batch at a time: both ends of a batch's files fetched concurrently, then parsed.
+
+    Many files are probed in a pool of processes (planning.inputs.probe_pool), each fetching
+    and parsing its own FILES_PER_TASK files at a time (parsing is Python and HDF5, which hold
+    one core each); fewer, FILES_PER_BATCH at a time in this process. Either way the result is
+    the same, in the same order. None for a file that needs the full look (an unusual layout,
+    a truncated or unreadable file: the full look names the problem).
     """
+    processes = pool_processes()
+    if len(files) < POOL_MIN_FILES or processes < 2:
+        batches = (files[start : start + FILES_PER_BATCH] for start in range(0, len(files), FILES_PER_BATCH))
+        chunks: Iterator[Iterable[FileProbe | None]] = (_probe_batch(batch, concat_dim) for batch in batches)
+    else:
+        tasks = [files[start : start + FILES_PER_TASK] for start in range(0, len(files), FILES_PER_TASK)]
+        chunks = map_in_pool(functools.partial(_probe_task, concat_dim), tasks, processes)
     probes: list[FileProbe | None] = []
     shared: dict[str, Any] = {}
-    for start in range(0, len(files), FILES_PER_BATCH):
-        probes += (_shared(probe, shared) for probe in _probe_batch(files[start : start + FILES_PER_BATCH], concat_dim))
+    for chunk in chunks:
+        probes += (_shared(probe, shared) for probe in chunk)
     return probes
+
+
+def _probe_task(concat_dim: str, files: list[ListedFile]) -> list[FileProbe | None]:
+    """A pool process's task: its files fetched on its own connections (fsspec and gcsfs make new ones in a
+    forked process), then parsed."""
+    return list(_probe_batch(files, concat_dim))
 
 
 def _probe_batch(files: list[ListedFile], concat_dim: str) -> Iterator[FileProbe | None]:
@@ -176,6 +202,7 @@ def _probe_batch(files: list[ListedFile], concat_dim: str) -> Iterator[FileProbe
     starts, ends = [0] * len(files) + tail_starts, head_ends + [f.nbytes for f in files]
     fetched = fs.cat_ranges(paths + paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
     for i, listed in enumerate(files):
+        check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
         head, tail = fetched[i], fetched[len(files) + i]
         fetched[i] = fetched[len(files) + i] = None  # each file's bytes go once it is parsed
         remote = RemoteFile(listed.path, listed.nbytes)

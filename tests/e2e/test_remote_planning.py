@@ -75,3 +75,32 @@ def test_a_remote_object_rewritten_at_the_same_size_is_probed_again(gcs, tmp_pat
     probed = []
     reuse_or_probe(again, load_probes(cache, "time"), lambda missing: probed.extend(missing) or [None])
     assert probed == again
+
+
+def test_a_pool_of_forked_processes_probes_gs_files_on_connections_of_its_own(gcs, sample_file, tmp_path, monkeypatch):
+    """gcsfs keeps an event loop and open connections in the launcher, which a forked process must not use: each
+    pool process makes its own (fsspec and gcsfs start afresh after a fork), and the probes equal this process's."""
+    from planning.inputs import probe
+
+    source = sample_file("TREFHT.B06.57.atm.1890-1999ANN.nc")
+    local = split_along_time(source, tmp_path, 12, formats=("NETCDF4", "NETCDF3_64BIT"))
+    for path in local:
+        gcs.put_file(path, f"{BUCKET}/pooled/{path.rsplit('/', 1)[1]}")
+    listed = list_files([f"gs://{BUCKET}/pooled/*.nc"])
+    alone = probe.probe_remote(listed, "time")  # this process's loop and connections are open now
+    monkeypatch.setattr(probe, "POOL_MIN_FILES", 4)
+    monkeypatch.setattr(probe, "FILES_PER_TASK", 5)
+    monkeypatch.setattr(probe, "pool_processes", lambda: 2)
+    pooled = probe.probe_remote(listed, "time")
+    assert all(alone) and {p.classic for p in alone} == {True, False}
+    for one, other in zip(alone, pooled, strict=True):
+        assert (one.path, one.fingerprint, one.sizes, one.bytes_read, one.classic) == (
+            other.path,
+            other.fingerprint,
+            other.sizes,
+            other.bytes_read,
+            other.classic,
+        )
+        assert repr(one.concat_attrs) == repr(other.concat_attrs)  # (a NaN _FillValue equals no other NaN)
+        np.testing.assert_array_equal(one.concat_raw, other.concat_raw)
+    assert probe.probe_remote(listed, "time")[0].path == listed[0].path  # and this process's connections still work

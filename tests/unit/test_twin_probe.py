@@ -8,7 +8,7 @@ import netCDF4
 import numpy as np
 import pytest
 
-from planning.inputs import local_probe, twin_probe
+from planning.inputs import local_probe, probe_pool, twin_probe
 from planning.inputs.local_probe import _probe_serially, probe_local
 
 
@@ -131,7 +131,7 @@ def test_twins_are_probed_without_a_pool_of_processes(tmp_path, monkeypatch):
     def no_pool(*args, **kwargs):
         raise AssertionError("a pool was started for twins")
 
-    monkeypatch.setattr(local_probe, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(probe_pool, "ProcessPoolExecutor", no_pool)
     probes = local_probe.probe_local_files(files, "time")
     assert [p.concat_raw[0] for p in probes] == [2 * i for i in range(24)]
     files.insert(3, _write(tmp_path / "odd.nc", 99, units="hours since 2000-01-02"))  # 15 twins of 20: a pool
