@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -198,20 +198,32 @@ def cut_coordinates(
     return out
 
 
-def with_static_coordinates(schema: Schema, plans: Sequence[VariablePlan], dataset) -> Schema:
+def _open_static(path: str, grib: Mapping | None, concat_dim: str):
+    """The file of a static coordinate, as the build reads it: GRIB files through the config's hypercube (and no
+    index file written beside them), others as NetCDF."""
+    if grib is not None:
+        from planning.formats.grib import open_grib  # here: cfgrib loads only for a GRIB build
+
+        return open_grib(path, grib, concat_dim)
+    import xarray as xr
+
+    return xr.open_dataset(path, engine=netcdf_engine(path), decode_times=False)
+
+
+def with_static_coordinates(
+    schema: Schema, plans: Sequence[VariablePlan], dataset, grib: Mapping | None = None, concat_dim: str = ""
+) -> Schema:
     """The schema with each static coordinate of config ``coords`` (a curvilinear grid's 2-D lat/lon) in its grid,
     exactly, on the selected grid: reassembly puts them back where no sample carries them, in their own dtype.
 
     Read once here from a local file (a grid is small); a remote one is left out (reassembly then takes the
-    float32 values the records carry).
+    float32 values the records carry). ``grib``: input.grib's filter_by_keys, for GRIB files.
     """
     grid = dict(schema.grid)
     for plan in plans:
         if plan.static_path is None or is_remote(plan.static_path):
             continue
-        import xarray as xr
-
-        with xr.open_dataset(plan.static_path, engine=netcdf_engine(plan.static_path), decode_times=False) as ds:
+        with _open_static(plan.static_path, grib, concat_dim) as ds:
             variable = ds[plan.name]
             taken = {d: dataset.selection.indices(d, variable.sizes[d]) for d in plan.dims}
             values = variable.isel(taken).values

@@ -506,7 +506,9 @@ def make_plan(
     schema = describe_build(
         config, grid, dataset, sources, features, splits, drops, scalar_coordinates(inventory), origin
     )
-    schema = with_static_coordinates(schema, coordinates, dataset)
+    schema = with_static_coordinates(
+        schema, coordinates, dataset, None if grib is None else dict(grib), config.input.concat_dim
+    )
     coord_values = {d: v for d, (v, _) in coords.items()}
     run_id = run_id or new_run_id()
     positions = Positions(
