@@ -25,7 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parents[1]
-VENDORED_DATA = REPO / "tests" / "data"  # NCAR/geocat-datafiles samples (Apache-2.0): see tests/data/README.md
+VENDORED_DATA = REPO / "tests" / "data"  # geocat-datafiles and cfgrib samples (Apache-2.0): tests/data/README.md
 SHARED_DATA = Path(os.environ.get("XTF_SHARED_DATA", REPO.parent / "shared" / "data"))
 ERAINT = "eraint_uvz.nc"  # no licence: never committed; from SHARED_DATA when there, else a stand-in
 

@@ -51,7 +51,7 @@ def test_sdist_and_wheel_ship_no_test_data(dists):
     with zipfile.ZipFile(wheel) as whl:
         names += whl.namelist()
     assert any(n.endswith("schemas/parser_template.py") for n in names)  # package data still ships
-    shipped = [n for n in names if n.endswith(".nc") or "tests/data" in n or "geocat" in n.lower()]
+    shipped = [n for n in names if n.endswith((".nc", ".grib")) or "tests/data" in n or "geocat" in n.lower()]
     assert not shipped, shipped
 
 
