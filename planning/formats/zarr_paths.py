@@ -52,7 +52,15 @@ def is_store(path: str) -> bool:
             any(os.path.exists(os.path.join(path, m)) for m in MARKERS) or is_icechunk(path)
         )
     fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
-    return any(fs.exists(f"{root}/{marker}") for marker in MARKERS)
+    if any(fs.exists(f"{root}/{marker}") for marker in MARKERS):
+        return True
+    if all(fs.isdir(f"{root}/{part}") for part in ("refs", "snapshots")):
+        # Icechunk reads object storage through its own client, not fsspec; only local repositories are read.
+        raise UserError(
+            f"{path}: an Icechunk repository on object storage is not read yet; copy it to a local path "
+            "(gcloud storage cp -r ...) and list that path in input.paths"
+        )
+    return False
 
 
 def store_input(paths: Sequence[str]) -> str | None:

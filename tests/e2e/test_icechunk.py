@@ -125,3 +125,14 @@ def test_a_version_the_repository_lacks_is_refused_in_one_line(repository, tmp_p
 def test_icechunk_on_a_path_that_is_no_repository_is_refused(repository, tmp_path, capsys):
     line = refused(_config(repository["netcdf"][0], tmp_path / "out", {"tag": "v1"}), tmp_path, capsys)
     assert "input.icechunk: " in line and "is not an Icechunk repository" in line
+
+
+def test_a_repository_on_object_storage_is_refused_in_one_line_saying_what_to_do(repository, gcs, tmp_path, capsys):
+    """Icechunk reads object storage through its own client (not fsspec's): local repositories only, said so."""
+    from conftest import BUCKET
+
+    gcs.put(str(repository["path"]), f"{BUCKET}/icechunk/repo", recursive=True)
+    url = f"gs://{BUCKET}/icechunk/repo"
+    line = refused(_config(url, tmp_path / "out"), tmp_path, capsys)
+    assert line.startswith(f"error: {url}: an Icechunk repository on object storage is not read yet"), line
+    assert "copy it to a local path" in line
