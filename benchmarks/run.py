@@ -479,6 +479,23 @@ def failures(results: dict) -> list[str]:
     return failed + (results["many_files"]["failed"] if "many_files" in results else [])
 
 
+#: Options whose values are places on the machine that ran the benchmark: left out of the docs' command line.
+_LOCAL_OPTIONS = ("--workdir", "--json")
+
+
+def docs_command(argv: list[str]) -> str:
+    """The command line that wrote the docs' table, as a reader would type it: without this machine's folders."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _LOCAL_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{option}=" for option in _LOCAL_OPTIONS)):
+            kept.append(arg)
+    return " ".join(["python -m benchmarks.run", *kept])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scales = args.scales or [args.scale]
@@ -499,8 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(results, indent=2, default=str))
     print(f"\nResults: {path}")
     if args.markdown:
-        command = " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])])
-        report.write_markdown(Path(args.markdown), results, command)
+        report.write_markdown(Path(args.markdown), results, docs_command(argv if argv is not None else sys.argv[1:]))
         print(f"Written into {args.markdown}")
     return 1 if results["failed"] else 0
 

@@ -61,6 +61,7 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
     assert "an older table" not in written and written.endswith("<!-- benchmark:end -->\n\nafter\n")
     assert "Written by `python -m benchmarks.run --quick" in written and "== targets ==" in written
     assert results["started"] not in written and "load" not in written.split("<!-- benchmark:start -->")[1]
+    assert str(tmp_path) not in written.replace(str(page), "")  # no folder of the machine that ran it (--workdir)
 
 
 def test_run_includes_the_many_files_benchmark_only_when_asked(tmp_path, monkeypatch, capsys):
