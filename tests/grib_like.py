@@ -176,3 +176,14 @@ def write_multi_field(path: Path, date: int, seed: int = 0) -> Path:
         eccodes.codes_grib_multi_write(multi, stream)
     eccodes.codes_grib_multi_release(multi)
     return path
+
+
+def cfgrib_dataset(paths, concat_dim: str, filter_by_keys: dict):
+    """The files as xarray reads them through cfgrib, joined along ``concat_dim``: what every record must equal."""
+    import xarray as xr
+
+    parts = []
+    for path in paths:
+        ds = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": filter_by_keys})
+        parts.append(ds.expand_dims(concat_dim) if ds[concat_dim].ndim == 0 else ds)
+    return xr.concat(parts, concat_dim, data_vars="minimal", coords="minimal", compat="override").load()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
-from grib_like import FIELDS, grib_along_step, grib_along_time, write_grib
+from grib_like import FIELDS, cfgrib_dataset, grib_along_step, grib_along_time, write_grib
 
 from pipelines.build import main
 from schemas import load_schema
@@ -40,15 +40,6 @@ def _build(tmp_path: Path, config: dict) -> Path:
     return Path(config["output"]["path"])
 
 
-def _cfgrib(paths, concat_dim: str, filter_by_keys: dict) -> xr.Dataset:
-    """The files as xarray reads them through cfgrib, joined along ``concat_dim``: what every record must equal."""
-    parts = []
-    for path in paths:
-        ds = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": filter_by_keys})
-        parts.append(ds.expand_dims(concat_dim) if ds[concat_dim].ndim == 0 else ds)
-    return xr.concat(parts, concat_dim, data_vars="minimal", coords="minimal", compat="override").load()
-
-
 def _assert_records_are_slices(output: Path, source: xr.Dataset) -> int:
     schema = load_schema(str(output))
     records = read_all_records(output, schema)
@@ -70,7 +61,7 @@ def test_grib2_files_along_time_give_their_cfgrib_slices(along_time, tmp_path):
     sample = {"window": {"latitude": 3, "longitude": 4}, "keep": ["step", "isobaricInhPa"]}
     config = _config(along_time, tmp_path / "out", "time", ["t", "z"], sample, {"filter_by_keys": PRESSURE})
     output = _build(tmp_path, config)
-    source = _cfgrib(along_time, "time", PRESSURE)
+    source = cfgrib_dataset(along_time, "time", PRESSURE)
     assert _assert_records_are_slices(output, source) == 6 * 2 * 3  # 6 analyses of 2 x 3 patches
     # The user's directory is left as it was: no .idx file beside the GRIB files.
     assert sorted(p.name for p in along_time[0].parent.iterdir()) == sorted(p.name for p in along_time)
@@ -82,14 +73,14 @@ def test_grib1_files_along_step_give_their_cfgrib_slices(tmp_path):
     config = _config(paths, tmp_path / "out", "step", ["sp"], {"window": {"step": 2}}, {"filter_by_keys": surface})
     output = _build(tmp_path, config)
     # Windows of 2 steps (at steps 0 and 2, each across two files) at every grid point.
-    assert _assert_records_are_slices(output, _cfgrib(paths, "step", surface)) == 2 * 7 * 12
+    assert _assert_records_are_slices(output, cfgrib_dataset(paths, "step", surface)) == 2 * 7 * 12
 
 
 def test_grib_named_files_need_no_grib_section(tmp_path):
     """Files that hold one hypercube are read whole, as cfgrib reads them, with no input.grib."""
     paths = grib_along_step(tmp_path / "grib1", fields=[FIELDS[-1]], steps=2)
     output = _build(tmp_path, _config(paths, tmp_path / "out", "step", ["sp"], {}))
-    assert _assert_records_are_slices(output, _cfgrib(paths, "step", {})) == 2 * 7 * 12
+    assert _assert_records_are_slices(output, cfgrib_dataset(paths, "step", {})) == 2 * 7 * 12
 
 
 def test_several_hypercubes_are_refused_in_one_line_naming_them(tmp_path, capsys):
@@ -165,7 +156,7 @@ def test_an_ensemble_s_members_are_samples_along_number(tmp_path):
     schema = load_schema(str(output))
     assert {a["dim"]: a["role"] for a in schema.sample["axes"]}["number"] == "iterate"
     # 3 analyses x 3 members x 2 patches.
-    assert _assert_records_are_slices(output, _cfgrib(paths, "time", {})) == 3 * 3 * 2
+    assert _assert_records_are_slices(output, cfgrib_dataset(paths, "time", {})) == 3 * 3 * 2
 
 
 def test_a_reduced_gaussian_grid_gives_whole_fields_with_their_coordinates(tmp_path):
@@ -176,7 +167,7 @@ def test_a_reduced_gaussian_grid_gives_whole_fields_with_their_coordinates(tmp_p
     config = _config(paths, tmp_path / "out", "time", ["t"], {"keep": ["values"]})
     config["coords"] = ["latitude", "longitude"]
     output = _build(tmp_path, config)
-    source = _cfgrib(paths, "time", {})
+    source = cfgrib_dataset(paths, "time", {})
     assert _assert_records_are_slices(output, source) == 2
     records = read_all_records(output, load_schema(str(output)))
     np.testing.assert_array_equal(records["coord/latitude"][0], source.latitude.values.astype(np.float32))
@@ -193,7 +184,7 @@ def test_valid_time_is_each_file_s_own(along_time, tmp_path):
     config["input"]["decode_times"] = False
     output = _build(tmp_path, config)
     records = read_all_records(output, load_schema(str(output)))
-    source = _cfgrib(along_time, "time", surface)
+    source = cfgrib_dataset(along_time, "time", surface)
     valid_times = source.time.values[:, None] + source.step.values[None, :]  # (each file's analysis time + step)
     expected = (valid_times - np.datetime64("1970-01-01")) // np.timedelta64(1, "s")
     assert len(records["coord/valid_time"]) == 6
@@ -234,7 +225,7 @@ def test_planning_indexes_each_file_s_messages_once_and_workers_read_only_those(
     (variable,) = plan.variables
     box = {"time": (0, 2), "step": (0, 2), "isobaricInhPa": (0, 2), "latitude": (0, 7), "longitude": (0, 12)}
     values = GribReader(sources, "time", plan.grib).read([variable], box).values["t"]
-    np.testing.assert_array_equal(values, _cfgrib(mixed, "time", PRESSURE)["t"].values)
+    np.testing.assert_array_equal(values, cfgrib_dataset(mixed, "time", PRESSURE)["t"].values)
 
 
 def test_an_index_that_does_not_hold_the_file_s_messages_is_refused_on_the_worker(mixed):
@@ -276,7 +267,7 @@ def test_a_projected_grid_s_latitude_and_longitude_are_coordinate_features(tmp_p
     config = _config(paths, tmp_path / "out", "time", ["t"], {"window": {"y": 10, "x": 8}})
     config["coords"] = ["latitude", "longitude"]
     output = _build(tmp_path, config)
-    source = _cfgrib(paths, "time", {})
+    source = cfgrib_dataset(paths, "time", {})
     assert _assert_records_are_slices(output, source) == 2 * 3 * 2
     records = read_all_records(output, load_schema(str(output)))
     for i in range(len(records["t"])):
@@ -295,7 +286,7 @@ def test_a_numeric_key_indexes_the_messages_cfgrib_takes(mixed, tmp_path, level)
     assert plan.sources.grib_messages(plan.sources[0]).shape == (2 * 2, 2)  # t and z at 500 hPa, 2 steps
     sample = {"window": {"latitude": 7, "longitude": 12}, "keep": ["step"]}
     output = _build(tmp_path, _config(mixed, tmp_path / "out", "time", ["t", "z"], sample, {"filter_by_keys": keys}))
-    assert _assert_records_are_slices(output, _cfgrib(mixed, "time", {**PRESSURE, "level": 500})) == 2
+    assert _assert_records_are_slices(output, cfgrib_dataset(mixed, "time", {**PRESSURE, "level": 500})) == 2
 
 
 def test_a_number_quoted_as_text_is_refused_with_the_reason(mixed, tmp_path, capsys):
@@ -338,7 +329,7 @@ def test_a_real_grib1_file_along_time_with_missing_values_gives_its_cfgrib_slice
     path = _sample("fields_with_missing_values.grib", tmp_path)
     sample = {"window": {"latitude": 13, "longitude": 20}}
     output = _build(tmp_path, _config([path], tmp_path / "out", "time", ["t2m"], sample))
-    source = _cfgrib([path], "time", {})
+    source = cfgrib_dataset([path], "time", {})
     assert np.isnan(source.t2m.values).any()  # the bitmap's missing points, as NaN, in the records too
     assert _assert_records_are_slices(output, source) == 2 * 7 * 9
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no index file beside it
@@ -348,7 +339,7 @@ def test_a_real_grib2_file_along_forecast_step_gives_its_cfgrib_slices(tmp_path)
     path = _sample("step_60m.grib", tmp_path)
     sample = {"window": {"step": {"size": 4, "stride": 3}}, "keep": ["latitude", "longitude"]}
     output = _build(tmp_path, _config([path], tmp_path / "out", "step", ["t2m"], sample))
-    assert _assert_records_are_slices(output, _cfgrib([path], "step", {})) == (73 - 4) // 3 + 1
+    assert _assert_records_are_slices(output, cfgrib_dataset([path], "step", {})) == (73 - 4) // 3 + 1
 
 
 def test_a_real_seasonal_ensemble_gives_a_sample_per_member_start_and_step(tmp_path):
@@ -358,7 +349,7 @@ def test_a_real_seasonal_ensemble_gives_a_sample_per_member_start_and_step(tmp_p
     config = _config([path], tmp_path / "out", "time", ["t2m"], {"keep": ["latitude", "longitude"]})
     config["nan_policy"] = "drop"
     output = _build(tmp_path, config)
-    source = _cfgrib([path], "time", {})
+    source = cfgrib_dataset([path], "time", {})
     assert dict(source.t2m.sizes) == {"number": 28, "time": 8, "step": 20, "latitude": 6, "longitude": 11}
     assert _assert_records_are_slices(output, source) == 168
 
@@ -368,7 +359,7 @@ def test_a_real_lambert_grid_carries_its_2d_coordinates_as_features(tmp_path):
     config = _config([path], tmp_path / "out", "time", ["nlwrs"], {"window": {"y": 95, "x": 95}})
     config["coords"] = ["latitude", "longitude"]
     output = _build(tmp_path, config)
-    source = _cfgrib([path], "time", {})
+    source = cfgrib_dataset([path], "time", {})
     assert _assert_records_are_slices(output, source) == 25
     records = read_all_records(output, load_schema(str(output)))
     y, x = int(records["index/y"][0]), int(records["index/x"][0])

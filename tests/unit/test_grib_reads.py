@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import xarray as xr
 from grib_like import (
+    cfgrib_dataset,
     grib_along_step,
     grib_along_time,
     write_ensemble,
@@ -43,14 +43,6 @@ def _plan(paths, concat_dim: str = "time", filter_by_keys: dict | None = None):
     if filter_by_keys is not None:
         data["input"]["grib"] = {"filter_by_keys": filter_by_keys}
     return make_plan(load_config(data=data))
-
-
-def _cfgrib(paths, concat_dim: str, filter_by_keys: dict) -> xr.Dataset:
-    parts = []
-    for path in paths:
-        ds = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": "", "filter_by_keys": filter_by_keys})
-        parts.append(ds.expand_dims(concat_dim) if ds[concat_dim].ndim == 0 else ds)
-    return xr.concat(parts, concat_dim, data_vars="minimal", coords="minimal", compat="override").load()
 
 
 @pytest.fixture
@@ -132,7 +124,7 @@ CASES = [
 def test_every_field_read_by_its_messages_is_cfgrib_s(cases, case, cfgrib_opens):
     paths, concat_dim, keys = cases[case]
     plan = _plan(paths, concat_dim, keys)
-    source = _cfgrib(paths, concat_dim, keys)
+    source = cfgrib_dataset(paths, concat_dim, keys)
     values = _read(plan, source.sizes)
     assert values and not cfgrib_opens  # every message decoded by ecCodes alone
     for name, read in values.items():
@@ -147,7 +139,7 @@ def test_every_field_read_by_its_messages_is_cfgrib_s(cases, case, cfgrib_opens)
 def test_a_box_within_the_files_is_cfgrib_s_slice(cases, case, cfgrib_opens):
     paths, concat_dim, keys = cases[case]
     plan = _plan(paths, concat_dim, keys)
-    source = _cfgrib(paths, concat_dim, keys)
+    source = cfgrib_dataset(paths, concat_dim, keys)
 
     def inner(dims, shape):  # from the second element to the one before last along each dim (one, if just one)
         return {d: (min(1, n - 1), max(min(1, n - 1) + 1, n - 1)) for d, n in zip(dims, shape)}
@@ -158,22 +150,22 @@ def test_a_box_within_the_files_is_cfgrib_s_slice(cases, case, cfgrib_opens):
     assert not cfgrib_opens
 
 
-def test_fields_of_a_multi_field_message_are_read_through_cfgrib(tmp_path, cfgrib_opens):
+def test_fields_of_a_multi_field_message_are_read_throughcfgrib_dataset(tmp_path, cfgrib_opens):
     """cfgrib numbers the fields of one message; planning does not place them, so workers leave them to cfgrib."""
     paths = [write_multi_field(tmp_path / f"m{d}.grib2", 20200101 + d, d) for d in range(2)]
     plan = _plan(paths)
     assert plan.sources.grib_cells is None and plan.sources.grib_messages(plan.sources[0]) is not None
-    source = _cfgrib(paths, "time", {})
+    source = cfgrib_dataset(paths, "time", {})
     np.testing.assert_array_equal(_read(plan, source.sizes)["t"], source["t"].values)
     assert cfgrib_opens == [str(p) for p in paths]
 
 
-def test_an_index_without_placements_is_read_through_cfgrib(cases, cfgrib_opens):
+def test_an_index_without_placements_is_read_throughcfgrib_dataset(cases, cfgrib_opens):
     """An output planned before messages were placed (its sources.npz holds their byte ranges alone)."""
     paths, concat_dim, keys = cases["grib2 pressure levels"]
     plan = _plan(paths, concat_dim, keys)
     older = dataclasses.replace(plan.sources, grib_cells=None, grib_checks=None, grib_layout=())
-    source = _cfgrib(paths, concat_dim, keys)
+    source = cfgrib_dataset(paths, concat_dim, keys)
     values = _read(plan, source.sizes, sources=SourceIndex.from_bytes(older.to_bytes()))
     np.testing.assert_array_equal(values["t"], source["t"].values)
     assert len(cfgrib_opens) == len(paths) * len(plan.variables)  # each variable read on its own here
