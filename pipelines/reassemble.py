@@ -370,18 +370,16 @@ def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     import fsspec
 
     from pipelines.runners import RunOptions, new_pipeline, with_runner_defaults
-    from pipelines.state_sampling import sample_often
     from pipelines.stopping import RunCleanup, clean_up_on_stop
-    from planning.formats.dask_on_demand import defer_dask
     from planning.run.cancellation import allow_writes, check_stopped
     from schemas.reassembly import import_xarray
     from schemas.urls import is_remote
+    from transforms import compat
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
     started_up()
-    defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
-    sample_often()  # (a local run's workers are threads of this process)
+    compat.install()  # (a local run's workers are threads of this process: they run with its patches)
     map_large_arrays()
     allow_writes()  # an earlier run in this process may have failed and refused its threads' writes
     check_stopped()  # stopped while Beam was being imported

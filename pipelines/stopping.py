@@ -38,6 +38,7 @@ from typing import Protocol, TextIO
 
 from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
 from planning.run.cancellation import cancel, cancel_writes
+from transforms.compat.beam import BEAM_WORKER_MODULE
 
 #: Seconds the main thread has to unwind and clean up after the signal before this module does.
 GRACE = 10.0
@@ -45,8 +46,6 @@ GRACE = 10.0
 CLEANUP_LIMIT = 15.0
 #: Seconds to wait for the writes in flight when cleaning up for a main thread that did not unwind.
 WRITES_WAIT = 5.0
-#: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
-BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 

@@ -64,9 +64,9 @@ _DASK_STILL_SEEN = """
 import sys
 import numpy as np
 import xarray as xr
-from planning.formats.dask_on_demand import defer_dask
-defer_dask()
-defer_dask()  # idempotent
+from transforms.compat import patches, xarray_dask
+assert patches.put_in(xarray_dask.DEFER_DASK)
+assert patches.put_in(xarray_dask.DEFER_DASK)  # idempotent
 decoded = xr.decode_cf(xr.Dataset({"time": ("time", np.arange(3), {"units": "days since 2000-01-01"})}))
 assert str(decoded.time.values[2])[:10] == "2000-01-03", decoded.time.values
 assert "dask" not in sys.modules, "numpy data imported dask"
