@@ -260,9 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or ""
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
-        from pipelines.beam_on_demand import import_beam
-
-        import_beam()  # before anything imports Beam: the HTTP clients its package imports run only if used
         from pipelines.graph import run_build
         from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config

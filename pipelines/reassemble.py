@@ -363,9 +363,6 @@ class _LineEnd:
 
 def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     """Reassemble as the arguments say; returns where it wrote and the chunks written."""
-    from pipelines.beam_on_demand import import_beam
-
-    import_beam()  # before anything imports Beam: the HTTP clients its package imports run only if used
     import apache_beam as beam
     import fsspec
 
