@@ -23,6 +23,8 @@ from transforms import compat
 from transforms.compat import beam as beam_patches
 from transforms.compat import options, patches, xarray_dask
 
+from conftest import REPO
+
 _fresh = itertools.count()
 
 
@@ -43,6 +45,18 @@ def test_every_patch_finds_its_target_in_the_installed_libraries(patch):
     ):
         return  # put in already by a build in this process: its own test below checks Beam's default
     assert patch.present(), f"{patch.target} is not as {patch.name} knows it"
+
+
+@pytest.mark.parametrize("patch", compat.every_patch(), ids=lambda p: p.name)
+def test_every_patch_was_tested_on_the_version_constraints_txt_pins_within_setup_pys_range(patch):
+    pins = dict(
+        line.split(";")[0].strip().split("==")
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line
+    )
+    assert pins[patch.library] == patch.tested
+    assert patches.in_range(patch.tested, patch.written_for)
+    assert patch.written_for.split(",")[0] in (REPO / "setup.py").read_text()  # (its lower bound is setup.py's)
 
 
 def test_the_patches_are_named_once_and_install_puts_in_the_processes_own():
@@ -259,7 +273,7 @@ def test_a_local_runner_on_a_beam_without_the_worker_handler_it_watches_is_refus
     line = str(refused.value)
     version = patches.installed_version("apache-beam")
     assert "\n" not in line and line.startswith(f"apache-beam {version}: ")
-    assert "SubprocessSdkWorkerHandler" in line and "apache-beam>=2.77,<3" in line and "constraints.txt" in line
+    assert "SubprocessSdkWorkerHandler" in line and "'apache-beam==2.77.0'" in line and "constraints.txt" in line
 
 
 # --- the version check -----------------------------------------------------------------------------------------
@@ -271,6 +285,7 @@ def _probe(purpose: str, written_for: str, present: bool = True) -> tuple[patche
         name=f"probe-{next(_fresh)}",
         library="apache-beam",
         written_for=written_for,
+        tested="2.77.0",
         purpose=purpose,
         target="apache_beam.nothing",
         present=lambda: present,
@@ -294,7 +309,10 @@ def test_a_correctness_patch_goes_in_outside_its_versions_while_its_target_is_th
     assert patches.put_in(patch) and applied == ["in"]
     gone, applied = _probe(compat.CORRECTNESS, ">=2.77,<3", present=False)
     for _ in range(2):  # refused at every build, not only the first
-        with pytest.raises(UserError, match=r"^apache-beam \S+: apache_beam\.nothing, .* pin apache-beam\)$"):
+        with pytest.raises(
+            UserError,
+            match=r"^apache-beam \S+: apache_beam\.nothing is not as .*'apache-beam==2\.77\.0'.*>=2\.77,<3 that",
+        ):
             patches.put_in(gone)
     assert applied == []
 

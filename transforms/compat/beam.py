@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 #: setup.py's range of Beam: Beam keeps these internals within a major release (each patch also checks its target).
 BEAM = ">=2.77,<3"
+#: The Beam the tests run on (constraints.txt).
+BEAM_TESTED = "2.77.0"
 
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
 BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
@@ -65,6 +67,7 @@ DOFN_SPECS = Patch(
     name="dofn-specs-once",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.transforms.userstate.get_dofn_specs",
     present=_dofn_specs_present,
@@ -98,6 +101,7 @@ SAMPLE_OFTEN = Patch(
     name="sample-often",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.runners.worker.statesampler.StateSampler.__init__ (its sampling_period_ms default)",
     present=_sampler_present,
@@ -132,6 +136,7 @@ EMULATOR_CREDENTIALS = Patch(
     name="emulator-credentials",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.internal.gcp.auth._Credentials",
     present=_credentials_present,
@@ -182,6 +187,7 @@ NO_TIMED_FLUSH = Patch(
     name="no-timed-flush",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=CORRECTNESS,
     target="the embedded worker's data_buffer_time_limit_ms (worker_handlers.EmbeddedGrpcWorkerHandler)",
     present=_no_timed_flush_present,
@@ -257,6 +263,7 @@ WATCHED_WORKERS = Patch(
     name="watched-worker-processes",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=CORRECTNESS,
     target="apache_beam.runners.portability.fn_api_runner.worker_handlers.SubprocessSdkWorkerHandler",
     present=_watched_present,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.compat.beam import BEAM
+from transforms.compat.beam import BEAM, BEAM_TESTED
 from transforms.compat.patches import SPEED, Patch, put_in
 
 
@@ -20,6 +20,7 @@ OPTIONS_VIEWS = Patch(
     name="options-views-once",
     library="apache-beam",
     written_for=BEAM,
+    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.options.pipeline_options.PipelineOptions.view_as",
     present=_views_present,

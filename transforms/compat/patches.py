@@ -26,7 +26,8 @@ class Patch:
     Attributes:
         name: how docs, logs and ``disable`` name it.
         library: the distribution patched, as pip names it ("python" for CPython itself).
-        written_for: the versions it was written and tested for (a PEP 440 specifier: setup.py's range).
+        written_for: the versions it was written for (a PEP 440 specifier: setup.py's range).
+        tested: the version the tests run it on (constraints.txt's pin).
         purpose: SPEED or CORRECTNESS.
         target: the patched attribute, as a user would look it up (``module.Class.attribute``).
         present: whether the target is as this patch knows it (cheap: an attribute, a default).
@@ -36,6 +37,7 @@ class Patch:
     name: str
     library: str
     written_for: str
+    tested: str
     purpose: str
     target: str
     present: Callable[[], bool]
@@ -83,9 +85,9 @@ def refusal(patch: Patch) -> str:
     """The one line a build that needs ``patch`` ends with when its target is gone."""
     version = installed_version(patch.library)
     return (
-        f"{patch.library} {version}: {patch.target}, which this tool changes so that {patch.name} "
-        f"holds, is not as it knows it; install the tested versions ({patch.library}{patch.written_for}: "
-        f'pip install -c constraints.txt -e ".[build]", or pin {patch.library})'
+        f"{patch.library} {version}: {patch.target} is not as this tool's {patch.name} patch knows it; "
+        f"install the tested version, pip install '{patch.library}=={patch.tested}' (in a checkout: "
+        f'pip install -c constraints.txt -e ".[build]"), or one of {patch.library}{patch.written_for} that has it'
     )
 
 

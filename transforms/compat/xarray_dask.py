@@ -10,6 +10,8 @@ from transforms.compat.patches import SPEED, Patch
 #: setup.py's lower bound of xarray, up to the releases after the tested one (xarray has no upper bound there; its
 #: calendar versions say nothing of its internals, so the patch trusts them only this far).
 XARRAY = ">=2025.1,<2028"
+#: The xarray the tests run on (constraints.txt).
+XARRAY_TESTED = "2026.9.0"
 
 
 def _present() -> bool:
@@ -51,6 +53,7 @@ DEFER_DASK = Patch(
     name="dask-on-demand",
     library="xarray",
     written_for=XARRAY,
+    tested=XARRAY_TESTED,
     purpose=SPEED,
     target="xarray.namedarray.pycompat._get_cached_duck_array_module",
     present=_present,
