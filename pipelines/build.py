@@ -26,7 +26,7 @@ from pipelines.cli import (
     report_failure,
     started_up,
 )
-from pipelines.stopping import StopOnSignal, exit_now, exit_quickly, stopped_line
+from pipelines.stopping import StopOnSignal, exit_now, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
@@ -354,4 +354,4 @@ if __name__ == "__main__":
         # The run's files are gone; Beam's worker threads would only compute what nobody writes.
         sys.stderr.flush()
         exit_now(code)
-    exit_quickly(code)
+    sys.exit(code)

@@ -496,7 +496,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
-    code = main()
-    from pipelines.stopping import exit_quickly
-
-    exit_quickly(code)
+    sys.exit(main())

@@ -105,11 +105,11 @@ def put_in(patch: Patch) -> bool:
         done = _DONE.get(patch.name)
         if done is not None:
             return done
-        version = installed_version(patch.library)
-        fits = in_range(version, patch.written_for)
         if patch.name in _DISABLED:
             logger.debug("patch %s left out: disabled in this process", patch.name)
             return False  # (not remembered: enabled again later, it goes in)
+        version = installed_version(patch.library)
+        fits = in_range(version, patch.written_for)
         if not fits:
             logger.debug("patch %s: %s %s is outside %s", patch.name, patch.library, version, patch.written_for)
         present = patch.present()
