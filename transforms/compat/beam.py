@@ -20,6 +20,12 @@ BEAM = ">=2.77,<3"
 #: The Beam the tests run on (constraints.txt).
 BEAM_TESTED = "2.77.0"
 
+
+def beam_patch(**fields) -> Patch:
+    """A patch of Beam's internals: written for setup.py's range of Beam, tested on constraints.txt's."""
+    return Patch(library="apache-beam", written_for=BEAM, tested=BEAM_TESTED, **fields)
+
+
 #: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
 BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
@@ -63,11 +69,8 @@ def _look_once_per_dofn() -> None:
 
 #: Beam looks a DoFn over (every method's signature) whenever it asks whether the DoFn is stateful: about 230 times
 #: while a small build's graph is built and run. What it finds depends only on the DoFn's methods.
-DOFN_SPECS = Patch(
+DOFN_SPECS = beam_patch(
     name="dofn-specs-once",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.transforms.userstate.get_dofn_specs",
     present=_dofn_specs_present,
@@ -97,11 +100,8 @@ def _sample_often() -> None:
 #: Each bundle starts a thread that samples which step runs, sleeping between samples in periods that grow to
 #: 200 ms, and the bundle's end joins that thread: a bundle of a second or more ends up to 200 ms after its last
 #: element, on each of a local run's threads. Each sample is a few counter updates made without the GIL.
-SAMPLE_OFTEN = Patch(
+SAMPLE_OFTEN = beam_patch(
     name="sample-often",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.runners.worker.statesampler.StateSampler.__init__ (its sampling_period_ms default)",
     present=_sampler_present,
@@ -132,11 +132,8 @@ def _no_credentials_to_look_for() -> None:
 
 #: google-cloud-storage already uses anonymous credentials when STORAGE_EMULATOR_HOST is set, but Beam's GCS
 #: filesystem first looks for Google credentials itself and retries for about 25 s per process before giving up.
-EMULATOR_CREDENTIALS = Patch(
+EMULATOR_CREDENTIALS = beam_patch(
     name="emulator-credentials",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.internal.gcp.auth._Credentials",
     present=_credentials_present,
@@ -183,11 +180,8 @@ def _no_timed_flush_present() -> bool:
 #: option for it. Batch bundles need no timed flush: their outputs go when a buffer fills, and when the bundle ends.
 NO_TIMED_FLUSH_MS = 2**31 - 1
 
-NO_TIMED_FLUSH = Patch(
+NO_TIMED_FLUSH = beam_patch(
     name="no-timed-flush",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=CORRECTNESS,
     target="the embedded worker's data_buffer_time_limit_ms (worker_handlers.EmbeddedGrpcWorkerHandler)",
     present=_no_timed_flush_present,
@@ -259,11 +253,8 @@ def _register_watched_handler() -> None:
 
 
 #: One handler registered per process, whichever runner asks first.
-WATCHED_WORKERS = Patch(
+WATCHED_WORKERS = beam_patch(
     name="watched-worker-processes",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=CORRECTNESS,
     target="apache_beam.runners.portability.fn_api_runner.worker_handlers.SubprocessSdkWorkerHandler",
     present=_watched_present,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.compat.beam import BEAM, BEAM_TESTED
-from transforms.compat.patches import SPEED, Patch, put_in
+from transforms.compat.beam import beam_patch
+from transforms.compat.patches import SPEED, put_in
 
 
 def _views_present() -> bool:
@@ -16,11 +16,8 @@ def _views_present() -> bool:
 
 #: Beam builds a view, an argparse parser included, at every ``view_as`` call: about 300 while a small build's
 #: graph is built and run.
-OPTIONS_VIEWS = Patch(
+OPTIONS_VIEWS = beam_patch(
     name="options-views-once",
-    library="apache-beam",
-    written_for=BEAM,
-    tested=BEAM_TESTED,
     purpose=SPEED,
     target="apache_beam.options.pipeline_options.PipelineOptions.view_as",
     present=_views_present,
