@@ -496,4 +496,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # as the build does: the interpreter's last collections would walk Beam's whole object graph first
+    sys.exit(code)
