@@ -220,10 +220,11 @@ def plan_child(config_path: str, cache: str | None, result_path: str) -> None:
     started = time.perf_counter()
     import planning.plan as plan_module
     from planning.config import load_config
-    from planning.formats.dask_on_demand import defer_dask
     from planning.inputs.probe_cache import load_probes
+    from transforms.compat import patches, xarray_dask
 
-    defer_dask()  # as a build does before it plans: xarray's checks for dask arrays would import dask (~1 s)
+    # As a build does before it plans: xarray's checks for dask arrays would import dask (~1 s).
+    patches.put_in(xarray_dask.DEFER_DASK)
     imported = time.perf_counter()
     phases = {"inventory": 0.0, "plan_units": 0.0}
     calls: list[tuple] = []

@@ -59,7 +59,7 @@ def build_child(config: str, result: str) -> None:
         io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
         Path(result).write_text(json.dumps({"rchar": int(io["rchar"])}))
 
-    # At exit: the build's module ends the process itself (pipelines.stopping.exit_quickly), after the exit handlers.
+    # At exit: the build's module raises SystemExit, and the exit handlers run as the interpreter ends.
     atexit.register(record)
     sys.argv = ["pipelines.build", "--config", config, "--overwrite", "--quiet"]
     runpy.run_module("pipelines.build", run_name="__main__")

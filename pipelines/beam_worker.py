@@ -5,7 +5,7 @@ import runpy
 import sys
 
 from pipelines.cli import BEAMS_BIGQUERY_NOTICE
-from pipelines.state_sampling import sample_often
+from transforms import compat
 
 
 def main(module: str) -> None:
@@ -22,7 +22,7 @@ def main(module: str) -> None:
     finally:
         root.removeFilter(BEAMS_BIGQUERY_NOTICE)
         root.removeHandler(stand_in)
-    sample_often()  # its bundles end without waiting for a slow sampler, as the in-process workers' do
+    compat.install()  # as the in-process workers run (their bundles' ends not waiting for a slow sampler)
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

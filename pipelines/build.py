@@ -26,7 +26,7 @@ from pipelines.cli import (
     report_failure,
     started_up,
 )
-from pipelines.stopping import StopOnSignal, exit_now, exit_quickly, stopped_line
+from pipelines.stopping import StopOnSignal, exit_now, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
@@ -260,9 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or ""
     try:
         # Imported here so that --help answers without loading Beam, xarray or numpy.
-        from pipelines.beam_on_demand import import_beam
-
-        import_beam()  # before anything imports Beam: the HTTP clients its package imports run only if used
         from pipelines.graph import run_build
         from pipelines.runners import check_known_flags, with_runner_defaults
         from planning.config import load_config
@@ -357,4 +354,4 @@ if __name__ == "__main__":
         # The run's files are gone; Beam's worker threads would only compute what nobody writes.
         sys.stderr.flush()
         exit_now(code)
-    exit_quickly(code)
+    sys.exit(code)

@@ -20,7 +20,6 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
-from pipelines.dofn_specs import look_once_per_dofn
 from pipelines.output import (
     committed_generations,
     prepare_append,
@@ -49,10 +48,8 @@ from pipelines.runners import (
     unit_ranges,
     with_runner_defaults,
 )
-from pipelines.state_sampling import sample_often
 from pipelines.stopping import RunCleanup, clean_up_on_stop, watch_job, watched_job
 from planning.config import BuildConfig, with_absolute_paths
-from planning.formats.dask_on_demand import defer_dask
 from planning.inputs.probe_cache import load_probes, save_probes
 from planning.plan import BuildPlan, make_plan
 from planning.positions import check_time_features_unchanged
@@ -67,9 +64,10 @@ from schemas.errors import UserError
 from schemas.metadata import load_schema
 from schemas.schema import Schema
 from schemas.urls import is_remote
+from transforms import compat
 from transforms.cut import CutSamples
 from transforms.field import ComputeFieldStats, field_summary
-from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
+from transforms.files import write_atomically
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.in_place import check_disk_space, reserve_shards
 from transforms.stats import ComputeStats, merge_by_name
@@ -183,10 +181,7 @@ def _run_build(
     check_stopped()  # stopped while Beam was being imported
     load_runner_options(beam_args)
     options = RunOptions(beam_args)
-    use_anonymous_credentials_for_emulator()
-    defer_dask()
-    look_once_per_dofn()
-    sample_often()  # (a local run's workers are threads of this process)
+    compat.install()  # (a local run's workers are threads of this process: they run with its patches)
     check_remote_setup(options, config, shared_filesystem)
     pipeline = new_pipeline(options)
     FileSystems.set_options(options)

@@ -363,25 +363,20 @@ class _LineEnd:
 
 def run(args, beam_args: list[str], progress) -> tuple[str, int]:
     """Reassemble as the arguments say; returns where it wrote and the chunks written."""
-    from pipelines.beam_on_demand import import_beam
-
-    import_beam()  # before anything imports Beam: the HTTP clients its package imports run only if used
     import apache_beam as beam
     import fsspec
 
     from pipelines.runners import RunOptions, new_pipeline, with_runner_defaults
-    from pipelines.state_sampling import sample_often
     from pipelines.stopping import RunCleanup, clean_up_on_stop
-    from planning.formats.dask_on_demand import defer_dask
     from planning.run.cancellation import allow_writes, check_stopped
     from schemas.reassembly import import_xarray
     from schemas.urls import is_remote
+    from transforms import compat
     from transforms.reassemble import DONE_DIR, Reassemble, map_large_arrays
 
     xr = import_xarray()
     started_up()
-    defer_dask()  # (xarray's checks for dask arrays would import it: 1 s, and 40 MB)
-    sample_often()  # (a local run's workers are threads of this process)
+    compat.install()  # (a local run's workers are threads of this process: they run with its patches)
     map_large_arrays()
     allow_writes()  # an earlier run in this process may have failed and refused its threads' writes
     check_stopped()  # stopped while Beam was being imported
@@ -502,6 +497,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     gc.disable()  # until start-up's imports are done (pipelines.cli.started_up)
     code = main()
-    from pipelines.stopping import exit_quickly
-
-    exit_quickly(code)
+    gc.freeze()  # as the build does: the interpreter's last collections would walk Beam's whole object graph first
+    sys.exit(code)

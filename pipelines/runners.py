@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import functools
 import io
-import json
 import logging
 import os
 import re
 import signal
 import tempfile
-import threading
 import weakref
 from pathlib import Path
 
@@ -27,8 +24,11 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines.output_lock import SUBMISSION_PREFIX
-from pipelines.stopping import BEAM_WORKER_MODULE, fail_run, remove_at_exit, remove_now
+from pipelines.stopping import fail_run, remove_at_exit, remove_now
 from schemas.errors import UserError
+from transforms.compat import local_runner_class
+from transforms.compat.beam import BEAM_WORKER_MODULE
+from transforms.compat.options import RunOptions  # noqa: F401  (the options a run is made with, as its callers know them)
 from transforms.units import DEFAULT_RANGES
 
 logger = logging.getLogger(__name__)
@@ -41,28 +41,6 @@ DATAFLOW_RUNNER = "DataflowRunner"
 
 #: Where this package's setup.py sits in a checkout (an editable or development install).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-
-
-class RunOptions(PipelineOptions):
-    """Beam's pipeline options for one run, each view (``view_as``) made once and kept.
-
-    Beam builds a view, an argparse parser included, at every ``view_as`` call: about 300 while a
-    small build's graph is built and run, a fifth of its time (measured). A view holds no state of its
-    own (its values live in the options' shared dictionary, which it writes through), so one view
-    per options class serves every call.
-    """
-
-    def view_as(self, cls):
-        views = self.__dict__.setdefault("_views", {})  # (PipelineOptions.__setattr__ would store it as an option)
-        view = views.get(cls)
-        if view is None:
-            view = views[cls] = super().view_as(cls)
-        return view
-
-    def __getstate__(self):
-        state = dict(super().__getstate__())
-        state.pop("_views", None)  # views are remade where the options are unpickled
-        return state
 
 
 def _with_full_runner_names(beam_args: list[str]) -> list[str]:
@@ -336,24 +314,10 @@ def new_pipeline(options: PipelineOptions) -> Pipeline:
     return pipeline
 
 
-#: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``).
-_WORKER_MODULE = BEAM_WORKER_MODULE.decode()
+#: What Beam runs as each worker process of ``--direct_running_mode=multi_processing`` (``sh -c COMMAND``) ...
+_BEAMS_WORKER = b"-m " + BEAM_WORKER_MODULE
 #: ... run through pipelines.beam_worker (its command line still names Beam's module: pipelines.stopping finds it).
 _QUIET_WORKER = b"-m pipelines.beam_worker " + BEAM_WORKER_MODULE
-
-#: The period of the timed flush of Beam's in-process (multi_threading) workers: the longest it takes. Their
-#: output streams are flushed every second (Beam's default; 0 means that default) from a timer thread that does not
-#: wait for the element being encoded, so an element whose encoding runs Python code (pickling a block of samples)
-#: across the tick is sent in two messages, which the runner decodes one by one: values lost, wrong values,
-#: "Invalid PaneInfoEncoding", or a decode that loops until the process runs out of memory (measured: a 22 GB test
-#: worker; reproduced with Beam alone in tests/unit/test_runners.py). Batch bundles need no timed flush: their
-#: outputs go when a buffer fills, between elements, and when the bundle ends.
-_NO_TIMED_FLUSH_MS = 2**31 - 1
-
-
-#: The environment of this tool's local worker processes: Beam's subprocess environment, each process watched
-#: (_watched_worker_handler). A name of its own, so that Beam's handler of its own environment stays as it is.
-WATCHED_SUBPROCESS_SDK = "xarray_tfrecords:env:watched_subprocess_sdk:v1"
 
 
 def worker_death(error: BaseException) -> str:
@@ -378,103 +342,33 @@ WORKER_DEATH_FIX = (
 )
 
 
-@functools.cache
-def _watched_worker_handler() -> None:
-    """Register the handler of WATCHED_SUBPROCESS_SDK: Beam's handler of a worker process, which also acts when the
-    process dies.
+def _quiet_worker(command: bytes) -> bytes:
+    """Beam's worker command line, run through pipelines.beam_worker with Ctrl-C and SIGTERM left to this process.
 
-    Beam's own runs the process from a thread that raises when it exits with an error, and tells no one: the runner
-    waits for ever for the results of the bundles the process had (a worker the out-of-memory killer ended froze
-    the build at "cut 0/1 units"). This one fails those bundles, as a worker that reports an error fails them,
-    so the runner unwinds and the build fails in one line; and it tells the build's stop
-    (pipelines.stopping.fail_run), which ends the build itself if the runner does not unwind in time.
+    A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers: each printed its own
+    KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored (inherited across exec; Python then
+    installs no KeyboardInterrupt handler), they keep quiet, and this process stops them instead
+    (pipelines.stopping). ``exec`` leaves no shell between. pipelines.beam_worker keeps Beam's import-time notice
+    of a [build] install off the terminal.
     """
-    from apache_beam.runners.portability import local_job_service
-    from apache_beam.runners.portability.fn_api_runner import worker_handlers
-
-    @worker_handlers.WorkerHandler.register_environment(WATCHED_SUBPROCESS_SDK, bytes)
-    class WatchedSubprocessSdkWorkerHandler(worker_handlers.SubprocessSdkWorkerHandler):
-        def start_worker(self):
-            # As Beam's own, the process's thread aside.
-            self.worker = local_job_service.SubprocessSdkWorker(
-                self._worker_command_line, self.control_address, self.provision_info, self.worker_id
-            )
-            self._stopped = threading.Event()
-            self.worker_thread = threading.Thread(name="run_worker", target=self._run_watched)
-            self.worker_thread.start()
-
-        def stop_worker(self):
-            self._stopped.set()
-            super().stop_worker()
-
-        def _run_watched(self):
-            try:
-                self.worker.run()  # raises once the process exits with an error (a clean exit, 0, is the run's end)
-            except Exception as error:
-                reason = worker_death(error)
-                logger.debug("%s: %s", reason, error)
-                fail_run(reason, WORKER_DEATH_FIX)  # first: the line the build ends with, however it unwinds
-                # The runner may still send the dead process work: every instruction fails until it lets go.
-                while True:
-                    _fail_instructions(self.control_conn, f"{reason}; {WORKER_DEATH_FIX}")
-                    if self._stopped.wait(0.1):
-                        return
+    if os.name != "posix":
+        return command
+    return b"trap '' INT TERM; exec " + command.replace(_BEAMS_WORKER, _QUIET_WORKER)
 
 
-def _fail_instructions(connection, error: str) -> None:
-    """Answer every instruction still waiting on a worker's control connection with ``error``.
-
-    An answer with an error is what the runner waits for (``ControlConnection.abort`` is not: the runner's wait for
-    a bundle's data polls only for an answer). The pending instructions are the connection's ``_futures_by_id``,
-    Beam's own bookkeeping; if a Beam version keeps them elsewhere, the build's stop still ends the build.
-    """
-    from apache_beam.portability.api import beam_fn_api_pb2
-
-    pending = getattr(connection, "_futures_by_id", None)
-    for instruction, future in list(pending.items() if isinstance(pending, dict) else ()):
-        with contextlib.suppress(Exception):
-            future.set(beam_fn_api_pb2.InstructionResponse(instruction_id=instruction, error=error))
+def _worker_died(error: BaseException) -> str:
+    """A worker process died: the build ends with one line (pipelines.stopping.fail_run, which ends the build
+    itself if the runner does not unwind in time); the error its pending instructions fail with."""
+    reason = worker_death(error)
+    logger.debug("%s: %s", reason, error)
+    fail_run(reason, WORKER_DEATH_FIX)  # first: the line the build ends with, however it unwinds
+    return f"{reason}; {WORKER_DEATH_FIX}"
 
 
 def _local_runner_class():
-    """Beam's FnApiRunner, whose worker processes leave Ctrl-C and SIGTERM to this process, whose in-process
-    workers send only whole elements (_NO_TIMED_FLUSH_MS), and whose worker processes are watched: one that dies
-    ends the build (_watched_worker_handler).
-
-    A terminal's Ctrl-C reaches its whole foreground process group, and so did Beam's workers:
-    each printed its own KeyboardInterrupt traceback. Started with SIGINT and SIGTERM ignored
-    (inherited across exec; Python then installs no KeyboardInterrupt handler), they keep quiet,
-    and this process stops them instead (pipelines.stopping). ``exec`` leaves no shell between. They run
-    through pipelines.beam_worker, which keeps Beam's import-time notice of a [build] install off the terminal.
-    Defined here because importing the FnApiRunner is only for local runs.
-    """
-    from apache_beam.portability import python_urns
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.transforms.environments import EmbeddedPythonGrpcEnvironment
-
-    class FnApiRunner(fn_runner.FnApiRunner):
-        #: Bytes of the job graph this runner was given (the summary's "job graph" line): measured here, as
-        #: serialising the graph again only to weigh it cost a local run a tenth of its start-up.
-        graph_bytes: int | None = None
-
-        def run_via_runner_api(self, pipeline_proto, options):
-            self.graph_bytes = pipeline_proto.ByteSize()
-            for environment in pipeline_proto.components.environments.values():
-                if environment.urn == python_urns.EMBEDDED_PYTHON_GRPC:
-                    config = EmbeddedPythonGrpcEnvironment.parse_config(environment.payload.decode() or "{}")
-                    config["data_buffer_time_limit_ms"] = _NO_TIMED_FLUSH_MS
-                    environment.payload = json.dumps(config).encode()
-                # The payload is the command line run with ``sh -c``: only Beam's own worker's is changed.
-                ours = environment.urn == python_urns.SUBPROCESS_SDK and _WORKER_MODULE.encode() in environment.payload
-                if ours and os.name == "posix":
-                    command = environment.payload.replace(b"-m " + BEAM_WORKER_MODULE, _QUIET_WORKER)
-                    environment.payload = b"trap '' INT TERM; exec " + command
-                if ours:
-                    _watched_worker_handler()
-                    environment.urn = WATCHED_SUBPROCESS_SDK
-            return super().run_via_runner_api(pipeline_proto, options)
-
-    return FnApiRunner
+    """Beam's FnApiRunner with this tool's worker processes (_quiet_worker), each watched: one that dies ends the
+    build (_worker_died); its in-process workers send only whole elements (transforms.compat.beam)."""
+    return local_runner_class(_quiet_worker, _worker_died)
 
 
 @contextlib.contextmanager

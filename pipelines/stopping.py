@@ -24,12 +24,10 @@ runner waits for it for ever) ends the build the same way, with its own line and
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from typing import Protocol, TextIO
 
 from pipelines.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
 from planning.run.cancellation import cancel, cancel_writes
+from transforms.compat.beam import BEAM_WORKER_MODULE
 
 #: Seconds the main thread has to unwind and clean up after the signal before this module does.
 GRACE = 10.0
@@ -45,8 +44,6 @@ GRACE = 10.0
 CLEANUP_LIMIT = 15.0
 #: Seconds to wait for the writes in flight when cleaning up for a main thread that did not unwind.
 WRITES_WAIT = 5.0
-#: What Beam runs as each worker process of ``--direct_running_mode=multi_processing``.
-BEAM_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 
@@ -72,29 +69,6 @@ def exit_now(code: int) -> None:
     for folder in list(_REMOVED_AT_EXIT):
         remove_now(folder)
     os._exit(code)
-
-
-def exit_quickly(code: int) -> None:
-    """End the process with ``code`` as the interpreter's own exit does, without its teardown of every module.
-
-    That teardown frees the objects of Beam, pandas, numpy and the rest one by one, which nothing
-    depends on: from the demo build's last line to the process's end 0.07-0.10 s, against 0.04 s this
-    way (4 alternated pairs; the collector frozen in both, without which it was 0.5 s). What a program
-    sees of an exit still happens: the atexit handlers run (weakref finalizers, logging's
-    flush, multiprocessing's joins among them) and the standard streams are flushed. Where a thread
-    that the interpreter would wait for still runs, or this interpreter has no hook to run the
-    handlers, the interpreter's exit is taken instead. A program that runs the build's module in its own
-    process (runpy) gets no SystemExit back: its atexit handlers are where it sees the end.
-    """
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    waited_for = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
-    if run_exit_handlers is None or waited_for:
-        sys.exit(code)
-    run_exit_handlers()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # (a reader gone away, a stream closed)
-            stream.flush()
-    exit_now(code)
 
 
 class Job(Protocol):

@@ -25,7 +25,8 @@ from planning.specs import WriteSpec
 from schemas.example_codec import ExampleEncoder
 from transforms.buckets.blobs import bucket_pieces, row_dtype
 from transforms.buckets.spill import spill_buckets
-from transforms.files import use_anonymous_credentials_for_emulator, write_atomically
+from transforms.compat import use_anonymous_credentials_for_emulator
+from transforms.files import write_atomically
 
 
 def _filled(block: Block, name: str) -> np.ndarray:

@@ -191,27 +191,6 @@ def read_bytes(path: str) -> bytes:
         return stream.read()
 
 
-def use_anonymous_credentials_for_emulator() -> bool:
-    """Tell Beam's GCS filesystem there are no credentials to find when a storage emulator is configured.
-
-    google-cloud-storage already uses anonymous credentials when STORAGE_EMULATOR_HOST is set,
-    but Beam first looks for Google credentials itself and retries for about 25 s per process
-    before giving up. Called by the driver and by every DoFn that writes files, in setup(); does
-    nothing without the variable.
-    """
-    if not os.environ.get("STORAGE_EMULATOR_HOST"):
-        return False
-    from apache_beam.internal.gcp import auth
-
-    cache = getattr(auth, "_Credentials", None)
-    if cache is None or not hasattr(cache, "_credentials_init"):
-        return False  # a Beam version that looks credentials up differently: nothing to skip
-    with cache._credentials_lock:
-        cache._credentials = None
-        cache._credentials_init = True
-    return True
-
-
 def write_index(shard_path: str, sizes=None, chunks=None) -> str:
     """Write a shard's index beside it, from its records' framed sizes or as ``chunks`` of its bytes; its name."""
     path = index_name(shard_path)

@@ -40,12 +40,12 @@ from schemas.errors import UserError
 from schemas.parser_codegen import render_parser
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
 from schemas.urls import is_remote
+from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.files import (
     make_durable,
     read_bytes,
     remove_if_empty,
     remove_tree,
-    use_anonymous_credentials_for_emulator,
     write_atomically,
     write_index,
 )

@@ -33,7 +33,8 @@ from schemas.urls import is_remote
 from transforms.buckets.blobs import row_dtype
 from transforms.buckets.sorting import BufferLedger, SortedBuckets
 from transforms.buckets.spill import SpilledBucket, fetch_spilled
-from transforms.files import use_anonymous_credentials_for_emulator, write_atomically, write_index
+from transforms.compat import use_anonymous_credentials_for_emulator
+from transforms.files import write_atomically, write_index
 
 logger = logging.getLogger(__name__)
 #: Payload bytes per batch, as a fraction of the writer's budget: a batch of framed records is

@@ -29,8 +29,8 @@ from planning.sampling import Unit
 from planning.specs import CutSpec, FinalizeSpec, StatsSpec, WriteSpec
 from planning.write_strategy import WriteStrategy
 from schemas.schema import Schema
+from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.cut import _CutUnitFn
-from transforms.files import use_anonymous_credentials_for_emulator
 from transforms.finalize import finalize_output
 from transforms.in_place import add_counts, commit_shards
 from transforms.shards import WriteBucketedShards

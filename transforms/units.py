@@ -10,7 +10,8 @@ import apache_beam as beam
 
 from planning.run.run_files import RunFile, load_once
 from planning.sampling import Unit, Units
-from transforms.files import read_bytes, use_anonymous_credentials_for_emulator
+from transforms.compat import use_anonymous_credentials_for_emulator
+from transforms.files import read_bytes
 
 T = TypeVar("T")
 
