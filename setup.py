@@ -94,6 +94,8 @@ setup(
         "pipelines",
         "transforms",
         "transforms.buckets",
+        "transforms.compat",
+        "transforms.merging",
         "planning",
         "planning.run",
         "planning.formats",

@@ -24,7 +24,7 @@ from planning.features import stored_cells
 from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 from schemas.schema import Feature
-from transforms import summary_tree
+from transforms.merging import summary_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +281,7 @@ def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], dict[st
 
 
 def summary_tree_of(units: int) -> summary_tree.SummaryTree:
-    """An empty merge of the statistics' summaries in the fixed tree (transforms.summary_tree), for ``units`` units."""
+    """An empty merge of the statistics' summaries in the fixed tree (transforms.merging.summary_tree), for ``units`` units."""
     return summary_tree.SummaryTree(merge_by_name, units)
 
 

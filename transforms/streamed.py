@@ -78,7 +78,7 @@ def _is_summary(element: tuple) -> bool:
 
 class _CollectFn(beam.CombineFn):
     """Every unit's result -> (shard -> [records, bytes] written in place, shard results, the units' summaries in
-    their merge tree (transforms.summary_tree: a few nodes, not a summary a unit), statistics merged elsewhere),
+    their merge tree (transforms.merging.summary_tree: a few nodes, not a summary a unit), statistics merged elsewhere),
     as one element."""
 
     def __init__(self, units: int):

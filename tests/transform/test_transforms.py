@@ -26,11 +26,11 @@ from schemas import load_schema
 from schemas.example_codec import ExampleEncoder
 from schemas.record_decoder import ExampleDecoder
 from schemas.tfrecord import frame, read_records
-from transforms import summary_tree
 from transforms.buckets.blobs import unpack_bucket
 from transforms.buckets.sorting import SortedBuckets
 from transforms.cut import CutSamples, HeldBytes, cut_unit
 from transforms.encode import bucket_block
+from transforms.merging import summary_tree
 from transforms.stats import ComputeStats
 
 

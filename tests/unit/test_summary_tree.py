@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms import summary_tree
-from transforms.summary_tree import SummaryTree
+from transforms.merging import summary_tree
+from transforms.merging.summary_tree import SummaryTree
 
 
 def shape(parts) -> str:

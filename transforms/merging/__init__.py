@@ -1,0 +1,1 @@
+"""The statistics' internals: their merge in a fixed tree of units, groups and branches."""
