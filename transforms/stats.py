@@ -281,7 +281,7 @@ def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], dict[st
 
 
 def summary_tree_of(units: int) -> summary_tree.SummaryTree:
-    """An empty merge of the statistics' summaries in the fixed tree (transforms.merging.summary_tree), for ``units`` units."""
+    """An empty merge of the summaries in the fixed tree (transforms.merging.summary_tree), for ``units`` units."""
     return summary_tree.SummaryTree(merge_by_name, units)
 
 
