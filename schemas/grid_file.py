@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from schemas.errors import UserError
-from schemas.schema import GRID_FILE, Schema
+from schemas.schema import GRID_FILE, Schema, plain_file_name
 
 #: Values a grid entry holds inline in schema.json; above this its values go to grid.npz. A 1-D axis stays inline
 #: (a regular one is a start and a step anyway); a 64 x 64 2-D coordinate is 4,096 values, about 80 KB of JSON.
@@ -131,6 +131,8 @@ def referenced_values(reference: dict[str, Any], dtype: str, folder: str | None)
         UserError: no folder to read from, a missing or replaced sidecar, or one not holding the array as named.
     """
     name = reference["file"]
+    if not plain_file_name(name):  # (load_schema refuses it first; a schema made otherwise meets this)
+        raise UserError(f"schema.json's grid names {name!r}, not a file of the output's folder; build the output again")
     if not folder:
         raise UserError(
             f"schema.json's grid keeps some values in {name}, and this schema was not loaded from an output's "
