@@ -38,8 +38,10 @@ _loaded: collections.OrderedDict[tuple[str, str], bytes] = collections.OrderedDi
 _lock = threading.Lock()
 
 
-def _large(stored: Any) -> bool:
-    return isinstance(stored, list) and len(stored) > INLINE_VALUES and not any(isinstance(v, str) for v in stored[:1])
+def _large(entry: Any, key: str) -> bool:
+    """Whether a grid entry's ``key`` holds more numbers than schema.json keeps inline (text always stays)."""
+    stored = entry.get(key) if isinstance(entry, dict) else None
+    return isinstance(stored, list) and len(stored) > INLINE_VALUES and entry.get("dtype") != "str"
 
 
 def _array_name(name: str) -> str:
@@ -65,11 +67,10 @@ def split_grid(schema: Schema) -> tuple[Schema, bytes | None]:
     moved: list[tuple[str, str, str]] = []  # (entry, its key holding values, array)
     for name, entry in schema.grid.items():
         for key in VALUE_KEYS:
-            stored = entry.get(key) if isinstance(entry, dict) else None
-            if _large(stored):
+            if _large(entry, key):
                 array = _array_name(name) if key == "values" else f"{_array_name(name)}.{key}"
                 dtype = "int64" if key == "seconds" else entry["dtype"]
-                arrays[array] = np.asarray(stored, dtype=dtype)
+                arrays[array] = np.asarray(entry[key], dtype=dtype)
                 moved.append((name, key, array))
     if not arrays:
         return schema, None
