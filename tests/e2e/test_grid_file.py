@@ -220,3 +220,20 @@ def test_split_grid_keeps_small_entries_inline_and_gives_the_same_bytes_each_tim
         np.testing.assert_array_equal(coordinate_values(split.grid[name], str(tmp_path)), coordinate_values(grid[name]))
     assert coordinate_values(split.grid["b/c"], str(tmp_path)).dtype == np.float32
     assert split_grid(split)[1] is None  # (references stay references)
+
+
+def test_a_gs_output_commits_and_reads_its_sidecar(gcs, source, tmp_path):
+    """Local files (the static coordinates are read at planning) into gs://: grid.npz written, listed, read back."""
+    from conftest import BUCKET
+
+    output = f"gs://{BUCKET}/grid_file/out"
+    build_quietly(config(source, tmp_path / "unused") | {"output": {"path": output}}, tmp_path)
+    assert gcs.exists(f"{output}/grid.npz") and gcs.exists(f"{output}/schema.json")
+    assert "grid.npz" in json.loads(gcs.cat(f"{output}/_manifest.json"))["files"]
+    written = gcs.cat(f"{output}/grid.npz")
+    gcs.pipe(f"{output}/grid.npz", written[:-1])
+    with pytest.raises(UserError, match=f"^{output}/grid.npz: .*its sha256 differs"):
+        schemas.reassemble(output)
+    gcs.pipe(f"{output}/grid.npz", written)  # (a refused read is not kept: the next one reads the file again)
+    got = schemas.reassemble(output)
+    np.testing.assert_array_equal(got["lon"].values, xr.open_dataset(source / "t_0.nc")["lon"].values)
