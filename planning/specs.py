@@ -25,6 +25,7 @@ from planning.run.run_files import RunFile
 from planning.run.variables import StackPlan, VariablePlan
 from planning.splits import SplitPlan
 from planning.write_strategy import WritePlan, WriteStrategy
+from schemas.grid_file import split_grid
 from schemas.schema import Feature, Schema
 
 #: Bytes a shard writer may hold in its buffers, whatever the shard's size, record size or
@@ -187,19 +188,24 @@ class FinalizeSpec:
     tendency: bool = False  # config stats.tendency: stats.json gains `tendency`
     over: str = "samples"  # config stats.over: what stats.json's statistics count
     concat_dim: str = ""
+    #: the values of the grid's large entries (grid.npz, schemas.grid_file), saved for Finalize: ``schema``'s grid
+    #: then refers to them (None: ``schema``'s grid holds every value, split off when it is written)
+    grid_file: RunFile | None = None
 
 
 #: The run's files for the workers (``run_files``), by name.
 SOURCES, UNITS, POSITIONS = "sources", "units", "positions"
 TENDENCY_UNITS, TENDENCY_PAIRS, FIELD_UNITS = "tendency_units", "tendency_pairs", "field_units"
+GRID = "grid"
 
 
 def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes]]:
     """What the job graph leaves out because it grows with the input, saved under ``directory`` for the workers.
 
     The input files' index, the work units, and the positions' arrays (coordinates, splits); the
-    units of stats.tendency and stats.over: field, and the tendency's pairs: the graph carries each
-    file's URL and digest only, the same few bytes for a month as for 85 years.
+    units of stats.tendency and stats.over: field, and the tendency's pairs; the grid's large coordinates (a
+    curvilinear grid's 2-D lat, lon: grid.npz, which Finalize writes): the graph carries each file's URL and
+    digest only, the same few bytes for a month as for 85 years, for 64 x 64 points as for 1799 x 1059.
     """
     contents = {
         SOURCES: plan.sources.to_bytes(),
@@ -211,6 +217,9 @@ def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes
         contents[TENDENCY_PAIRS] = plan.tendency.pairs_to_bytes()
     if plan.field is not None and len(plan.field.units):
         contents[FIELD_UNITS] = plan.field.units.to_bytes()
+    _, grid = split_grid(plan.schema)
+    if grid is not None:
+        contents[GRID] = grid  # (an .npz, as the others are)
     return {name: (RunFile.of(join(directory, f"{name}.npz"), data), data) for name, data in contents.items()}
 
 
@@ -282,10 +291,15 @@ def tendency_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -
     )
 
 
-def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
+def finalize_spec(
+    plan: BuildPlan, work_dir: str | None = None, files: Mapping[str, RunFile] | None = None
+) -> FinalizeSpec:
+    """Finalize's spec; with ``files`` (run_files) holding the grid's large coordinates, its schema refers to them."""
+    grid_file = (files or {}).get(GRID)
+    schema = split_grid(plan.schema)[0] if grid_file is not None else plan.schema
     return FinalizeSpec(
         output=plan.output,
-        schema=plan.schema,
+        schema=schema,
         splits=plan.splits,
         variables=plan.variables,
         stacks=plan.stacks,
@@ -301,6 +315,7 @@ def finalize_spec(plan: BuildPlan, work_dir: str | None = None) -> FinalizeSpec:
         tendency=plan.tendency is not None,
         over=plan.stats_over,
         concat_dim=plan.concat_dim,
+        grid_file=grid_file,
     )
 
 
@@ -322,7 +337,7 @@ def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile
         cut_spec(plan, files),
         write_spec(plan, write),
         stats_spec(plan),
-        finalize_spec(plan, write.work_dir),
+        finalize_spec(plan, write.work_dir, files),
         (files or {}).get(UNITS),
         tendency_spec(plan, files),
         field_spec(plan, files),

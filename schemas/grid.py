@@ -3,7 +3,8 @@
 Reassembly (schemas.reassemble) puts samples back on this grid without the source files, so it
 records what records do not: the coordinate of every cell (also those no sample covers), in the
 source's dtype, with its attributes; times as whole seconds since 1970 in their own calendar. An
-exactly regular run of values is stored as start, step and count, so a long time axis stays small.
+exactly regular run of values is stored as start, step and count, so a long time axis stays small; a large entry
+(a curvilinear grid's 2-D lat, lon) keeps its values in grid.npz beside schema.json (schemas.grid_file).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from schemas.grid_file import is_reference, referenced_values
 
 #: How times are counted in schema.json (as the coord/<dim> features count them).
 TIME_UNITS = "seconds since 1970-01-01"
@@ -28,7 +31,9 @@ def _compact(values: np.ndarray) -> Any:
     return values.tolist()
 
 
-def _expand(stored: Any, dtype: str) -> np.ndarray:
+def _expand(stored: Any, dtype: str, folder: str | None) -> np.ndarray:
+    if is_reference(stored):
+        return referenced_values(stored, dtype, folder)
     if isinstance(stored, dict):
         run = np.float64(stored["start"]) + np.float64(stored["step"]) * np.arange(stored["count"])
         return run.astype(dtype)
@@ -52,13 +57,21 @@ def describe_coordinate(values: np.ndarray, attrs: dict[str, Any]) -> dict[str, 
     return {"dtype": values.dtype.str, "values": _compact(values), "attrs": attrs}
 
 
-def coordinate_values(entry: dict[str, Any]) -> np.ndarray:
-    """A grid entry's values as the source held them (datetime64[ns] or cftime dates for times)."""
+def coordinate_values(entry: dict[str, Any], folder: str | None = None) -> np.ndarray:
+    """A grid entry's values as the source held them (datetime64[ns] or cftime dates for times).
+
+    Args:
+        entry: an entry of schema.json's grid.
+        folder: the output's folder (``Schema.location``), where a large entry's values are (schemas.grid_file).
+
+    Raises:
+        UserError: the entry's values are in a sidecar that is missing, replaced, or not in ``folder``.
+    """
     if "time" not in entry:
         if entry["dtype"] == "str":
             return np.asarray(entry["values"], dtype=object)
-        return _expand(entry["values"], entry["dtype"])
-    seconds = _expand(entry["seconds"], "int64")
+        return _expand(entry["values"], entry["dtype"], folder)
+    seconds = _expand(entry["seconds"], "int64", folder)
     if entry["time"] == "datetime64":
         return seconds.astype("datetime64[s]").astype("datetime64[ns]")
     import cftime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 from typing import Any
@@ -50,7 +51,7 @@ def load_schema(path: str) -> Schema:
     except SchemaError as error:
         raise UserError(f"{url}: not a valid schema ({error}); build the output again") from None
     check_axis_lengths(schema, url)  # a shape permuted in schema.json would decode into the wrong places
-    return schema
+    return dataclasses.replace(schema, location=str(path))
 
 
 def load_stats(path: str) -> dict[str, Any]:

@@ -707,9 +707,11 @@ class Reassembly:
             if entry is None:
                 continue
             if axis.role == "lead":
-                coords[dim] = xr.Variable(dim, _lead_times(entry, axis.offsets), {"long_name": "forecast lead time"})
+                coords[dim] = xr.Variable(
+                    dim, _lead_times(entry, axis.offsets, self.schema.location), {"long_name": "forecast lead time"}
+                )
                 continue
-            values = coordinate_values(entry)[axis.first : axis.first + axis.length]
+            values = coordinate_values(entry, self.schema.location)[axis.first : axis.first + axis.length]
             attrs, encoding = coordinate_attrs(entry)
             variable = xr.Variable(dim, values, attrs)
             variable.encoding.update(encoding)
@@ -781,7 +783,7 @@ class Reassembly:
         return values
 
     def _static(self, xr, entry: dict, axes: dict[str, GridAxis]):
-        values = coordinate_values(entry).reshape(entry["shape"])
+        values = coordinate_values(entry, self.schema.location).reshape(entry["shape"])
         crop = tuple(
             slice(axes[d].first, axes[d].first + axes[d].length) if d in axes else slice(None) for d in entry["dims"]
         )
@@ -818,9 +820,9 @@ def _cells_inside(starts: np.ndarray, local: np.ndarray, length: int) -> list[tu
     return [(c[k], np.flatnonzero(k)) if k.any() else None for c, k in zip(cells, inside)]
 
 
-def _lead_times(entry: dict, offsets: Sequence[int]) -> np.ndarray:
+def _lead_times(entry: dict, offsets: Sequence[int], folder: str) -> np.ndarray:
     """Offsets along the concat dim as lead times: offset x the dim's typical (median) step."""
-    values = coordinate_values(entry)
+    values = coordinate_values(entry, folder)
     if len(values) < 2:
         raise UserError("layout 'forecast': the concat dim has one step, so lead times have no step; use layout 'grid'")
     steps = np.diff(values)
@@ -897,6 +899,8 @@ def reassemble(
 
     path = str(output).rstrip("/") or "/"
     schema = schema if schema is not None else load_schema(path)
+    if not schema.location:  # (one the caller loaded otherwise: the grid's sidecar is in ``output``)
+        schema = dataclasses.replace(schema, location=path)
     assembly = Reassembly(schema, split, blend, dims, where=path, layout=layout, records=samples is None)
     if samples is None:
         samples = Reader(path, split or default_split(list(schema.splits)), schema=schema).iter_chunks()

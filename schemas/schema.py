@@ -16,6 +16,8 @@ FORMAT = "xarray-tfrecords/1"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 PARSER_FILE = "parser.py"
+#: The values of the grid's large entries (schemas.grid_file), where the grid has any.
+GRID_FILE = "grid.npz"
 
 #: What a tf.train.Example can hold; every feature is stored as one of these.
 RecordDtype = Literal["float32", "int64"]
@@ -237,6 +239,8 @@ class Schema:
     seed: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     created_by: str = ""
+    #: the output's folder it was loaded from (schemas.load_schema; not in schema.json): where the grid's sidecar is
+    location: str = dataclasses.field(default="", compare=False, repr=False)
 
     def record_features(self) -> tuple[Feature, ...]:
         """The features as a record stores them (packed records add a leading axis and a count)."""
@@ -330,6 +334,7 @@ class Schema:
         if compression is not None:
             _expect(compression, str, "compression", "a string or null")
         fields = {key: _expect(obj.get(key, {}), dict, key, "an object") for key in _OBJECT_KEYS}
+        _check_grid_references(fields["grid"])
         return cls(
             features=parsed,
             splits=_splits_from_json(_expect(obj.get("splits", {}), dict, "splits", "an object")),
@@ -355,6 +360,23 @@ class Schema:
 
 #: The schema's entries that are JSON objects, held as dicts.
 _OBJECT_KEYS = ("sample", "coords", "grid", "sources", "counts", "config")
+
+
+def _check_grid_references(grid: dict[str, Any]) -> None:
+    """SchemaError for a grid entry whose values are in a file (schemas.grid_file) named other than as a file of the
+    output's folder, or described incompletely: readers join the name to the output's path."""
+    for name, entry in grid.items():
+        for key in ("values", "seconds"):
+            stored = entry.get(key) if isinstance(entry, dict) else None
+            if not (isinstance(stored, dict) and "file" in stored):
+                continue
+            where = f"grid[{name!r}].{key}"
+            _file_name(stored["file"], f"{where}.file")
+            _expect(stored.get("array"), str, f"{where}.array", "a string")
+            _count(stored.get("count"), f"{where}.count")
+            digest = stored.get("sha256")
+            if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+                raise SchemaError(f"{where}.sha256: {_shown(digest)} is not a sha256 in hex")
 
 
 def _splits_from_json(splits: dict[str, Any]) -> dict[str, tuple[Shard, ...]]:

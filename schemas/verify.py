@@ -13,6 +13,8 @@ import fsspec
 import numpy as np
 
 from schemas.errors import UserError
+from schemas.grid import coordinate_values
+from schemas.grid_file import VALUE_KEYS, is_reference
 from schemas.metadata import load_schema, load_stats
 from schemas.reader import Reader, batch_length
 from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
@@ -117,6 +119,16 @@ def _check_declared_totals(path: str, schema: Schema) -> None:
             )
 
 
+def _check_grid(schema: Schema) -> None:
+    """The grid's values kept beside schema.json (grid.npz) are there, whole, and those it was written with."""
+    for entry in schema.grid.values():
+        if any(is_reference(entry.get(key)) for key in VALUE_KEYS):
+            try:
+                coordinate_values(entry, schema.location)
+            except UserError as error:
+                raise VerifyError(str(error)) from None
+
+
 def _check_stats(path: str, schema: Schema) -> None:
     try:
         stats = load_stats(path).get("variables", {})  # (refuses the statistics of another commit than schema.json's)
@@ -191,6 +203,7 @@ def verify_output(path: str, split: str | None = None, *, source_samples: int = 
     _check_listing(path, schema, files)
     _check_shapes(path, schema)
     _check_stats(path, schema)
+    _check_grid(schema)
     names = [split] if split else list(schema.splits)
     samples, shards, records, size = {}, 0, 0, 0
     for name in names:

@@ -37,8 +37,9 @@ from planning.run.names import MANIFEST_FILE, TMP_DIR, join, new_temporary_token
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError
+from schemas.grid_file import split_grid
 from schemas.parser_codegen import render_parser
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
+from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
 from schemas.urls import is_remote
 from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.files import (
@@ -50,6 +51,7 @@ from transforms.files import (
     write_index,
 )
 from transforms.stats import Moments, SplitSummary, merge_by_name, per_axes, summary_from_json, summary_to_json
+from transforms.units import load_run_file
 
 logger = logging.getLogger(__name__)
 
@@ -498,6 +500,7 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     if committed is not None and "num_samples" in sample:
         sample["num_samples"] += committed.sample.get("num_samples", 0)  # (planned: those of every generation)
     schema = dataclasses.replace(spec.schema, splits=shards, counts=counts, sources=sources, sample=sample)
+    schema, grid = _grid_sidecar(spec, schema)
     stats = stats_document(spec, totals, nonfinite)
     stats["generations"] = _own_statistics(spec, entries)
     # What schema.json will name reaches the disk before it does (earlier generations' at their commit).
@@ -509,6 +512,8 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
         PARSER_FILE: parser.encode(),
         SCHEMA_FILE: schema.dumps().encode(),
     }
+    if grid is not None:
+        contents[GRID_FILE] = grid
     commit(spec.output, spec.run_dir, contents, keep_committed=committed is not None)
     for temporary in {spec.run_dir, spec.work_dir} - {None}:
         remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
@@ -516,12 +521,23 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     return schema
 
 
+def _grid_sidecar(spec: FinalizeSpec, schema: Schema) -> tuple[Schema, bytes | None]:
+    """The schema as schema.json holds it, and grid.npz's bytes (schemas.grid_file; None: no large grid entry).
+
+    With the run's file of them (planning.specs.run_files) the spec's grid already refers to grid.npz and the
+    bytes are read from there: the job graph never carried the values."""
+    if spec.grid_file is None:
+        return split_grid(schema)
+    return schema, load_run_file(spec.grid_file, bytes)
+
+
 #: Under a run's directory: the metadata it commits, written before any of it is renamed into place.
 STAGED_DIR = "commit"
 #: Under an append's run directory: the committed metadata its commit replaces, kept until the commit is whole.
 KEPT_DIR = "committed"
-#: The metadata a commit renames into place, in this order: schema.json, the commit marker, last.
-COMMIT_ORDER = (GENERATIONS_FILE, STATS_FILE, PARSER_FILE, SCHEMA_FILE)
+#: The metadata a commit renames into place, in this order: schema.json, the commit marker, last (grid.npz only where
+#: the grid has large entries).
+COMMIT_ORDER = (GENERATIONS_FILE, STATS_FILE, PARSER_FILE, GRID_FILE, SCHEMA_FILE)
 
 
 def commit(output: str, run: str, contents: dict[str, bytes], keep_committed: bool) -> None:
@@ -533,7 +549,8 @@ def commit(output: str, run: str, contents: dict[str, bytes], keep_committed: bo
     refuses the mix (the generated parser, load_stats and --verify check the commit they read).
     """
     staged = join(run, STAGED_DIR)
-    for name in COMMIT_ORDER:
+    names = [name for name in COMMIT_ORDER if name in contents]
+    for name in names:
         try:
             write_atomically(join(staged, name), [contents[name]], durable=True)
         except OSError as error:
@@ -543,7 +560,7 @@ def commit(output: str, run: str, contents: dict[str, bytes], keep_committed: bo
     if keep_committed:
         _keep_committed(output, join(run, KEPT_DIR))
     try:
-        for name in COMMIT_ORDER:
+        for name in names:
             _replace(join(staged, name), join(output, name))
     except BaseException:
         if keep_committed:
