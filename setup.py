@@ -133,6 +133,7 @@ setup(
             TENSORFLOW,
             "pytest>=8",
             "pytest-xdist>=3.5",  # pyproject's addopts run the suite in parallel (-n)
+            "pytest-timeout>=2.1,<3",  # pyproject's timeout: a hung test fails, the suite goes on
             "packaging>=23",  # the packaging test reads requirements and versions
             "hypothesis>=6.100",
             "scipy>=1.13",

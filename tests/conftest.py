@@ -23,6 +23,7 @@ settings.register_profile("dev", deadline=None, max_examples=60)
 settings.register_profile("ci", deadline=None, max_examples=20, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev"))
 sys.path.insert(0, str(Path(__file__).parent))
+from process_guard import no_process_started  # noqa: E402  (tests/ on the path first)
 
 REPO = Path(__file__).resolve().parents[1]
 VENDORED_DATA = REPO / "tests" / "data"  # geocat-datafiles and cfgrib samples (Apache-2.0): tests/data/README.md
@@ -65,7 +66,13 @@ def pytest_collection_finish(session):
 
 
 #: The marker each folder's tests carry (`pytest -m unit`, `-m "not e2e"`): what kind of test it is.
-FOLDER_MARKERS = {"unit": "unit", "transform": "transform", "e2e": "e2e", "benchmark_smoke": "benchmark"}
+FOLDER_MARKERS = {
+    "unit": "unit",
+    "process": "process",
+    "transform": "transform",
+    "e2e": "e2e",
+    "benchmark_smoke": "benchmark",
+}
 
 
 def pytest_collection_modifyitems(items):
@@ -80,6 +87,31 @@ def pytest_collection_modifyitems(items):
         if module in rank:
             item.add_marker("slow")
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _watched(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _watched(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with _watched(item):
+        return (yield)
+
+
+def _watched(item):
+    """A unit test's phase fails if it started a process (its fixtures' included): it belongs in tests/process."""
+    if item.get_closest_marker("unit"):
+        return no_process_started(item.nodeid)
+    return contextlib.nullcontext()
 
 
 def real_eraint() -> Path | None:

@@ -6,7 +6,6 @@ import contextlib
 import importlib.util
 import os
 import re
-import signal
 import sys
 import uuid
 import warnings
@@ -56,6 +55,13 @@ def expected_feature(source: xr.Dataset, schema: Schema, name: str, record: dict
             selection[dim] = [start + offset for offset in axis["offsets"]]
     values = source[name].isel(selection).transpose(*feature.dims).values
     return values.astype(feature.dtype)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    """Two samples (feature name: values) hold the same features, equal value for value."""
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 def import_generated_parser(output: Path):
@@ -214,23 +220,6 @@ def run_benchmark(module: str, *arguments: str, timeout: float = 600) -> str:
     result = run_warm([sys.executable, "-m", module, *arguments], cwd=repo, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int, what: str):
-    """A TimeoutError ("``what``") after ``seconds`` instead of blocking for ever: the alarm's handler raising ends
-    a blocked call (an open of a FIFO, a wait on a hung cluster) in the main thread."""
-
-    def expired(*_):
-        raise TimeoutError(what)
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def source_check(output: Path, samples: int = 10_000, *argv: str) -> tuple[int, str]:

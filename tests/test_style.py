@@ -164,3 +164,58 @@ def test_importing_the_packages_changes_nothing_process_wide():
     env = {**os.environ, "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9"}
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+#: What starts a process, by the name a module uses it by (a module's, or one of its attributes).
+PROCESS_MODULES = {"subprocess", "multiprocessing"}
+PROCESS_NAMES = {"sys.executable", "os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.popen"}
+PROCESS_NAMES |= {"concurrent.futures.ProcessPoolExecutor", "concurrent.futures.process"}
+
+
+def _process_starts(source: str) -> list[str]:
+    """Where ``source`` imports or names something that starts a process: "line: name" each."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            names = [f"{node.value.id}.{node.attr}"]
+        else:
+            continue
+        found += [f"{node.lineno}: {n}" for n in names if n.split(".")[0] in PROCESS_MODULES or n in PROCESS_NAMES]
+    return found
+
+
+def test_unit_tests_name_nothing_that_starts_a_process():
+    """tests/unit holds pure functions in this process; what starts one goes in tests/process. (As they run, a unit
+    test that starts one anyway, through a fixture or a library, fails: tests/process_guard.py.)"""
+    from conftest import NOT_YET_MOVED
+
+    found = [
+        f"{path.relative_to(REPO)}:{where}"
+        for path in sorted((REPO / "tests" / "unit").glob("*.py"))
+        if str(path.relative_to(REPO)) not in NOT_YET_MOVED
+        for where in _process_starts(path.read_text())
+    ]
+    assert not found, found
+
+
+def test_the_process_checks_catch_a_subprocess_a_pool_and_a_fork():
+    source = "import subprocess\nfrom concurrent.futures import ProcessPoolExecutor\nimport os\nos.fork()\nos.getpid()"
+    assert _process_starts(source) == ["1: subprocess", "2: concurrent.futures.ProcessPoolExecutor", "4: os.fork"]
+    import multiprocessing
+
+    from process_guard import no_process_started
+
+    test = "tests/unit/test_pure.py::test_f"
+    with no_process_started(test):
+        os.getpid()  # nothing started: nothing said
+    said = r"test_f started a process \(subprocess.Popen \[.*move it to tests/process"
+    with pytest.raises(AssertionError, match=said), no_process_started(test):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    child = multiprocessing.get_context("fork").Process(target=os.getpid)
+    with pytest.raises(AssertionError, match=r"process \(multiprocessing Fork"), no_process_started(test):
+        child.start()
+    child.join()

@@ -4,7 +4,6 @@ accumulate, never created or waited for."""
 from __future__ import annotations
 
 import errno
-import os
 import sys
 
 import pytest
@@ -45,24 +44,6 @@ def test_nothing_is_handed_below_the_threshold_and_no_thread_starts(tmp_path):
     (tmp_path / "small").write_bytes(b"s")
     writeback.wrote(str(tmp_path / "small"), 999)
     assert writeback.idle(timeout=1) and writeback.handed == 0 and writeback._thread is None
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-def test_a_forked_child_starts_a_thread_of_its_own(tmp_path):
-    writeback = Writeback(every=1)
-    (tmp_path / "f").write_bytes(b"f")
-    writeback.wrote(str(tmp_path / "f"), 1)
-    assert writeback.idle(timeout=30) and writeback.handed == 1
-    child = os.fork()
-    if child == 0:  # the parent's thread did not come along: without a thread of its own, idle() would wait
-        code = 1
-        try:
-            writeback.wrote(str(tmp_path / "f"), 1)
-            code = 0 if writeback.idle(timeout=30) and writeback.handed == 1 else 1
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_space_is_reserved_at_the_size_asked_without_truncating_what_is_there(tmp_path):

@@ -204,24 +204,6 @@ def test_a_grouped_file_is_left_to_the_full_look(tmp_path):
     assert probe_local_files([(str(path), path.stat().st_size)], "time") == [None]
 
 
-def test_a_pool_of_processes_probes_as_one_process_does(tmp_path, monkeypatch):
-    paths = _steps(tmp_path, 12)
-    serial = probe_local_files(paths, "time")
-    monkeypatch.setattr("planning.inputs.local_probe.POOL_MIN_FILES", 4)
-    monkeypatch.setattr("planning.inputs.local_probe.FILES_PER_TASK", 5)
-    monkeypatch.setattr("planning.inputs.local_probe.TWINS_FOR_NO_POOL", 2.0)  # a pool even for twins
-    pooled = probe_local_files(paths, "time")
-    assert len(pooled) == len(serial) == 12
-    for one, other in zip(serial, pooled):
-        assert (one.path, one.fingerprint, one.sizes, one.concat_attrs) == (
-            other.path,
-            other.fingerprint,
-            other.sizes,
-            other.concat_attrs,
-        )
-        np.testing.assert_array_equal(one.concat_raw, other.concat_raw)
-
-
 def test_units_hold_whole_netcdf4_chunks_and_cut_the_samples_of_a_contiguous_copy(tmp_path):
     """A variable chunked 4 along y: units start and end only where chunks do, whatever the budget, and are cut
     in pieces on the worker; the samples are those a contiguous copy of the file gives."""

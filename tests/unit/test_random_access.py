@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 
-import numpy as np
 import pytest
 from synthetic_output import FEATURES, make_columns, write_output
 
@@ -13,6 +12,8 @@ from schemas.errors import UserError
 from schemas.shard_index import index_name
 from schemas.tfrecord import CorruptRecordError
 
+from helpers import assert_same
+
 SHARDS = [7, 0, 12, 5]  # an empty shard among them
 
 
@@ -20,12 +21,6 @@ SHARDS = [7, 0, 12, 5]  # an empty shard among them
 def output(request, tmp_path):
     write_output(tmp_path / "out", make_columns(FEATURES, sum(SHARDS)), SHARDS, examples_per_record=request.param)
     return tmp_path / "out"
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 def test_every_sample_by_position_equals_the_readers_in_file_order(output):
@@ -140,21 +135,3 @@ def test_an_index_that_tiles_the_shard_but_lies_is_caught_by_the_read_and_by_ver
     index.unlink()
     with pytest.raises(VerifyError, match=r"data-00000-of-00001.tfrecord.tfindex: missing, but schema.json lists it"):
         verify_output(str(tmp_path / "out"))
-
-
-def test_a_split_on_cloud_storage_reads_by_ranged_requests(tmp_path, gcs):
-    """gs:// (the storage emulator): the same samples, each run of records one ranged request; no index, one line."""
-    from conftest import BUCKET
-
-    write_output(tmp_path / "out", make_columns(FEATURES, 19), [12, 7])
-    for path in (tmp_path / "out").iterdir():
-        gcs.put(str(path), f"{BUCKET}/ra/out/{path.name}")
-    local, remote = open_source(str(tmp_path / "out")), open_source(f"gs://{BUCKET}/ra/out")
-    indices = [18, 0, 1, 2, 13, 5]
-    for a, b in zip(local.__getitems__(indices), remote.__getitems__(indices)):
-        assert_same(a, b)
-    assert_same(remote[7], local[7])
-    assert remote.records([3, 4]) == local.records([3, 4])
-    gcs.rm(f"{BUCKET}/ra/out/data-00001-of-00002.tfrecord.tfindex")
-    with pytest.raises(UserError, match=r"data-00001-of-00002.tfrecord.tfindex is missing: random access needs"):
-        open_source(f"gs://{BUCKET}/ra/out")[15]
