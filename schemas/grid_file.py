@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from schemas.errors import UserError
+from schemas.npy_files import npz_arrays
 from schemas.schema import GRID_FILE, Schema, plain_file_name
 
 #: Values a grid entry holds inline in schema.json; above this its values go to grid.npz. A 1-D axis stays inline
@@ -142,7 +143,7 @@ def referenced_values(reference: dict[str, Any], dtype: str, folder: str | None)
     data = _sidecar(folder, name, reference["sha256"])
     url = posixpath.join(folder, name)
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        with npz_arrays(data) as archive:
             values = archive[reference["array"]]
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as error:
         raise UserError(f"{url}: holds no array {reference['array']!r} ({error}); build the output again") from None

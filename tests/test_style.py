@@ -191,12 +191,9 @@ def _process_starts(source: str) -> list[str]:
 def test_unit_tests_name_nothing_that_starts_a_process():
     """tests/unit holds pure functions in this process; what starts one goes in tests/process. (As they run, a unit
     test that starts one anyway, through a fixture or a library, fails: tests/process_guard.py.)"""
-    from conftest import NOT_YET_MOVED
-
     found = [
         f"{path.relative_to(REPO)}:{where}"
         for path in sorted((REPO / "tests" / "unit").glob("*.py"))
-        if str(path.relative_to(REPO)) not in NOT_YET_MOVED
         for where in _process_starts(path.read_text())
     ]
     assert not found, found
