@@ -163,7 +163,7 @@ def gcs_operations(lines: list[dict], output: str) -> dict[str, dict[str, float]
     """Class A and B operations, and bytes written, by what they touch: spill, run files, output, other."""
     tally: dict[str, dict[str, float]] = {}
     for row in lines:
-        for method, name, kind in _operations(row):
+        for name, kind in _operations(row):
             if kind is None:
                 continue
             what = _what(name, output)
@@ -175,19 +175,19 @@ def gcs_operations(lines: list[dict], output: str) -> dict[str, dict[str, float]
 
 
 def _operations(row: dict):
-    """(method, object name, class) of each billed operation in a logged request (a batch: each nested one)."""
+    """(object name, class) of each operation in a logged request (a batch: each nested one's)."""
     from urllib.parse import unquote, urlparse
 
     if row["nested"]:
         for method, url in row["nested"]:
             path = urlparse(url).path
             name = unquote(path.split("/o/", 1)[1].split("/copyTo/", 1)[0]) if "/o/" in path else ""
-            yield method, name, _class(method, path)
+            yield name, _class(method, path)
         return
     name = row["name"] or ""
     if row["path"].endswith("/o") and row["method"] == "GET":  # a listing: what it lists
         name = row["query"].get("prefix", "")
-    yield row["method"], name, _class(row["method"], row["path"])
+    yield name, _class(row["method"], row["path"])
 
 
 def _class(method: str, path: str) -> str | None:
@@ -219,8 +219,10 @@ def intermediate_objects(lines: list[dict], output: str) -> set[str]:
     prefix = output.split("/", 3)[3] + "/_tmp/"
     names = set()
     for row in lines:
-        if row["method"] in ("POST", "PUT") and row["path"].startswith("/upload/") and (row["name"] or "").startswith(
-            prefix
+        if (
+            row["method"] in ("POST", "PUT")
+            and row["path"].startswith("/upload/")
+            and (row["name"] or "").startswith(prefix)
         ):
             names.add(row["name"].split(TEMPORARY_MARK, 1)[0])
     return names
@@ -425,7 +427,7 @@ def bills(fits: dict, plan: dict) -> dict[str, dict[str, float] | None]:
 
 
 def targets(results: dict) -> list[Target]:
-    """The issue's targets: shuffle share and intermediate bytes (largest run and the plan), objects, leftovers, bill."""
+    """The issue's targets: shuffle share, intermediate objects and bytes, leftovers, the plan's bill."""
     if "bills" not in results:
         return []
     largest = max(results["runs"], key=lambda r: r["output_bytes"])
@@ -475,7 +477,9 @@ def render(results: dict, *, for_docs: bool = False) -> str:
                "class A/B", "left", "CPU-s/GB")  # fmt: skip
     lines.append(table(headers, rows))
     if "fits" in results:
-        fitted = [[name, f["driver"], f"{f['slope']:.4g}", f"{f['intercept']:.4g}"] for name, f in results["fits"].items()]
+        fitted = [
+            [name, f["driver"], f"{f['slope']:.4g}", f"{f['intercept']:.4g}"] for name, f in results["fits"].items()
+        ]
         lines.append(table(("fitted", "per", "slope", "intercept"), fitted))
         plan = results["plan"]
         scaled = "" if plan["dry_run_steps"] == plan["steps"] else f" (a {plan['dry_run_steps']}-step dry run, scaled)"
@@ -512,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "xtf-bench"), help="data and results")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a build may take")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--markdown", metavar="PAGE", help="also write the report between PAGE's cost markers")
     parser.add_argument("--child-build", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-plan", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -527,7 +532,21 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.markdown:
+        write_markdown(Path(args.markdown), results, "python -m benchmarks.cost" + (" --quick" if args.quick else ""))
     return 1 if results["failed"] else 0
+
+
+#: Where the docs hold the cost report (docs/performance.md), apart from benchmarks.run's table.
+MARKDOWN_START, MARKDOWN_END = "<!-- cost:start -->", "<!-- cost:end -->"
+
+
+def write_markdown(path: Path, results: dict, command: str) -> None:
+    """Replace the report between the cost markers of ``path`` (a docs page) with this run's."""
+    from pipelines.config_reference import replace_between
+
+    report = f"Written by `{command}`:\n\n```text\n{render(results, for_docs=True)}\n```\n"
+    path.write_text(replace_between(path.read_text(), MARKDOWN_START, MARKDOWN_END, report))
 
 
 if __name__ == "__main__":

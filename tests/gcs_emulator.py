@@ -56,7 +56,8 @@ class RequestLog:
     """Appends one JSON line per request answered; a resumable upload's later requests carry its start's name."""
 
     def __init__(self, path: str):
-        self._file = open(path, "a", buffering=1)  # a line at a time: a reader sees every finished request
+        # Open for the server's life, a line at a time: a reader sees every finished request.
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
         self._uploads: dict[str, str] = {}
 
     def install(self) -> None:
@@ -66,7 +67,11 @@ class RequestLog:
         def reading(request_handler):
             data = read_raw(request_handler)
             data = data or b""
-            nested = [[m.decode(), u.decode()] for m, u in _NESTED.findall(data)] if "/batch/" in request_handler.path else []
+            nested = (
+                [[m.decode(), u.decode()] for m, u in _NESTED.findall(data)]
+                if "/batch/" in request_handler.path
+                else []
+            )
             request_handler.xtf_body = (len(data), bytes(data[:4096]), nested)
             return data
 
@@ -78,7 +83,10 @@ class RequestLog:
 
         def handling(router, method):
             handler = router._request_handler
-            handler.xtf_body, handler.xtf_sent = (0, b"", []), (0, 0, b"")  # (one handler serves a connection's requests)
+            handler.xtf_body, handler.xtf_sent = (
+                (0, b"", []),
+                (0, 0, b""),
+            )  # (one handler serves a connection's requests)
             handle(router, method)
             self.write(method, handler.path, *handler.xtf_body, *handler.xtf_sent)
 
