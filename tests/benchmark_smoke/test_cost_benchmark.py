@@ -22,7 +22,7 @@ ROWS = [
     "class A operations",
     "not built",  # the no-shuffle mode's column
     "target cost: shuffle bytes / output bytes, ERA5 plan:",
-    "target cost: intermediate objects / (units + shards):",
+    "target cost: intermediate objects / (units + shards), ERA5 plan:",
     "target cost: intermediate bytes / output bytes:",
     "target cost: objects left under _tmp/ after the commit: 0 (limit 0) PASS",
     "target cost: ERA5 1940-2024 bill, spill objects:",
@@ -59,7 +59,7 @@ def test_quick_cost_benchmark_measures_the_spill_path_and_prices_the_plan(tmp_pa
     assert set(evaluated) == {
         "cost: shuffle bytes / output bytes, largest run",
         "cost: shuffle bytes / output bytes, ERA5 plan",
-        "cost: intermediate objects / (units + shards)",
+        "cost: intermediate objects / (units + shards), ERA5 plan",
         "cost: intermediate bytes / output bytes",
         "cost: objects left under _tmp/ after the commit",
         "cost: ERA5 1940-2024 bill, spill objects",
