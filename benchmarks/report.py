@@ -285,6 +285,10 @@ def all_targets(results: dict) -> list[Target]:
         from benchmarks.remote_planning import targets as remote_planning_targets
 
         targets += remote_planning_targets(results["remote_planning"])
+    if "cost" in results:
+        from benchmarks.cost import targets as cost_targets
+
+        targets += cost_targets(results["cost"])
     demo = results.get("demo")
     if demo is not None:
         targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
@@ -370,6 +374,10 @@ def render(results: dict, *, for_docs: bool = False) -> str:
         from benchmarks.remote_planning import render as remote_planning_section
 
         sections.append(remote_planning_section(results["remote_planning"], for_docs=for_docs))
+    if "cost" in results:
+        from benchmarks.cost import render as cost_section
+
+        sections.append(cost_section(results["cost"], for_docs=for_docs))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

@@ -31,6 +31,8 @@ import numpy as np
 from benchmarks.measure import run_captured
 
 REPO = Path(__file__).resolve().parents[1]
+#: The storage emulator as the tests start it (benchmarks read and write gs:// through it).
+EMULATOR = REPO / "tests" / "gcs_emulator.py"
 ERA5_SAMPLE = {"window": {"lat": {"size": 9, "stride": 9}, "lon": {"size": 9, "stride": 9}}, "keep": ["level"]}
 TARGET_PEAK_BYTES = 1e9
 BLOCK_SIZES = (4 * 1024, 8 * 1024, 16 * 1024, 64 * 1024, 256 * 1024)
@@ -141,24 +143,20 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def storage_emulator(bucket: str) -> Iterator[None]:
-    """gcp-storage-emulator in memory, with a listen queue deep enough for concurrent range requests.
+def storage_emulator(bucket: str, request_log: Path | None = None) -> Iterator[None]:
+    """gcp-storage-emulator in memory as the tests run it (tests/gcs_emulator.py: a listen queue deep enough for
+    concurrent range requests, GCS's moveTo, no metadata file rewritten at each upload).
 
-    Every upload or deletion would serialise the whole store's metadata to JSON (which only a store on
-    disk reads back, when it starts): 10,000 uploads took over 15 minutes. In memory that write is left out.
+    ``request_log``: a file the emulator appends each request it answers to, one JSON line each.
     """
     import fsspec
 
     port = _free_port()
-    start = (
-        "import socketserver, sys; socketserver.TCPServer.request_queue_size = 128; "
-        "from gcp_storage_emulator.storage import Storage; Storage._write_config_to_file = lambda self: None; "
-        "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])"
-    )
     arguments = ["start", "--host=127.0.0.1", f"--port={port}", "--in-memory", f"--default-bucket={bucket}", "--quiet"]
+    env = dict(os.environ, XTF_EMULATOR_REQUEST_LOG=str(request_log)) if request_log is not None else None
     # Its own log (planning closes some reads early: broken pipes) says nothing about what is measured.
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    process = subprocess.Popen([sys.executable, "-c", start, *arguments], **quiet)
+    process = subprocess.Popen([sys.executable, str(EMULATOR), *arguments], env=env, **quiet)
     saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
     try:
         deadline = time.monotonic() + 30
