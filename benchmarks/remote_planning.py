@@ -69,10 +69,11 @@ def plan_child(config_path: str, cores: int, result_path: str, quick: bool) -> N
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # first: the pool's processes inherit it
     import planning.plan as plan_module
     from planning.config import load_config
-    from planning.formats.dask_on_demand import defer_dask
     from planning.inputs import probe
+    from transforms.compat.patches import put_in
+    from transforms.compat.xarray_dask import DEFER_DASK
 
-    defer_dask()  # as a build does before it plans
+    put_in(DEFER_DASK)  # as a build does before it plans (its other patches are Beam's)
     if quick:  # a handful of files: the pool all the same, as many files would have it
         probe.POOL_MIN_FILES, probe.FILES_PER_TASK = 2, 2
     config = load_config(config_path)
