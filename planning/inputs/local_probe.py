@@ -23,7 +23,9 @@ import math
 import multiprocessing as mp
 import os
 import signal
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,6 +38,9 @@ from planning.formats.sources import NETCDF_LOCK, is_hdf5
 from planning.inputs.probe import FileProbe, _plain, probe_classic
 from planning.inputs.twin_probe import Twins
 from planning.run.cancellation import check_stopped
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Attributes of the concat coordinate that xarray's decoding of it reads.
 _CONCAT_ATTRS = (b"units", b"calendar", b"_FillValue", b"missing_value", b"scale_factor", b"add_offset", b"dtype")
@@ -226,6 +231,28 @@ def _default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+def pool_processes() -> int:
+    """The processes of a planning pool: one a core, at most 8 (each holds a file's work at a time)."""
+    return min(os.cpu_count() or 1, 8)
+
+
+def can_fork_pool() -> bool:
+    """Whether a pool of forked processes can use more than this one core here."""
+    return pool_processes() >= 2 and "fork" in mp.get_all_start_methods()
+
+
+def forked_map(function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``function`` of each item, in their order, in a pool of forked processes (see can_fork_pool).
+
+    The first item (in order) whose call raised raises here, once the calls not yet started are
+    cancelled and the pool has ended: the running ones end their item first (no process is
+    killed, so none is left holding a lock or half a file). A stopped build kills the pool's
+    processes itself (pipelines.stopping).
+    """
+    with ProcessPoolExecutor(pool_processes(), mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
+        return list(pool.map(function, items))
+
+
 def probe_local_files(
     paths_and_sizes: list[tuple[str, int]], concat_dim: str, wanted: frozenset[str] | None = None
 ) -> list[FileProbe | None]:
@@ -238,8 +265,7 @@ def probe_local_files(
     more than one core. They are forked: a fresh interpreter would spend longer importing
     numpy and h5py than probing a few thousand files.
     """
-    processes = min(os.cpu_count() or 1, 8)
-    if len(paths_and_sizes) < POOL_MIN_FILES or processes < 2 or "fork" not in mp.get_all_start_methods():
+    if len(paths_and_sizes) < POOL_MIN_FILES or not can_fork_pool():
         return _probe_serially(concat_dim, wanted, paths_and_sizes)
     twins = Twins()
     first = _probe_serially(concat_dim, wanted, paths_and_sizes[:FILES_PER_TASK], twins)
@@ -247,6 +273,5 @@ def probe_local_files(
     if twins.matched >= TWINS_FOR_NO_POOL * len(first):  # files written alike: 0.06 ms each, no pool to start
         return first + _probe_serially(concat_dim, wanted, rest, twins)
     tasks = [rest[i : i + FILES_PER_TASK] for i in range(0, len(rest), FILES_PER_TASK)]
-    with ProcessPoolExecutor(processes, mp_context=mp.get_context("fork"), initializer=_default_signals) as pool:
-        results = pool.map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
-        return first + [probe for chunk in results for probe in chunk]
+    results = forked_map(functools.partial(_probe_serially, concat_dim, wanted), tasks)
+    return first + [probe for chunk in results for probe in chunk]
