@@ -6,14 +6,22 @@ and the files are joined as NetCDF files are: in coordinate order, without overl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 from planning.formats.grib import open_grib
-from planning.formats.sources import list_files
+from planning.formats.grib_fields import GribMessages
+from planning.formats.sources import ListedFile, list_files
 from planning.inputs.inventory import Inventory, _check_grid, _one_calendar, _one_unit, _order
 from planning.inputs.metadata import FileInfo, dataset_info
+from planning.inputs.probe_pool import map_in_pool, pool_processes
 from planning.inputs.time_decoding import AS_STATED, TimeDecoding
+from planning.run.cancellation import check_stopped
 from schemas.errors import UserError
+
+#: From this many files on, a pool of processes plans them: each costs cfgrib's index of its messages
+#: (milliseconds a message: over a second for a file of a few hundred), far more than forking a process.
+POOL_MIN_FILES = 3
 
 
 def _check_scalars(infos: Sequence[FileInfo], concat_dim: str) -> None:
@@ -30,6 +38,45 @@ def _check_scalars(infos: Sequence[FileInfo], concat_dim: str) -> None:
                 )
 
 
+def _plan_file(
+    concat_dim: str, filter_by_keys: Mapping, decoding: TimeDecoding, listed_file: ListedFile
+) -> tuple[FileInfo, GribMessages]:
+    """A file's hypercube and its messages, each placed in it: cfgrib's index of the file, built once, here
+    (workers fetch a unit's messages straight from their offsets)."""
+    check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
+    index: list[GribMessages] = []
+    with open_grib(listed_file.path, filter_by_keys, concat_dim, index=index) as ds:
+        info = dataset_info(listed_file.path, listed_file.nbytes, decoding.dataset(listed_file.path, ds))
+    return info, index[0]
+
+
+def plan_grib_files(
+    listed: Sequence[ListedFile],
+    concat_dim: str,
+    filter_by_keys: Mapping,
+    decoding: TimeDecoding = AS_STATED,
+    pool: bool | None = None,
+) -> list[tuple[FileInfo, GribMessages]]:
+    """Each file's hypercube and its messages, in the files' order; from POOL_MIN_FILES files on, in a pool of
+    forked processes (planning.inputs.probe_pool, as the NetCDF files' probes).
+
+    Args:
+        listed: the files, as list_files gives them.
+        concat_dim: input.concat_dim.
+        filter_by_keys: input.grib.filter_by_keys.
+        decoding: how times are decoded.
+        pool: whether to plan them in a pool (None: where it pays off and the platform can fork).
+
+    Raises:
+        UserError: a file cfgrib cannot read as one hypercube of ``filter_by_keys``, the first in order.
+    """
+    plan = functools.partial(_plan_file, concat_dim, dict(filter_by_keys), decoding)
+    processes = pool_processes()
+    if pool is None:
+        pool = len(listed) >= POOL_MIN_FILES and processes >= 2
+    return list(map_in_pool(plan, listed, max(2, processes))) if pool else [plan(f) for f in listed]
+
+
 def take_grib_inventory(
     patterns: list[str],
     concat_dim: str,
@@ -39,13 +86,9 @@ def take_grib_inventory(
 ) -> Inventory:
     """The GRIB files' hypercube chosen by ``filter_by_keys`` (input.grib), as an inventory along ``concat_dim``."""
     listed = list_files(patterns)
-    infos, messages = [], {}
-    for listed_file in listed:
-        # Each file's messages indexed once, here: workers fetch a unit's messages straight from their offsets.
-        index: list = []
-        with open_grib(listed_file.path, filter_by_keys, concat_dim, index=index) as ds:
-            infos.append(dataset_info(listed_file.path, listed_file.nbytes, decoding.dataset(listed_file.path, ds)))
-        messages[listed_file.path] = index[0]
+    planned = plan_grib_files(listed, concat_dim, filter_by_keys, decoding)
+    infos = [info for info, _ in planned]
+    messages = {info.path: placed for info, placed in planned}
     along = [info for info in infos if concat_dim in info.sizes]
     if len(along) < len(infos):
         missing = next(info for info in infos if concat_dim not in info.sizes)

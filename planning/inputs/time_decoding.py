@@ -35,6 +35,10 @@ class MissingValue(UserError):
             f"then ds.sel({name}=ds[{name!r}].notnull()))"
         )
 
+    def __reduce__(self):
+        # Raised in a planning pool's process, it is pickled back to the launcher: rebuilt from its own fields.
+        return type(self), (self.path, self.name, self.index, self.value)
+
 
 def first_missing(values: np.ndarray) -> int | None:
     """The index of the first missing value (NaN, NaT) of 1-D coordinate values, or None if none is."""

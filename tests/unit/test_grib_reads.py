@@ -31,6 +31,14 @@ pytest.importorskip("cfgrib")
 PRESSURE = {"typeOfLevel": "isobaricInhPa"}
 
 
+@pytest.fixture(autouse=True)
+def planned_in_this_process(monkeypatch):
+    """Planning here, file by file: a pool of processes plans GRIB files from a few on (tests/e2e test that)."""
+    from planning.inputs import grib_inventory
+
+    monkeypatch.setattr(grib_inventory, "POOL_MIN_FILES", 10**9)
+
+
 def _plan(paths, concat_dim: str = "time", filter_by_keys: dict | None = None):
     from planning.config.loading import load_config
     from planning.plan import make_plan
