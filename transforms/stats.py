@@ -25,6 +25,7 @@ from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 from schemas.schema import Feature
 from transforms.merging import summary_tree
+from transforms.merging.probe import measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +277,7 @@ def keyed_summary(
     return keyed_part(block.unit, summary, block.piece, block.pieces)
 
 
+@measured("MergeGroup")
 def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], dict[str, SplitSummary]]]):
     return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
 
@@ -295,16 +297,25 @@ class _MergeGroupsInOrderFn(beam.CombineFn):
     def create_accumulator(self):
         return summary_tree_of(self._units)
 
+    @measured("MergeGroups", method=True)
     def add_input(self, accumulator, element):
         accumulator.add_group(*element)
         return accumulator
 
+    @measured("MergeGroups", method=True)
+    def add_inputs(self, accumulator, elements):
+        for element in elements:
+            accumulator = self.add_input(accumulator, element)
+        return accumulator
+
+    @measured("MergeGroups", method=True)
     def merge_accumulators(self, accumulators):
         merged, *rest = accumulators
         for accumulator in rest:
             merged.absorb(accumulator)
         return merged
 
+    @measured("MergeGroups", method=True)
     def extract_output(self, accumulator):
         return accumulator.result()
 

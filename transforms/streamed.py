@@ -33,6 +33,7 @@ from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.cut import _CutUnitFn
 from transforms.finalize import finalize_output
 from transforms.in_place import add_counts, commit_shards
+from transforms.merging.probe import measured
 from transforms.shards import WriteBucketedShards
 from transforms.stats import keyed_summary, merge_by_name, summary_tree_of
 from transforms.write import block_writer
@@ -87,6 +88,7 @@ class _CollectFn(beam.CombineFn):
     def create_accumulator(self):
         return {}, [], summary_tree_of(self._units), {}
 
+    @measured("Collect", method=True)
     def add_input(self, accumulator, element):
         written, results, tree, merged = accumulator
         kind, value = element
@@ -101,6 +103,13 @@ class _CollectFn(beam.CombineFn):
             tree.add_part(group, unit, piece, pieces, summary)
         return written, results, tree, merged
 
+    @measured("Collect", method=True)
+    def add_inputs(self, accumulator, elements):
+        for element in elements:
+            accumulator = self.add_input(accumulator, element)
+        return accumulator
+
+    @measured("Collect", method=True)
     def merge_accumulators(self, accumulators):
         written, results, tree, merged = self.create_accumulator()
         for other_written, other_results, other_tree, other_merged in accumulators:
@@ -110,6 +119,7 @@ class _CollectFn(beam.CombineFn):
             merged = merge_by_name([merged, other_merged])
         return written, results, tree, merged
 
+    @measured("Collect", method=True)
     def extract_output(self, accumulator):
         return accumulator
 
