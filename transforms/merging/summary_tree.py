@@ -73,6 +73,10 @@ class SummaryTree:
             del self.branches[branch]
             self.folded[branch] = self._fold_branch(held)
 
+    def add_branch(self, branch: int, summary: Summary) -> None:
+        """A branch's summary, its groups already merged in order."""
+        self.folded[branch] = summary
+
     def absorb(self, other: SummaryTree) -> None:
         """Another tree's summaries (of other parts) added to this one's."""
         for group, held in other.groups.items():
