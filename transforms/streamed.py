@@ -10,13 +10,15 @@ runner's GroupByKey, which lists a key's values in memory; planning.write_strate
 
 Every GroupByKey is a shuffle of every partition on Dask (a few dozen scheduler tasks, each a
 round trip). Counting what was written in place, merging the statistics and collecting for
-Finalize would be three in a row (four global combines in all); here they are one: every
-unit's small result goes to one combine, and one step commits the shards, merges the
-statistics in the order ComputeStats merges them (the same bits) and writes the metadata. Bucket
-files and spill objects still meet their shard through one GroupByKey before it. Not for Beam's multi-threaded local
-runner: the combine's accumulators carry every unit's summaries, megabytes at scale, which it garbled
-through the combine's GroupByKey ("Invalid PaneInfoEncoding" in a 4x build; the cause, Beam's timed
-flush, is turned off since: pipelines.runners).
+Finalize would be three global combines in a row; here each unit's statistics and counts ride
+together through the merge tree's two GroupByKeys (transforms.stats.MergeBranches: a group's
+parts, then a branch's groups), and one combine collects the branches (one a 65,536 units) and
+the shard results, and one step commits the shards, merges the statistics in the order ComputeStats
+merges them (the same bits) and writes the metadata. Beam's DaskRunner runs a global combine as
+one GroupByKey and one task over its whole list: fed every unit's result, that task held them all
+(O(units): 11.6 MB at 2,000 tiny units, 9.9x its peak at 200, benchmarks.merge_memory). Bucket
+files and spill objects still meet their shard through one GroupByKey before it. Not for Beam's
+multi-threaded local runner (its own graph: pipelines.graph).
 """
 
 from __future__ import annotations
