@@ -130,52 +130,58 @@ def measure(workdir: Path, counts: Sequence[int], workers: int, timeout: float |
 
 
 def summarize(rows: Sequence[dict]) -> dict:
-    """Dask/local at each unit count, each runner's growth from the fewest units to the most, and the targets."""
+    """Dask/local at each unit count, and each runner's growth from the fewest units to the most."""
     found = {(row["units"], row["runner"]): row for row in rows if row.get("ok") and row.get("peak")}
     counts = sorted({row["units"] for row in rows})
-    ratios = {}
+    ratios = []
     for units in counts:
         local, dask = found.get((units, "local")), found.get((units, "dask"))
         if local and dask:
-            ratios[units] = {
-                "dask_over_local": dask["peak"] / local["peak"],
-                "same_stats": dask["stats"] == local["stats"],
-            }
+            same = dask["stats"] == local["stats"]
+            ratios.append({"units": units, "dask_over_local": dask["peak"] / local["peak"], "same_stats": same})
     growth = {}
     for runner in RUNNERS:
         low, high = found.get((counts[0], runner)), found.get((counts[-1], runner))
         if low and high:
             growth[runner] = high["peak"] / low["peak"]
-    targets = []
-    for units in counts:
-        ratio = ratios.get(units, {}).get("dask_over_local")
-        apart = max(ratio, 1 / ratio) if ratio else None  # within 20% either way
-        name = f"merge peak, Dask vs local runner (larger / smaller), {units:,} units"
-        targets.append(Target(name, apart, MAX_MERGE_MEMORY_DASK_OVER_LOCAL, True))
-    failed = [f"{row['units']} units, {row['runner']}" for row in rows if not row.get("ok")]
-    return {"ratios": ratios, "growth": growth, "targets": [t.to_json() for t in targets], "failed": failed}
+    failed = [f"merge memory, {row['units']} units, {row['runner']}" for row in rows if not row.get("ok")]
+    return {"ratios": ratios, "growth": growth, "failed": failed}
 
 
-def report(rows: Sequence[dict], summary: dict) -> list[str]:
-    lines = [f"{'units':>8}  {'runner':<7}{'peak merge':>12}  {'step':<12}{'held on entry':>14}{'calls':>8}"]
-    for row in rows:
+def targets(results: dict) -> list[Target]:
+    """Dask's and the local runner's largest merge within 20% of each other (either way), at each unit count."""
+    found = []
+    for ratio in results["ratios"]:
+        value = ratio["dask_over_local"] if ratio["same_stats"] else None  # (different statistics: no result)
+        apart = max(value, 1 / value) if value else None
+        name = f"merge peak, Dask vs local runner (larger / smaller), {ratio['units']:,} units"
+        found.append(Target(name, apart, MAX_MERGE_MEMORY_DASK_OVER_LOCAL, True))
+    return found
+
+
+def render(results: dict, *, for_docs: bool = False) -> str:
+    """The section as printed (``for_docs``: the same; nothing of the run's machine is in it)."""
+    lines = ["== the largest single merge (statistics, tendency, counts), Dask and local runner =="]
+    lines.append(f"{'units':>8}  {'runner':<7}{'peak merge':>12}  {'step':<14}{'held on entry':>14}{'calls':>8}")
+    for row in results["rows"]:
         if not row.get("ok"):
             lines.append(f"{row['units']:>8,}  {row['runner']:<7}  FAILED: {row.get('error', '')[-300:]}")
             continue
         lines.append(
-            f"{row['units']:>8,}  {row['runner']:<7}{row['peak'] / MB:>9.3f} MB  {row['step']:<12}"
+            f"{row['units']:>8,}  {row['runner']:<7}{row['peak'] / MB:>9.3f} MB  {row['step']:<14}"
             f"{row['held'] / MB:>11.3f} MB{row['calls']:>8,}"
         )
-    for units, ratio in summary["ratios"].items():
+    for ratio in results["ratios"]:
         same = "identical" if ratio["same_stats"] else "DIFFERENT"
+        units = ratio["units"]
         lines.append(f"Dask / local merge peak, {units:,} units: {ratio['dask_over_local']:.2f}x (stats.json {same})")
-    counts = sorted({row["units"] for row in rows})
-    for runner, growth in summary["growth"].items():
+    counts = sorted({row["units"] for row in results["rows"]})
+    for runner, growth in results["growth"].items():
         lines.append(f"{runner} merge peak, {counts[-1]:,} / {counts[0]:,} units: {growth:.2f}x")
-    for target in summary["targets"]:
-        value = "n/a" if target["value"] is None else f"{target['value']:.2f}x"
-        lines.append(f"target: {target['name']}: {value} <= {target['limit']:g}x {target['status']}")
-    return lines
+    for target in targets(results):
+        value = "n/a" if target.value is None else f"{target.value:.2f}x"
+        lines.append(f"target: {target.name}: {value} <= {target.limit:g}x {target.status}")
+    return "\n".join(lines)
 
 
 def run(
@@ -183,10 +189,10 @@ def run(
 ) -> dict:
     """Every build measured, summarized and printed; the results (JSON-ready)."""
     rows = measure(workdir, counts or (QUICK_UNIT_COUNTS if quick else UNIT_COUNTS), workers, timeout)
-    summary = summarize(rows)
-    print("\n".join(report(rows, summary)), flush=True)
-    kept = [{k: v for k, v in row.items() if k != "stats"} for row in rows]
-    return {"rows": kept, **summary}
+    results = {"rows": rows, **summarize(rows)}
+    results["rows"] = [{k: v for k, v in row.items() if k != "stats"} for row in rows]
+    print(render(results), flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
