@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from benchmarks import run
+
 from helpers import run_benchmark
 
 
@@ -24,3 +26,4 @@ def test_quick_merge_memory_measures_each_runners_merges(tmp_path):
     assert all(ratio["same_stats"] for ratio in results["ratios"])
     assert set(results["growth"]) == {"local", "dask"}
     assert "Dask / local merge peak, 40 units" in printed
+    assert "merge-memory" in run.COMPETITORS and "merge-memory" not in run.DEFAULT_COMPETITORS
