@@ -123,8 +123,6 @@ class StatsSpec:
     features: tuple[Feature, ...] = ()
     #: config stats.over: "field" leaves the values' moments to ComputeFieldStats (blocks give sample counts only)
     over: str = "samples"
-    #: the build's work units, whose summaries are merged (0: not known; the merge then folds at its end alone)
-    units: int = 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -268,7 +266,7 @@ def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
 
 def stats_spec(plan: BuildPlan) -> StatsSpec:
     roles = tuple(f for f in plan.schema.features if ROLE_KEY in f.source)
-    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per, roles, plan.stats_over, len(plan.units))
+    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per, roles, plan.stats_over)
 
 
 def field_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> FieldSpec | None:
