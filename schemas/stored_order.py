@@ -31,10 +31,10 @@ def in_unit_order(sample: Any) -> bool:
 
 
 def describe_order(sample: Any) -> str:
-    """The stored order in a few words, for ``inspect``."""
+    """The stored order in a few words, for ``inspect``: "records stored <this>"."""
     if in_unit_order(sample):
-        return "unit order (shuffle.mode: read): read with epoch=, shuffled_stream or open_source to shuffle"
-    return "shuffled at write"
+        return "in unit order (shuffle.mode: read): load_dataset(..., epoch=e), shuffled_stream or open_source shuffle"
+    return "shuffled at write (shuffle.mode: write)"
 
 
 def warn_sequential_read(path: str, sample: Any) -> None:
