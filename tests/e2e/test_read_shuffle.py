@@ -178,3 +178,35 @@ def test_a_gs_output_in_unit_order_holds_the_local_outputs_bytes(small_archive, 
             for name in (shard.file, index_name(shard.file)):
                 assert gcs.cat(f"{output}/{name}") == (built["read"] / name).read_bytes(), name
     assert not gcs.exists(f"{output}/_tmp")
+
+
+def test_nan_policy_drop_in_unit_order_keeps_the_shuffled_builds_samples(tmp_path):
+    """Dropped samples are counted in their unit's ranks at planning: shards hold the kept ones of their runs."""
+    import pandas as pd
+    import xarray as xr
+
+    time = pd.date_range("2000-01-01", periods=8, freq="6h")
+    values = np.random.default_rng(0).normal(size=(8, 6, 6)).astype("f4")
+    values[:2] = np.nan  # every sample of the first steps' units
+    values[np.random.default_rng(1).random(values.shape) < 0.03] = np.nan  # and some samples of most others
+    xr.Dataset(
+        {"t": (("time", "lat", "lon"), values)}, coords={"time": time, "lat": np.arange(6.0), "lon": np.arange(6.0)}
+    ).to_netcdf(tmp_path / "nan.nc")
+    outputs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=300))
+        for mode in ("write", "read"):
+            config = {
+                "input": {"paths": str(tmp_path / "nan.nc")},
+                "sample": {"window": {"lat": 3, "lon": 3, "time": 1}},
+                "nan_policy": "drop",
+                "shuffle": {"mode": mode},
+                "output": {"path": str(tmp_path / mode), "num_shards": 3},
+            }
+            assert _build(config, tmp_path) == 0
+            outputs[mode] = tmp_path / mode
+    shuffled, stored = (_samples(Reader(str(outputs[mode]))) for mode in ("write", "read"))
+    assert stored.keys() == shuffled.keys() and 0 < len(stored) < 8 * 16
+    assert all(not np.isnan(sample["t"]).any() for sample in stored.values())
+    assert (outputs["read"] / "stats.json").read_bytes() == (outputs["write"] / "stats.json").read_bytes()
+    assert load_schema(str(outputs["read"])).counts == load_schema(str(outputs["write"])).counts
