@@ -141,13 +141,18 @@ def test_inspect_and_the_generated_parser_say_the_order(built, capsys):
     assert batch["t"].shape[0] == 4
 
 
-def test_an_append_in_unit_order_adds_a_generation_holding_the_new_samples(small_archive, built):
+def test_an_append_in_unit_order_adds_a_generation_holding_the_new_samples(small_archive, built, capsys):
     folder = built["folder"]
     files = sorted(str(p) for p in small_archive.glob("*.nc"))
     output = folder / "appended"
     config = _config(small_archive, str(output), "read")
     assert _build({**config, "input": {"paths": files[:2]}}, folder) == 0
     before = {p.name: p.read_bytes() for p in output.glob("*.tfrecord")}
+    capsys.readouterr()
+    # An output is appended to in the mode it was built with: its sequential order would otherwise change midway.
+    assert _build({**config, "shuffle": {"seed": 3, "mode": "write"}}, folder, "--append") == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith("error: shuffle.mode: 'write' differs from the 'read' the output was built with")
     assert _build(config, folder, "--append") == 0
     schema, full = load_schema(str(output)), load_schema(str(built["read"]))
     assert schema.sample["stored_order"] == "units"
