@@ -124,6 +124,8 @@ def build_pipeline(
     if len(of_source) > 1:
         of_source = [tuple(of_source) | "JoinSourceStats" >> beam.Flatten()]
     if specs.write.strategy is WriteStrategy.UNIT_RUNS:  # shuffle.mode: read: a shard's units cut by its writer
+        if not isinstance(units, Units):
+            raise TypeError("shuffle.mode: read's shards are runs of the plan's Units, not of a list of units")
         parts = pipeline | "WriteUnitRuns" >> WriteUnitRuns(
             specs.cut, specs.write, specs.stats, units, specs.units_file, ranges
         )

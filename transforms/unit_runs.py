@@ -41,8 +41,11 @@ from transforms.encode import record_columns
 from transforms.files import write_atomically, write_index
 from transforms.shards import Tally, capped
 from transforms.stats import keyed_summary
-from transforms.units import load_run_file
+from transforms.streamed import _part
+from transforms.units import DEFAULT_RANGES, load_run_file
 
+#: WriteUnitRuns' elements are (kind, value): a ShardResult, or a unit's keyed summary. (Not a ParDo's tagged outputs:
+#: Beam's DaskRunner hands a tagged output's elements to the main output's consumers too.)
 SHARD, SUMMARY = 0, 1
 
 
@@ -159,17 +162,13 @@ def _shard_numbers(bounds: tuple[int, int]) -> Iterator[int]:
     yield from range(*bounds)
 
 
-def _part(element: tuple, which: int):
-    kind, value = element
-    if kind == which:
-        yield value
-
-
 @dataclasses.dataclass
 class WriteUnitRuns(beam.PTransform):
-    """Nothing -> (ShardResult per shard, keyed summaries per unit) as tagged ``(SHARD | SUMMARY, value)`` pairs.
+    """Nothing -> (SHARD, ShardResult) per shard and (SUMMARY, keyed summary) per unit (shard_results and
+    unit_summaries take them apart).
 
-    ``units``: the plan's (the graph holds them only without ``units_file``).
+    ``units``: the plan's (the graph holds them only without ``units_file``); ``ranges``: of shard numbers, as
+    EnumerateUnits' of unit numbers.
     """
 
     cut: CutSpec
@@ -177,7 +176,7 @@ class WriteUnitRuns(beam.PTransform):
     stats: StatsSpec
     units: Units
     units_file: RunFile | None = None
-    ranges: int = 256
+    ranges: int = DEFAULT_RANGES
 
     def expand(self, pbegin):
         shards = self.write.num_shards
@@ -195,10 +194,10 @@ class WriteUnitRuns(beam.PTransform):
 
 
 def shard_results(parts):
-    """WriteUnitRuns' tagged output -> its ShardResults."""
+    """WriteUnitRuns' output -> its ShardResults."""
     return parts | "ShardResults" >> beam.FlatMap(_part, SHARD)
 
 
 def unit_summaries(parts):
-    """WriteUnitRuns' tagged output -> the keyed summaries of its units (transforms.stats.keyed_summary)."""
+    """WriteUnitRuns' output -> the keyed summaries of its units (transforms.stats.keyed_summary)."""
     return parts | "UnitSummaries" >> beam.FlatMap(_part, SUMMARY)
