@@ -111,6 +111,10 @@ def test_readers_take_a_fresh_full_global_order_every_epoch(built):
 
     streamed = [tuple(int(s[k]) for k in INDEX) for s in islice(shuffled_stream(path, "train", seed=5), n)]
     assert sorted(streamed) == sorted(stored) and streamed != stored
+    stream = shuffled_stream(path, "train", seed=5)
+    list(islice(stream, 11))
+    resumed = shuffled_stream(path, "train", seed=5, rank=1, world_size=2, state=stream.state())
+    assert [tuple(int(s[k]) for k in INDEX) for s in islice(resumed, 3)] == streamed[12:17:2]  # an exact resume
 
     batches = list(load_dataset(path, "train", batch_size=7, epoch=0).as_numpy_iterator())
     read = [tuple(int(b[k][i]) for k in INDEX) for b in batches for i in range(len(b[INDEX[0]]))]
