@@ -65,7 +65,7 @@ def test_quick_cost_benchmark_measures_the_spill_path_and_the_no_shuffle_mode_an
     assert before["Dataflow Shuffle"] > 100 * spill["Dataflow Shuffle"]
     unshuffled = results["bills"]["no shuffle"]
     assert unshuffled["Dataflow Shuffle"] <= spill["Dataflow Shuffle"]
-    assert unshuffled["storage (intermediates)"] < spill["storage (intermediates)"]
+    assert unshuffled["storage (intermediates)"] <= spill["storage (intermediates)"]
     evaluated = {t["name"]: t["status"] for t in results["targets"]}
     assert set(evaluated) == {
         "cost: shuffle bytes / output bytes, largest run",
