@@ -63,11 +63,12 @@ def dask_flags(client: Client, *more: str) -> list[str]:
     return ["--runner=DaskRunner", f"--dask_client_address={address}", "--dask_connection_timeout=30", *more]
 
 
-def write_config(tmp_path: Path, name: str, inputs, output: str, in_place: bool = True) -> Path:
+def write_config(tmp_path: Path, name: str, inputs, output: str, in_place: bool = True, mode: str = "write") -> Path:
     config = {
         "input": {"paths": inputs},
         "variables": ["t", "q"],
         "sample": SAMPLE,
+        "shuffle": {"mode": mode},
         "output": {"path": output, "num_shards": 3, "in_place": in_place},
     }
     path = tmp_path / f"{name}.yaml"
@@ -225,6 +226,24 @@ def test_without_a_shared_filesystem_records_go_through_spill_objects_not_the_ru
     # No spill object, run file or progress marker is left, on gs:// or on this machine.
     assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local_build.iterdir())
     assert not Path("gs:").exists()  # progress markers are local files: none were made for a URL
+
+
+def test_unit_order_without_a_shared_filesystem_writes_the_local_runners_bytes(
+    small_archive, tmp_path, client, workers_see_the_emulator, caplog
+):
+    """shuffle.mode: read on Dask: a task writes each shard whole, straight to gs://; the local runner's bytes."""
+    gcs = workers_see_the_emulator
+    caplog.set_level(logging.INFO, logger="pipelines.graph")
+    for path in sorted(small_archive.glob("*.nc")):
+        gcs.put(str(path), f"{BUCKET}/dask-units/in/{path.name}")
+    local, output = tmp_path / "local", f"gs://{BUCKET}/dask-units/out"
+    build(write_config(tmp_path, "local", str(small_archive / "*.nc"), str(local), mode="read"))
+    caplog.clear()
+    build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask-units/in/*.nc", output, mode="read"), *dask_flags(client))
+    assert "unit runs" in strategy_logged(caplog)
+    assert_same_output(gcs.cat, output, local)
+    assert gcs.cat(f"{output}/stats.json") == (local / "stats.json").read_bytes()
+    assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local.iterdir())
 
 
 def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, capsys, monkeypatch):
