@@ -129,7 +129,7 @@ def build_pipeline(
         parts = pipeline | "WriteUnitRuns" >> WriteUnitRuns(
             specs.cut, specs.write, specs.stats, units, specs.units_file, ranges
         )
-        summaries = unit_summaries(parts) | "MergeSummaries" >> MergeSummaries(specs.stats.units)
+        summaries = unit_summaries(parts) | "MergeSummaries" >> MergeSummaries()
         if of_source:
             summaries = (summaries, *of_source) | "JoinTendency" >> beam.Flatten()
         return (shard_results(parts), summaries) | "Finalize" >> Finalize(specs.finalize)

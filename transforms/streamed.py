@@ -71,7 +71,9 @@ class _CutWriteSummarizeFn(beam.DoFn):
         self._cut.teardown()
 
 
-def _part(element: tuple, which: int):
+def values_of_kind(element: tuple, which: int):
+    """The value of a (kind, value) element if it is of kind ``which`` (a FlatMap's function): one output split by
+    kinds, as Beam's DaskRunner hands a ParDo's tagged outputs to the main output's consumers too."""
     kind, value = element
     if kind == which:
         yield value
@@ -155,14 +157,14 @@ class StreamBlocks(beam.PTransform):
         # GroupByKey's key a group or a branch: no task holds more than 256 of a kind, whatever the units).
         parts = (
             cut
-            | "Summaries" >> beam.FlatMap(_part, _SUMMARY)
+            | "Summaries" >> beam.FlatMap(values_of_kind, _SUMMARY)
             | "MergeTree" >> MergeBranches(merge_with_counts)
             | "TagBranches" >> beam.Map(_tagged, _BRANCH)
         )
         if self.write.strategy is not WriteStrategy.IN_PLACE:
             shards = (
                 cut
-                | "Buckets" >> beam.FlatMap(_part, _WRITTEN)
+                | "Buckets" >> beam.FlatMap(values_of_kind, _WRITTEN)
                 | "WriteShards" >> WriteBucketedShards(self.write)  # (its GroupByKey: a shard's bucket files)
                 | "TagShards" >> beam.Map(_tagged, _SHARD)
             )

@@ -41,7 +41,7 @@ from transforms.encode import record_columns
 from transforms.files import write_atomically, write_index
 from transforms.shards import Tally, capped
 from transforms.stats import keyed_summary
-from transforms.streamed import _part
+from transforms.streamed import values_of_kind
 from transforms.units import DEFAULT_RANGES, load_run_file
 
 #: WriteUnitRuns' elements are (kind, value): a ShardResult, or a unit's keyed summary. (Not a ParDo's tagged outputs:
@@ -195,9 +195,9 @@ class WriteUnitRuns(beam.PTransform):
 
 def shard_results(parts):
     """WriteUnitRuns' output -> its ShardResults."""
-    return parts | "ShardResults" >> beam.FlatMap(_part, SHARD)
+    return parts | "ShardResults" >> beam.FlatMap(values_of_kind, SHARD)
 
 
 def unit_summaries(parts):
     """WriteUnitRuns' output -> the keyed summaries of its units (transforms.stats.keyed_summary)."""
-    return parts | "UnitSummaries" >> beam.FlatMap(_part, SUMMARY)
+    return parts | "UnitSummaries" >> beam.FlatMap(values_of_kind, SUMMARY)
