@@ -134,10 +134,10 @@ def _foreign(path: str, record: Manifest | None) -> tuple[list[str], int, bool]:
     for name, link in _walk(path):
         if link or not _ours(path, name, record):
             count += 1
-            if len(named) < _NAMED:
-                named.append(name)
+            if len(named) < _NAMED or name < named[-1]:  # the first few in order, wherever the listing meets them
+                named = sorted([*named, name])[:_NAMED]
         written = written or (not _kept(name) and not _stale(name))
-    return sorted(named), count, written
+    return named, count, written
 
 
 def _refusal(named: list[str], count: int) -> str:

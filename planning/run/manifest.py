@@ -31,7 +31,7 @@ from planning.run.generations import GENERATIONS_FILE
 from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
 from schemas.errors import UserError
 from schemas.schema import FORMAT as SCHEMA_FORMAT
-from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, STATS_FILE, shard_name
+from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, STATS_FILE
 from schemas.shard_index import INDEX_SUFFIX
 
 FORMAT = "xarray-tfrecords-manifest/2"
@@ -51,7 +51,7 @@ _DOCUMENT_KEYS = frozenset({"format", "runs", "files", "shards"})
 _RULE_KEYS = frozenset({"split", "count", "generation", "compression", "index"})
 #: A shard's name (schemas.schema.shard_name), or its index's: parsed, then made again from the parts to compare.
 _SHARD_NAME = re.compile(
-    r"(?P<split>[^-/]+?)(?:-g(?P<generation>\d{3,}))?-(?P<number>\d{5,})-of-(?P<count>\d{5,})"
+    r"(?P<split>[^-/]+?)(?:-g(?P<generation>[0-9]{3,}))?-(?P<number>[0-9]{5,})-of-(?P<count>[0-9]{5,})"
     r"\.tfrecord(?P<gzip>\.gz)?(?P<index>" + re.escape(INDEX_SUFFIX) + r")?"
 )
 
@@ -93,18 +93,32 @@ class ShardName:
 
 def parse_shard_name(name: str) -> ShardName | None:
     """The parts of a name shard_name makes (or its index's), or None: a name it would not make exactly."""
+    parsed = _parsed(name)
+    if parsed is None:
+        return None
+    (split, count, generation, compression), number, index = parsed
+    return ShardName(split, number, count, generation, compression, index)
+
+
+def _parsed(name: str) -> tuple[tuple[str, int, int, str | None], int, bool] | None:
+    """(rule key, shard number, whether it is the index) of a name shard_name makes exactly (its padding too)."""
     found = _SHARD_NAME.fullmatch(name)
     if found is None:
         return None
-    generation = int(found["generation"]) if found["generation"] else 0
-    if found["generation"] and generation == 0:
+    split, generation, number, count, gzip, index = found.groups()
+    if not split.isidentifier() or len(split) > _MAX_SPLIT:
+        return None  # (no split of a config's: a rule never names it)
+    if not (_padded(number, 5) and _padded(count, 5) and (generation is None or _padded(generation, 3))):
+        return None
+    if generation is not None and int(generation) == 0:
         return None  # (shard_name states no generation 0)
-    compression = "gzip" if found["gzip"] else None
-    parsed = ShardName(
-        found["split"], int(found["number"]), int(found["count"]), generation, compression, bool(found["index"])
-    )
-    made = shard_name(parsed.split, parsed.number, parsed.count, compression, generation)
-    return parsed if made + (INDEX_SUFFIX if parsed.index else "") == name else None
+    key = (split, int(count), int(generation) if generation else 0, "gzip" if gzip else None)
+    return key, int(number), index is not None
+
+
+def _padded(digits: str, width: int) -> bool:
+    """Whether a number is written as ``f"{n:0{width}d}"`` writes it: zero-padded to ``width``, no wider with zeros."""
+    return len(digits) == width or digits[0] != "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +139,12 @@ class Manifest:
         """Whether a final name (no temporary, at the output's top) is one these builds write."""
         if name in self.files:
             return True
-        parsed = parse_shard_name(name) if self.shards else None
-        if parsed is None or parsed.number >= parsed.count:
+        parsed = _parsed(name) if self.shards else None
+        if parsed is None:
             return False
-        index = self._rules.get(parsed.key)
-        return index is not None and (index or not parsed.index)
+        key, number, is_index = parsed
+        index = self._rules.get(key)
+        return index is not None and number < key[1] and (index or not is_index)
 
     def owns(self, relative_path: str) -> bool:
         """Whether a file (relative to the output) was written by one of these runs."""
@@ -201,7 +216,7 @@ def compacted(files: frozenset[str], runs: frozenset[str] = frozenset()) -> Mani
         key: ShardRule(*key, index=bool(indexes))
         for key, (shards, indexes) in groups.items()
         # Every name the rule makes (a gzip shard has no index), else they are kept as names.
-        if len(shards) == key[1] and (indexes == shards and key[3] is None or not indexes)
+        if len(shards) == key[1] and ((indexes == shards and key[3] is None) or not indexes)
     }
     rest = frozenset(
         name for name, shard in parsed.items() if shard is None or shard.number >= shard.count or shard.key not in rules
