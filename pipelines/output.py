@@ -33,7 +33,6 @@ from planning.run.names import (
     TMP_DIR,
     join,
     new_temporary_token,
-    relative,
     run_dir,
     temporary_path,
 )
@@ -55,10 +54,6 @@ def _is_file(path: str) -> bool:
     return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
 
 
-def _raise(error: OSError) -> None:
-    raise error
-
-
 def _walk(path: str) -> Iterator[tuple[str, bool]]:
     """Every file under ``path``, relative to it, and whether it is a link (locally: never followed, so never ours).
 
@@ -67,14 +62,21 @@ def _walk(path: str) -> Iterator[tuple[str, bool]]:
     if is_remote(path):
         yield from ((name, False) for name in list_remote(path))
         return
-    if not os.path.isdir(path):
-        return
-    for directory, subdirectories, names in os.walk(path, onerror=_raise):
-        for name in [*subdirectories, *names]:
-            entry = os.path.join(directory, name)
-            link = os.path.islink(entry)
-            if link or name in names:
-                yield relative(path, entry), link
+    if os.path.isdir(path):
+        yield from _walk_local(path, "")
+
+
+def _walk_local(path: str, directory: str) -> Iterator[tuple[str, bool]]:
+    """``_walk`` of a local folder: each directory read whole before its entries are handed out (they may be deleted
+    meanwhile), a link never followed, no second system call per entry."""
+    with os.scandir(os.path.join(path, directory)) as listing:
+        entries = [(entry.name, entry.is_symlink(), entry.is_dir(follow_symlinks=False)) for entry in listing]
+    for name, link, folder in entries:
+        relative_name = f"{directory}/{name}" if directory else name
+        if folder:
+            yield from _walk_local(path, relative_name)
+        else:
+            yield relative_name, link
 
 
 def _text(path: str) -> str | None:

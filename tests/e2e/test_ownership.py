@@ -244,7 +244,7 @@ def test_a_folder_without_a_build_record_is_refused_from_its_own_listing(tmp_pat
     def no_walk(*args, **kwargs):
         raise AssertionError("walked the folder")
 
-    monkeypatch.setattr(module.os, "walk", no_walk)
+    monkeypatch.setattr(module, "_walk_local", no_walk)
     manifest = build_manifest("fedcba987654", [ShardRule("data", 1)])
     for overwrite in (False, True):
         with pytest.raises(UserError, match=r"did not write \(notes.txt, projects/\)"):
