@@ -52,7 +52,7 @@ print(json.dumps({"seconds": time.perf_counter() - started}))
 
 #: Runs in the code under test: the build up to the job's submission, with the peak RSS there.
 LAUNCHER_CHILD = """
-import json, resource, sys
+import json, sys
 import pipelines.graph as graph
 import pipelines.output as output
 from planning.config import load_config
@@ -61,14 +61,18 @@ class Submitted(Exception):
     pass
 
 seen = {}
+def peak():  # this process's own high-water mark (getrusage's would count the pages of the process that forked it)
+    line = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
 def submit(pipeline, options, local):
-    seen["submitted_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    seen["submitted_rss"] = peak()
     raise Submitted
 
 real_plan, real_prepare = graph.make_plan, graph.prepare_output
 def make_plan(*args, **kwargs):
     plan = real_plan(*args, **kwargs)
-    seen["planned_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    seen["planned_rss"] = peak()
     seen["shards"] = plan.num_shards
     return plan
 def prepare_output(path, overwrite, manifest):
@@ -176,7 +180,7 @@ def overwrite_local(workdir: Path, old: Path | None, shards: int) -> dict:
 
         output.mkdir(parents=True, exist_ok=True)
         _write_output(write, shards, rules)
-        measured = run_measured([sys.executable, "-c", OVERWRITE_CHILD, str(output)], str(REPO), env=_env(code))
+        measured = run_measured([sys.executable, "-c", OVERWRITE_CHILD, str(output)], str(code), env=_env(code))
         if not measured.ok:
             raise RuntimeError(f"overwrite ({label}) failed: {measured.output_tail[-1500:]}")
         left = sorted(p.name for p in output.iterdir())
@@ -202,7 +206,7 @@ def overwrite_remote(workdir: Path, old: Path | None, shards: int) -> dict:
             _write_output(lambda name, data, output=output, gcs=gcs: gcs.pipe(f"{output}/{name}", data), shards, rules)
             before = sum(1 for _ in log.open())
             command = [sys.executable, "-c", OVERWRITE_CHILD, output]
-            measured = run_measured(command, str(REPO), env=_env(code))
+            measured = run_measured(command, str(code), env=_env(code))
             if not measured.ok:
                 raise RuntimeError(f"overwrite ({label}) on gs:// failed: {measured.output_tail[-1500:]}")
             lines = [json.loads(line) for line in log.open()][before:]
@@ -232,11 +236,19 @@ def launcher(workdir: Path, old: Path | None, steps: int) -> list[dict]:
             continue
         config = workdir / f"launcher-{label}.yaml"
         config.write_text(yaml.safe_dump(patches_config(store, workdir / f"launcher-out-{label}")))
-        measured = run_measured([sys.executable, "-c", LAUNCHER_CHILD, str(config)], str(REPO), env=_env(code))
+        measured = run_measured([sys.executable, "-c", LAUNCHER_CHILD, str(config)], str(code), env=_env(code))
         if not measured.ok:
             raise RuntimeError(f"launcher ({label}) failed: {measured.output_tail[-2000:]}")
         seen = _last_json(measured.output_tail)
-        rows.append({"code": label, "steps": steps, "wall_s": measured.wall_seconds, **seen})
+        rows.append(
+            {
+                "code": label,
+                "steps": steps,
+                "wall_s": measured.wall_seconds,
+                "peak_rss": measured.peak_rss_bytes,
+                **seen,
+            }
+        )
     return rows
 
 
@@ -269,12 +281,13 @@ def render(results: dict) -> str:
         )
     lines.append("")
     lines.append("== launcher up to submission (PortableRunner), ARCO-ERA5-shaped plan ==")
-    lines.append("| code | steps | shards | planned peak RSS | submission peak RSS | manifest | wall |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| code | steps | shards | planned peak RSS | submission peak RSS | whole run | manifest | wall |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for row in results["launcher"]:
         lines.append(
             f"| {row['code']} | {row['steps']:,} | {row.get('shards', 0):,} | {row.get('planned_rss', 0) / 1e9:.2f} GB "
-            f"| {row.get('submitted_rss', 0) / 1e9:.2f} GB | {row.get('manifest_bytes', 0) / 1e6:,.3f} MB "
+            f"| {row.get('submitted_rss', 0) / 1e9:.2f} GB | {row.get('peak_rss', 0) / 1e9:.2f} GB "
+            f"| {row.get('manifest_bytes', 0) / 1e6:,.3f} MB "
             f"| {row['wall_s']:.0f} s |"
         )
     return "\n".join(lines)

@@ -21,6 +21,7 @@ or it is refused (a run ``../../x`` would otherwise name a directory far from th
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -206,22 +207,25 @@ class Manifest:
 def compacted(files: frozenset[str], runs: frozenset[str] = frozenset()) -> Manifest:
     """A manifest of these names and runs, each complete set of a rule's names (every shard, with or without
     every index) recorded as that rule; the other names stay names. It owns exactly the same files."""
-    parsed = {name: parse_shard_name(name) for name in files}
-    groups: dict[tuple, tuple[set[int], set[int]]] = {}
-    for shard in parsed.values():
-        if shard is not None and shard.number < shard.count:
-            shards, indexes = groups.setdefault(shard.key, (set(), set()))
-            (indexes if shard.index else shards).add(shard.number)
+    # Names are a set: each (rule, number, index or not) once, so counting them is enough to see a rule's every name.
+    shards: collections.Counter = collections.Counter()
+    indexes: collections.Counter = collections.Counter()
+    for name in files:
+        parsed = _parsed(name)
+        if parsed is not None and parsed[1] < parsed[0][1]:
+            (indexes if parsed[2] else shards)[parsed[0]] += 1
     rules = {
-        key: ShardRule(*key, index=bool(indexes))
-        for key, (shards, indexes) in groups.items()
+        key: ShardRule(*key, index=bool(indexes[key]))
+        for key, found in shards.items()
         # Every name the rule makes (a gzip shard has no index), else they are kept as names.
-        if len(shards) == key[1] and ((indexes == shards and key[3] is None) or not indexes)
+        if found == key[1] and indexes[key] in (0, found if key[3] is None else 0)
     }
-    rest = frozenset(
-        name for name, shard in parsed.items() if shard is None or shard.number >= shard.count or shard.key not in rules
-    )
+    rest = frozenset(name for name in files if not _made_by(_parsed(name), rules))
     return Manifest(rest, runs, frozenset(rules.values()))
+
+
+def _made_by(parsed: tuple | None, rules: dict) -> bool:
+    return parsed is not None and parsed[0] in rules and parsed[1] < parsed[0][1]
 
 
 def _rule_order(rule: ShardRule) -> tuple:
