@@ -293,7 +293,9 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run(workdir: Path, old: Path | None, quick: bool, parts: set[str]) -> dict:
+def run(
+    workdir: Path, old: Path | None, quick: bool, parts: set[str], local: int | None = None, remote: int | None = None
+) -> dict:
     from benchmarks.job_graph import RECORD_STEPS
 
     results: dict = {"formats": [], "overwrite": [], "launcher": []}
@@ -301,8 +303,8 @@ def run(workdir: Path, old: Path | None, quick: bool, parts: set[str]) -> dict:
         results["formats"] = formats(QUICK_SHARDS if quick else SHARD_COUNTS)
     if "overwrite" in parts:
         results["overwrite"] = [
-            overwrite_local(workdir, old, QUICK_LOCAL if quick else LOCAL_SHARDS),
-            overwrite_remote(workdir, old, QUICK_REMOTE if quick else REMOTE_SHARDS),
+            overwrite_local(workdir, old, local or (QUICK_LOCAL if quick else LOCAL_SHARDS)),
+            overwrite_remote(workdir, old, remote or (QUICK_REMOTE if quick else REMOTE_SHARDS)),
         ]
     if "launcher" in parts:
         results["launcher"] = launcher(workdir, old, 24 if quick else RECORD_STEPS)
@@ -315,6 +317,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--old", type=Path, default=None, help="an earlier version's tree to compare with")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
     parser.add_argument("--parts", default="formats,overwrite,launcher")
+    parser.add_argument("--local-shards", type=int, default=None, help="shards of the local output --overwrite clears")
+    parser.add_argument("--remote-shards", type=int, default=None, help="shards of the gs:// output it clears")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -323,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xtf-manifest-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = run(workdir, args.old, args.quick, set(args.parts.split(",")))
+    results = run(workdir, args.old, args.quick, set(args.parts.split(",")), args.local_shards, args.remote_shards)
     print(render(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
