@@ -124,6 +124,8 @@ def _padded(digits: str, width: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
+    """What builds wrote into an output: names, naming rules and runs; ``owns`` decides by them alone."""
+
     files: frozenset[str]  # names relative to the output (no "/": every one is at its top): metadata, bookkeeping
     runs: frozenset[str]  # run ids whose working directory and temporaries may be left
     shards: frozenset[ShardRule] = frozenset()  # the shards (and indexes) written, by naming rule
