@@ -123,8 +123,9 @@ def formats(counts) -> list[dict]:
                 "shards": count,
                 "old_bytes": len(old_text.encode()),
                 "new_bytes": len(new_text.encode()),
-                "old_read_s": _timed(lambda t=old_text: Manifest(frozenset(json.loads(t)["files"]), frozenset())),
-                "old_read_as_rules_s": _timed(lambda t=old_text: Manifest.loads(t)),
+                "old_read_s": _timed(lambda t=old_text: Manifest.loads(t)),
+                # (what an append to an output of format 1 does once: its manifest written again, as rules)
+                "old_rewrite_s": _timed(lambda m=listed: m.union(build_manifest(RUN), [RUN]).dumps()),
                 "new_read_s": _timed(lambda t=new_text: Manifest.loads(t)),
                 "old_owns_us": _per_name(listed, probes),
                 "new_owns_us": _per_name(Manifest.loads(new_text), probes),
@@ -261,12 +262,12 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def render(results: dict) -> str:
     lines = ["== manifest: format 1 (every name) vs format 2 (rules) =="]
-    lines.append("| shards | format 1 | format 2 | read 1 -> rules | read 2 | owns() 1 | owns() 2 | same answers |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("| shards | format 1 | format 2 | read 1 | 1 rewritten as 2 | read 2 | owns() 1 | owns() 2 | same |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for row in results["formats"]:
         lines.append(
             f"| {row['shards']:,} | {row['old_bytes'] / 1e6:,.3f} MB | {row['new_bytes']:,} B "
-            f"| {row['old_read_as_rules_s']:.3f} s | {row['new_read_s'] * 1e3:.2f} ms "
+            f"| {row['old_read_s']:.3f} s | {row['old_rewrite_s']:.3f} s | {row['new_read_s'] * 1e3:.2f} ms "
             f"| {row['old_owns_us']:.2f} us | {row['new_owns_us']:.2f} us | {row['same_answers']} |"
         )
     lines.append("")

@@ -10,9 +10,9 @@ rule makes exactly, if it is a temporary of either (``<name>.tmp-*``), or if it 
 working directory of a listed run (``_tmp/<run id>/``). An output written before manifests
 existed is recognised by its ``schema.json``, which lists its shards.
 
-Format 1 manifests listed every file; they are still read (their complete shard lists compacted
-into the rules that make exactly the same names, the rest kept as names), and an append to such
-an output rewrites its manifest in format 2.
+Format 1 manifests listed every file; they are still read (as the set of names they list: reading
+2.19M shards' names as rules took 13 times as long), and an append to such an output rewrites its
+manifest in format 2, each complete list of a rule's names recorded as that rule.
 
 A manifest is read from disk, where anyone may have edited it: its runs must be run ids as the
 tool draws them, its files plain names at the output's top and its rules values the tool writes,
@@ -160,8 +160,9 @@ class Manifest:
         return len(parts) > 2 and parts[0] == TMP_DIR and parts[1] in self.runs
 
     def union(self, other: Manifest, runs: Iterable[str]) -> Manifest:
-        """What both record, with these runs."""
-        return Manifest(self.files | other.files, frozenset(runs), self.shards | other.shards)
+        """What both record, with these runs; names that rules make exactly (a format 1 list) recorded as the rules."""
+        merged = compacted(self.files | other.files)
+        return Manifest(merged.files, frozenset(runs), self.shards | other.shards | merged.shards)
 
     def dumps(self) -> str:
         document = {
@@ -193,8 +194,8 @@ class Manifest:
         for run in runs:
             if not is_run_id(run):
                 raise _foreign_entry(source, "run", run)
-        if version == FORMAT_1:
-            return compacted(frozenset(_checked_files(files, source)), frozenset(runs))
+        if version == FORMAT_1:  # (compacted into rules only when written again: an append's union)
+            return cls(frozenset(_checked_files(files, source)), frozenset(runs))
         unknown = sorted(map(str, set(document) - _DOCUMENT_KEYS))
         if unknown:
             raise _edited(source, f"holds the key {_shown(unknown[0])}")
@@ -254,7 +255,7 @@ def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | Non
         ]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
-    return compacted(frozenset([*_checked_files(shards, source), *METADATA, *BOOKKEEPING]))
+    return Manifest(frozenset([*_checked_files(shards, source), *METADATA, *BOOKKEEPING]), frozenset())
 
 
 def is_bookkeeping(name: str) -> bool:

@@ -90,16 +90,25 @@ def test_format_2_holds_rules_not_names_and_reads_back_what_it_wrote():
     assert Manifest.loads(both.dumps()) == both and both.owns("train-g001-00003-of-00004.tfrecord")
 
 
-def test_a_format_1_manifest_is_read_as_the_rules_that_make_exactly_its_names():
+def test_a_format_1_manifest_is_read_and_rewritten_as_the_rules_that_make_exactly_its_names():
     names = [shard_name("train", i, 4) for i in range(4)]
     listed = [*names, *map(index_name, names), shard_name("valid", 0, 2), "schema.json", "_manifest.json"]
     text = json.dumps({"format": FORMAT_1, "runs": [RUN], "files": listed})
-    manifest = Manifest.loads(text)
-    assert manifest.shards == {ShardRule("train", 4)}  # valid lists 1 of its 2 shards: kept as a name
-    assert manifest.files == {shard_name("valid", 0, 2), "schema.json", "_manifest.json"}
+    read = Manifest.loads(text)
+    assert read.files == set(listed) and not read.shards
+    rewritten = read.union(build_manifest("ba9876543210"), [RUN])  # (an append's)
+    assert rewritten.shards == {ShardRule("train", 4)}  # valid lists 1 of its 2 shards: kept as a name
+    assert rewritten.files - read.files <= {
+        "stats.json",
+        "parser.py",
+        "generations.json",
+        "grid.npz",
+        "_inventory.json",
+    }
+    assert shard_name("valid", 0, 2) in rewritten.files and not set(names) & rewritten.files
     candidates = [*listed, shard_name("valid", 1, 2), shard_name("train", 4, 5), index_name(shard_name("valid", 0, 2))]
-    assert {n for n in candidates if manifest.owns(n)} == set(listed)
-    assert Manifest.loads(manifest.dumps()) == manifest  # (rewritten in format 2: an append does)
+    assert {n for n in candidates if read.owns(n)} == {n for n in candidates if rewritten.owns(n)} == set(listed)
+    assert Manifest.loads(rewritten.dumps()) == rewritten
     assert compacted(frozenset(names)).shards == {ShardRule("train", 4, index=False)}
 
 
