@@ -248,7 +248,7 @@ def _run_build(
         mine, earlier = manifest, None
         if committed is not None:  # (a failed append puts the manifest before it back: it wrote nothing)
             manifest, earlier = prepare_append(plan.output, manifest, committed)
-            mine = Manifest(frozenset(plan.shard_names), manifest.runs)
+            mine = Manifest(frozenset(), manifest.runs, plan.shard_rules)
         else:
             prepare_output(plan.output, overwrite, manifest)
         save_probes(inventory, plan.concat_dim, plan.probes)

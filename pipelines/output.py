@@ -8,8 +8,10 @@ the same.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+from collections.abc import Iterable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -17,21 +19,28 @@ from planning.config.model import json_default
 from planning.inputs.probe_cache import FORMAT as INVENTORY_FORMAT
 from planning.run import generations
 from planning.run.generations import GENERATIONS_FILE, Held, check_config, held_of
-from planning.run.manifest import BOOKKEEPING, METADATA, Manifest, is_bookkeeping, manifest_from_schema
+from planning.run.manifest import (
+    BOOKKEEPING,
+    METADATA,
+    Manifest,
+    is_bookkeeping,
+    manifest_from_schema,
+    parse_shard_name,
+)
 from planning.run.names import (
     INVENTORY_FILE,
     MANIFEST_FILE,
     TMP_DIR,
     join,
     new_temporary_token,
-    relative,
     run_dir,
     temporary_path,
 )
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE, Schema
 from schemas.urls import is_remote
-from transforms.files import read_bytes, remove_if_empty, remove_tree, write_atomically
+from transforms.bulk_files import list_remote
+from transforms.files import delete_files, read_bytes, remove_if_empty, remove_tree, write_atomically
 from transforms.finalize import check_owns_output, owns_output, restore_committed
 
 logger = logging.getLogger(__name__)
@@ -45,25 +54,29 @@ def _is_file(path: str) -> bool:
     return any(m.path == path for m in FileSystems.match([path])[0].metadata_list)
 
 
-def _raise(error: OSError) -> None:
-    raise error
+def _walk(path: str) -> Iterator[tuple[str, bool]]:
+    """Every file under ``path``, relative to it, and whether it is a link (locally: never followed, so never ours).
 
-
-def _files(path: str) -> tuple[list[str], set[str]]:
-    """Every file under ``path``, relative to it, and the links among them (locally: never followed, so never ours)."""
+    An object store's listing is streamed a page at a time (an output of millions of shards is never held whole).
+    """
     if is_remote(path):
-        return sorted(relative(path, m.path) for m in FileSystems.match([join(path, "**")])[0].metadata_list), set()
-    if not os.path.isdir(path):
-        return [], set()
-    files, links = [], set()
-    for directory, subdirectories, names in os.walk(path, onerror=_raise):
-        for name in [*subdirectories, *names]:
-            entry = os.path.join(directory, name)
-            if os.path.islink(entry):
-                links.add(relative(path, entry))
-            if os.path.islink(entry) or name in names:
-                files.append(relative(path, entry))
-    return sorted(files), links
+        yield from ((name, False) for name in list_remote(path))
+        return
+    if os.path.isdir(path):
+        yield from _walk_local(path, "")
+
+
+def _walk_local(path: str, directory: str) -> Iterator[tuple[str, bool]]:
+    """``_walk`` of a local folder: each directory read whole before its entries are handed out (they may be deleted
+    meanwhile), a link never followed, no second system call per entry."""
+    with os.scandir(os.path.join(path, directory)) as listing:
+        entries = [(entry.name, entry.is_symlink(), entry.is_dir(follow_symlinks=False)) for entry in listing]
+    for name, link, folder in entries:
+        relative_name = f"{directory}/{name}" if directory else name
+        if folder:
+            yield from _walk_local(path, relative_name)
+        else:
+            yield relative_name, link
 
 
 def _text(path: str) -> str | None:
@@ -73,17 +86,17 @@ def _text(path: str) -> str | None:
         return None
 
 
-def _record(path: str, files: list[str]) -> Manifest | None:
+def _record(path: str) -> Manifest | None:
     """The record of what earlier builds wrote here: the manifest, else an older output's schema.json.
 
     UserError if it names a run or a file this tool never makes (it was edited).
     """
-    if MANIFEST_FILE in files:
-        source = join(path, MANIFEST_FILE)
-        if manifest := Manifest.loads(_text(source) or "", source):
-            return manifest
-    if SCHEMA_FILE in files:
-        return manifest_from_schema(_text(join(path, SCHEMA_FILE)) or "", join(path, SCHEMA_FILE))
+    source = join(path, MANIFEST_FILE)
+    if (text := _text(source)) is not None and (manifest := Manifest.loads(text, source)):
+        return manifest
+    source = join(path, SCHEMA_FILE)
+    if (text := _text(source)) is not None:
+        return manifest_from_schema(text, source)
     return None
 
 
@@ -111,15 +124,26 @@ def _stale(name: str) -> bool:
     return (is_bookkeeping(name) and name not in BOOKKEEPING) or name == _OLD_INVENTORY_TEMPORARY
 
 
-def _delete(output: str, names: list[str]) -> None:
-    """Delete files of the output, in order; locally never through a link."""
-    if not names:
-        return
-    if is_remote(output):
-        FileSystems.delete([join(output, name) for name in names])
-        return
-    for name in names:
-        remove_tree(join(output, name), inside=output)
+def _delete(output: str, names: Iterable[str]) -> None:
+    """Delete files of the output in parallel batches; locally never through a link."""
+    delete_files(output, names)
+
+
+def _foreign(path: str, record: Manifest | None) -> tuple[list[str], int, bool]:
+    """The first few files under ``path`` that no recorded build wrote (links included), how many there are, and
+    whether any file is an output's (not bookkeeping alone): one listing, streamed."""
+    named, count, written = [], 0, False
+    for name, link in _walk(path):
+        if link or not _ours(path, name, record):
+            count += 1
+            if len(named) < _NAMED or name < named[-1]:  # the first few in order, wherever the listing meets them
+                named = sorted([*named, name])[:_NAMED]
+        written = written or (not _kept(name) and not _stale(name))
+    return named, count, written
+
+
+def _refusal(named: list[str], count: int) -> str:
+    return ", ".join(named) + (f" and {count - len(named)} more" if count > len(named) else "")
 
 
 def _foreign_at_top(path: str) -> list[str]:
@@ -159,25 +183,30 @@ def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
     if _is_file(path):
         raise UserError(f"output: {path} is an existing file; choose a directory path for the output")
     foreign = _foreign_at_top(path)
+    count, written, record = len(foreign), False, None
     if not foreign:
-        files, links = _files(path)
-        record = _record(path, files)
-        foreign = [name for name in files if name in links or not _ours(path, name, record)]
+        record = _record(path)
+        foreign, count, written = _foreign(path, record)
     if foreign:
-        named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
         raise UserError(
-            f"output: {path} holds files this tool did not write ({named}); "
+            f"output: {path} holds files this tool did not write ({_refusal(foreign, count)}); "
             "--overwrite only replaces an earlier output of this tool: choose an empty or new directory"
         )
-    written = [name for name in files if not _kept(name) and not _stale(name)]
     if written and not overwrite:
         raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
-    _delete(path, [SCHEMA_FILE] if SCHEMA_FILE in written else [])
-    _delete(path, [name for name in files if name != SCHEMA_FILE and not _kept(name)])
+    if _is_file(join(path, SCHEMA_FILE)):
+        _delete(path, [SCHEMA_FILE])
+    # A second listing, streamed into the deletes; each name checked again (a file added since is not deleted).
+    _delete(path, (n for n, link in _walk(path) if not link and n != SCHEMA_FILE and _removable(path, n, record)))
     for run in record.runs if record else ():
         remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
     write_atomically(join(path, MANIFEST_FILE), [manifest.dumps().encode()])
+
+
+def _removable(path: str, name: str, record: Manifest | None) -> bool:
+    """What clearing an output deletes: what a recorded build wrote, its bookkeeping aside."""
+    return not _kept(name) and _ours(path, name, record)
 
 
 def record_complete(output: str, manifest: Manifest) -> None:
@@ -202,7 +231,6 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
     replaced, if it was stopped during its commit.
     """
     owned = all(owns_output(output, run) for run in manifest.runs)
-    files = []
     whole = owned
     if owned:
         for run in manifest.runs:
@@ -211,18 +239,28 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
             except Exception as error:  # cleaning up must not hide why the run failed
                 whole = False
                 logger.warning("could not put back the committed metadata of %s: %s", output, error)
+        # An append stopped after its commit: its shards are the output's now (and the manifest naming them stays).
+        committed = _committed_generations(output) if SCHEMA_FILE not in manifest.files else 0
+        kept = []
+
+        def removed(name: str) -> bool:
+            if not manifest.owns(name) or name in BOOKKEEPING:
+                return False
+            shard = parse_shard_name(name)
+            if shard is not None and shard.generation < committed:
+                kept.append(name)
+                return False
+            return True
+
         try:
-            files = [name for name in _files(output)[0] if manifest.owns(name) and name not in BOOKKEEPING]
-        except Exception as error:  # cleaning up must not hide why the run failed
+            if removed(SCHEMA_FILE) and _is_file(join(output, SCHEMA_FILE)):
+                remove_tree(join(output, SCHEMA_FILE), inside=output)  # first: no half output looks complete
+            _delete(output, (name for name, _ in _walk(output) if name != SCHEMA_FILE and removed(name)))
+        except Exception as error:  # cleaning up must not hide why the run failed (--overwrite removes the rest)
             whole = False
-            logger.warning("could not list %s: %s", output, error)
-        committed = _listed(output) if SCHEMA_FILE not in manifest.files else set()
-        if committed & set(files):  # an append stopped after its commit: its shards are the output's now
-            whole = False  # (and the manifest naming them stays)
-            files = [name for name in files if name not in committed]
-    ordered = [SCHEMA_FILE] if SCHEMA_FILE in files else []
-    paths = [join(output, name) for name in [*ordered, *(f for f in files if f != SCHEMA_FILE)]]
-    paths += [run_dir(output, run) for run in manifest.runs]
+            logger.warning("could not remove the files the run wrote into %s: %s", output, error)
+        whole = whole and not kept
+    paths = [run_dir(output, run) for run in manifest.runs]
     for path in paths:
         try:
             remove_tree(path, inside=output)
@@ -243,13 +281,13 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
     return owned
 
 
-def _listed(output: str) -> set[str]:
-    """The files the output's schema.json lists (none if it has none, or one this tool cannot read)."""
+def _committed_generations(output: str) -> int:
+    """The generations the output's schema.json says are committed (0: none, or a file this tool cannot read)."""
     try:
-        schema = Schema.loads(_text(join(output, SCHEMA_FILE)) or "")
-    except Exception:  # (no schema.json, or not one of ours: it lists nothing to keep)
-        return set()
-    return {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index) if name}
+        count = json.loads(_text(join(output, SCHEMA_FILE)) or "")["sources"].get("generations", 1)
+    except Exception:  # (no schema.json, or not one of ours: it holds nothing to keep)
+        return 0
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
 def _put_back(path: str, data: bytes) -> None:
@@ -320,22 +358,33 @@ def prepare_append(path: str, manifest: Manifest, committed: Schema) -> tuple[Ma
     write is refused as prepare_output refuses it. Returns the manifest recorded (every file of the
     earlier generations and of this one) and the one it replaced, as it was (put back if the append fails).
     """
-    files, links = _files(path)
-    record = _record(path, files)
-    foreign = [name for name in files if name in links or not _ours(path, name, record)]
+    record = _record(path)
+    foreign, count, _ = _foreign(path, record)
     if foreign or record is None:
-        named = ", ".join(foreign[:_NAMED]) + (f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else "")
         raise UserError(
-            f"output: {path} holds files this tool did not write ({named or 'no manifest'}); "
+            f"output: {path} holds files this tool did not write ({_refusal(foreign, count) or 'no manifest'}); "
             "--append adds to an output of this tool only: remove them, or rebuild"
         )
-    listed = {name for shards in committed.splits.values() for shard in shards for name in (shard.file, shard.index)}
-    kept = listed | set(METADATA) | BOOKKEEPING
-    _delete(path, [name for name in files if name not in kept and not _stale(name)])
+    generations = int(committed.sources.get("generations", 1))
+
+    def uncommitted(name: str) -> bool:
+        """What an earlier append that never committed wrote: no metadata, no shard of a committed generation."""
+        shard = parse_shard_name(name)
+        kept = name in METADATA or name in BOOKKEEPING or (shard is not None and shard.generation < generations)
+        return not kept and not _stale(name) and _ours(path, name, record)
+
+    _delete(path, (name for name, link in _walk(path) if not link and uncommitted(name)))
     for run in record.runs:
         remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
-    earlier = read_bytes(join(path, MANIFEST_FILE)) if MANIFEST_FILE in files else None
-    union = Manifest(record.files | manifest.files, manifest.runs)
+    earlier = _bytes(join(path, MANIFEST_FILE))
+    union = record.union(manifest, manifest.runs)  # (an earlier version's list of files: compacted into rules)
     write_atomically(join(path, MANIFEST_FILE), [union.dumps().encode()])
     return union, earlier
+
+
+def _bytes(path: str) -> bytes | None:
+    try:
+        return read_bytes(path)
+    except Exception:  # missing: there is nothing to put back
+        return None

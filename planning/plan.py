@@ -37,7 +37,7 @@ from planning.preprocess import Preprocess
 from planning.reads.selection import Selection
 from planning.reads.source_index import SourceIndex
 from planning.run.generations import Held, HeldFile, HeldRange, generation_entry, held_range
-from planning.run.manifest import Manifest, build_manifest
+from planning.run.manifest import Manifest, ShardRule, build_manifest
 from planning.run.names import new_run_id
 from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import Axis, SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
@@ -46,8 +46,7 @@ from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
 from planning.unit_runs import UnitRuns, plan_unit_runs
 from schemas.errors import UserError
 from schemas.npy_files import npz_arrays
-from schemas.schema import Schema, default_split, shard_name
-from schemas.shard_index import index_name
+from schemas.schema import Schema, default_split
 
 #: Memory one unit may take on a worker (source slab plus its samples, encoded records and
 #: buckets): large enough to amortise opening files, small enough for any worker.
@@ -133,19 +132,19 @@ class BuildPlan:
 
     def manifest(self) -> Manifest:
         """What this build may write into its output (the only files a later --overwrite deletes)."""
-        compression = self.compression
-        names = [
-            shard_name(s.name, i, s.num_shards, compression, s.generation)
-            for s in self.splits
-            for i in range(s.num_shards)
-        ]
-        indexes = [] if compression else [index_name(name) for name in names]  # no index for a gzip shard
-        return build_manifest(self.run_id, names + indexes)
+        return build_manifest(self.run_id, self.shard_rules)
 
     @property
-    def shard_names(self) -> list[str]:
-        """The files this run's shards take (with their indexes): a failed append removes these alone."""
-        return sorted(self.manifest().files - build_manifest(self.run_id, []).files)
+    def shard_rules(self) -> frozenset[ShardRule]:
+        """How this run's shards are named, a rule per split (with their indexes: none for a gzip shard).
+
+        A failed append removes what these name alone."""
+        compression = self.compression
+        return frozenset(
+            ShardRule(s.name, s.num_shards, s.generation, compression, index=not compression)
+            for s in self.splits
+            if s.num_shards
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

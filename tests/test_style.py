@@ -134,7 +134,7 @@ def _defines_ptransform(tree: ast.Module) -> bool:
 
 
 #: transforms' modules that are no stage: the file helpers the stages and the driver share.
-TRANSFORMS_HELPERS = {"files.py"}
+TRANSFORMS_HELPERS = {"files.py", "bulk_files.py"}
 
 
 def test_every_module_in_transforms_is_a_beam_stage():

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -22,6 +23,7 @@ from planning.run.names import join, new_temporary_token, temporary_path
 from schemas.errors import UserError
 from schemas.shard_index import index_lines, index_name
 from schemas.urls import is_remote
+from transforms.bulk_files import delete_objects, in_batches, remove_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,9 @@ _WRITE_BYTES = 8 * 2**20
 #: Bytes handed to the compressor at a time: zlib builds each call's output in blocks and then
 #: joins them, so a large write would briefly hold its compressed size twice.
 _COMPRESS_BYTES = 2**16
+#: Local files unlinked by each of a few threads at a time (a parallel filesystem serves several at once).
+_LOCAL_BATCH = 256
+_LOCAL_THREADS = 4
 
 
 def _batched(chunks, size: int = _WRITE_BYTES):
@@ -138,9 +143,7 @@ def remove_tree(path: str, inside: str | None = None) -> None:
     link on the way from ``inside`` (default: the parent of ``path``) to ``path`` is an error.
     """
     if is_remote(path):
-        found = [m.path for m in FileSystems.match([join(path, "**")])[0].metadata_list]
-        if found:
-            FileSystems.delete(found)
+        remove_prefix(path)  # (listed page by page, deleted in batches)
         if FileSystems.exists(path):
             FileSystems.delete([path])
         return
@@ -177,6 +180,22 @@ def remove_tree(path: str, inside: str | None = None) -> None:
             os.unlink(parts[-1], dir_fd=directory)
     finally:
         os.close(directory)
+
+
+def delete_files(base: str, names: Iterable[str]) -> int:
+    """Delete these files (relative to ``base``) in parallel batches, taken from ``names`` as they go; how many.
+
+    Locally each is removed by ``remove_tree`` (a link itself, never what it points to); on object
+    stores in batch requests (transforms.bulk_files).
+    """
+    if is_remote(base):
+        return delete_objects(base, names)
+
+    def remove(batch: list[str]) -> None:
+        for name in batch:
+            remove_tree(join(base, name), inside=base)
+
+    return in_batches(names, _LOCAL_BATCH, remove, _LOCAL_THREADS)
 
 
 def remove_if_empty(directory: str) -> None:

@@ -17,7 +17,7 @@ from pipelines.build import main
 from pipelines.output import prepare_output, record_complete, remove_run_files
 from planning.run.cancellation import allow_writes
 from planning.run.manifest import FORMAT as MANIFEST_FORMAT
-from planning.run.manifest import build_manifest
+from planning.run.manifest import ShardRule, build_manifest
 from schemas import load_schema
 from schemas.errors import UserError
 
@@ -208,7 +208,7 @@ def test_a_manifest_naming_what_the_tool_never_makes_is_refused(tmp_path, runs, 
     )
     before = _tree(victim)
     with pytest.raises(UserError, match=re.escape(f"lists the {named.format(**fill)}")):
-        prepare_output(str(output), True, build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"]))
+        prepare_output(str(output), True, build_manifest("fedcba987654", [ShardRule("data", 1)]))
     assert _tree(victim) == before
 
 
@@ -221,7 +221,7 @@ def test_a_linked_working_directory_is_never_followed(tmp_path, link):
     _manifest(output, [RUN])
     (output / link).parent.mkdir(parents=True, exist_ok=True)
     (output / link).symlink_to(victim if link == "_tmp" else victim / RUN, target_is_directory=True)
-    manifest = build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"])
+    manifest = build_manifest("fedcba987654", [ShardRule("data", 1)])
     for overwrite in (False, True):
         with pytest.raises(UserError, match=f"did not write \\({re.escape(link)}\\)"):
             prepare_output(str(output), overwrite, manifest)
@@ -244,8 +244,8 @@ def test_a_folder_without_a_build_record_is_refused_from_its_own_listing(tmp_pat
     def no_walk(*args, **kwargs):
         raise AssertionError("walked the folder")
 
-    monkeypatch.setattr(module.os, "walk", no_walk)
-    manifest = build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"])
+    monkeypatch.setattr(module, "_walk_local", no_walk)
+    manifest = build_manifest("fedcba987654", [ShardRule("data", 1)])
     for overwrite in (False, True):
         with pytest.raises(UserError, match=r"did not write \(notes.txt, projects/\)"):
             prepare_output(str(home), overwrite, manifest)
@@ -263,7 +263,7 @@ def test_a_link_named_like_a_shard_is_not_ours(tmp_path):
     _manifest(output, [], ["data-00000-of-00001.tfrecord", "schema.json", "_manifest.json"])
     (output / "data-00000-of-00001.tfrecord").symlink_to(victim / "chapter1.tex")
     with pytest.raises(UserError, match=r"did not write \(data-00000-of-00001.tfrecord\)"):
-        prepare_output(str(output), True, build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"]))
+        prepare_output(str(output), True, build_manifest("fedcba987654", [ShardRule("data", 1)]))
     assert (victim / "chapter1.tex").read_text() == "\\chapter{One}"
 
 
@@ -273,7 +273,7 @@ def test_what_a_crash_left_while_writing_bookkeeping_needs_no_overwrite(tmp_path
     output.mkdir()
     for name in ("_manifest.json.tmp-0badc0de", "_inventory.json.tmp-1234abcd", "_inventory.json.tmp"):
         (output / name).write_text('{"format": "xarray-tfrecords-inventory/3", "fi')  # cut short
-    manifest = build_manifest("fedcba987654", ["data-00000-of-00001.tfrecord"])
+    manifest = build_manifest("fedcba987654", [ShardRule("data", 1)])
     prepare_output(str(output), False, manifest)
     assert sorted(p.name for p in output.iterdir()) == ["_manifest.json"]
     # Only the names the tool makes: another temporary-looking name is someone else's.
@@ -330,7 +330,7 @@ def test_a_build_whose_output_another_build_took_over_reports_no_success(small_a
 
 def test_record_complete_refuses_an_output_another_build_took_over(tmp_path):
     output = tmp_path / "out"
-    mine = build_manifest(RUN, ["data-00000-of-00001.tfrecord"])
+    mine = build_manifest(RUN, [ShardRule("data", 1)])
     prepare_output(str(output), False, mine)
     record_complete(str(output), mine)  # still ours: recorded complete
     prepare_output(str(output), False, build_manifest("fedcba987654", []))

@@ -9,7 +9,7 @@ from google.cloud import dataflow
 
 from pipelines import graph, remote_job, stopping
 from pipelines.remote_job import RemoteJob
-from planning.run.manifest import build_manifest
+from planning.run.manifest import ShardRule, build_manifest
 from schemas.errors import UserError
 from schemas.schema import Shard
 from transforms.finalize import _check_shards_exist
@@ -65,7 +65,7 @@ def test_a_job_that_refuses_to_be_cancelled_is_reported_and_its_files_are_left(t
     assert job.problem.startswith(f"could not cancel the DataflowRunner job {JOB} (Failed to cancel job {JOB}")
     # The launcher's clean-up then removes nothing the job may still write ...
     (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"written by the job")
-    manifest = build_manifest("0123456789ab", ["train-00000-of-00001.tfrecord"])
+    manifest = build_manifest("0123456789ab", [ShardRule("train", 1)])
     monkeypatch.setattr(stopping, "_job", job)
     assert graph._remove_run_files(str(tmp_path), manifest, None)
     assert (tmp_path / "train-00000-of-00001.tfrecord").read_bytes() == b"written by the job"
