@@ -30,6 +30,7 @@ from planning.run.names import (
 )
 from schemas.errors import UserError
 from schemas.schema import SCHEMA_FILE, Schema
+from schemas.shards import listed_files
 from schemas.urls import is_remote
 from transforms.files import read_bytes, remove_if_empty, remove_tree, write_atomically
 from transforms.finalize import check_owns_output, owns_output, restore_committed
@@ -249,7 +250,7 @@ def _listed(output: str) -> set[str]:
         schema = Schema.loads(_text(join(output, SCHEMA_FILE)) or "")
     except Exception:  # (no schema.json, or not one of ours: it lists nothing to keep)
         return set()
-    return {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index) if name}
+    return listed_files(schema.splits)
 
 
 def _put_back(path: str, data: bytes) -> None:
@@ -329,7 +330,7 @@ def prepare_append(path: str, manifest: Manifest, committed: Schema) -> tuple[Ma
             f"output: {path} holds files this tool did not write ({named or 'no manifest'}); "
             "--append adds to an output of this tool only: remove them, or rebuild"
         )
-    listed = {name for shards in committed.splits.values() for shard in shards for name in (shard.file, shard.index)}
+    listed = listed_files(committed.splits)
     kept = listed | set(METADATA) | BOOKKEEPING
     _delete(path, [name for name in files if name not in kept and not _stale(name)])
     for run in record.runs:

@@ -25,6 +25,7 @@ import dataclasses
 
 import apache_beam as beam
 
+from planning.run.shard_counts import ShardCounts
 from planning.sampling import Unit
 from planning.specs import CutSpec, FinalizeSpec, StatsSpec, WriteSpec
 from planning.write_strategy import WriteStrategy
@@ -77,15 +78,15 @@ def _is_summary(element: tuple) -> bool:
 
 
 class _CollectFn(beam.CombineFn):
-    """Every unit's result -> (shard -> [records, bytes] written in place, shard results, the units' summaries in
-    their merge tree (transforms.merging.summary_tree: a few nodes, not a summary a unit), statistics merged elsewhere),
-    as one element."""
+    """Every unit's result -> (shard -> [records, bytes] written in place, shard results as arrays, the units'
+    summaries in their merge tree (transforms.merging.summary_tree: a few nodes, not a summary a unit), statistics
+    merged elsewhere), as one element."""
 
     def __init__(self, units: int):
         self._units = units
 
     def create_accumulator(self):
-        return {}, [], summary_tree_of(self._units), {}
+        return {}, ShardCounts(), summary_tree_of(self._units), {}
 
     def add_input(self, accumulator, element):
         written, results, tree, merged = accumulator
@@ -93,7 +94,7 @@ class _CollectFn(beam.CombineFn):
         if kind == _WRITTEN:
             written = add_counts([written, value])
         elif kind == _SHARD:
-            results.append(value)
+            results.add(value)
         elif kind == _MERGED:
             merged = merge_by_name([merged, value])
         else:
@@ -105,7 +106,7 @@ class _CollectFn(beam.CombineFn):
         written, results, tree, merged = self.create_accumulator()
         for other_written, other_results, other_tree, other_merged in accumulators:
             written = add_counts([written, other_written])
-            results.extend(other_results)
+            results.absorb(other_results)
             tree.absorb(other_tree)
             merged = merge_by_name([merged, other_merged])
         return written, results, tree, merged
@@ -120,7 +121,7 @@ def _commit(collected: tuple, write: WriteSpec, finalize: FinalizeSpec) -> Schem
     use_anonymous_credentials_for_emulator()
     written, results, tree, merged = collected
     if write.strategy is WriteStrategy.IN_PLACE:
-        results = list(commit_shards(written, write))
+        results = ShardCounts.of(commit_shards(written, write))
     summaries = merge_by_name([tree.result(), merged])
     return finalize_output(finalize, results, summaries)
 

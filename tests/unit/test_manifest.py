@@ -10,7 +10,7 @@ import pytest
 from planning.run.manifest import Manifest, build_manifest, is_bookkeeping, manifest_from_schema
 from planning.run.names import new_run_id, new_temporary_token, temporary_path
 from schemas.errors import UserError
-from schemas.schema import FORMAT as SCHEMA_FORMAT
+from schemas.schema import FORMAT_LISTED as SCHEMA_FORMAT
 
 RUN = "0123456789ab"
 SHARD = "data-00000-of-00002.tfrecord"
