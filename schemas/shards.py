@@ -365,7 +365,7 @@ class ShardTable:
 
 def _narrow(values: np.ndarray) -> np.ndarray:
     """Counts as 4-byte little-endian words where every one fits (nearly always), else 8-byte ones."""
-    fits = not len(values) or int(values.max()) < 2**32
+    fits = not len(values) or (int(values.min()) >= 0 and int(values.max()) < 2**32)
     return values.astype("<u4" if fits else "<i8")
 
 
