@@ -67,39 +67,43 @@ def _write(directory: Path, shards: int, listed: bool) -> Schema:
     return schema
 
 
-def _open_seconds(directory: Path) -> float:
-    """The median wall of opening the output's train split with a Reader."""
-    Reader(str(directory), "train")  # (warm: the first open of a process imports and caches what every one uses)
-    walls = []
+def _open_seconds(directories: list[Path]) -> list[float]:
+    """The median wall of opening each output's train split with a Reader, the outputs opened in turn (so that
+    what the machine does meanwhile falls on all alike)."""
+    Reader(str(directories[0]), "train")  # (warm: the first open of a process imports and caches what all use)
+    walls: list[list[float]] = [[] for _ in directories]
     for _ in range(_OPENS):
-        started = time.perf_counter()
-        reader = Reader(str(directory), "train")
-        walls.append(time.perf_counter() - started)
-        assert len(reader.shards) > 0
-    return statistics.median(walls)
+        for directory, spent in zip(directories, walls):
+            started = time.perf_counter()
+            reader = Reader(str(directory), "train")
+            spent.append(time.perf_counter() - started)
+            assert len(reader.shards) > 0
+    return [statistics.median(spent) for spent in walls]
 
 
 def measure(shard_counts: tuple[int, ...], root: Path) -> list[dict]:
-    rows = []
+    rows, ruled, listed = [], [], []
     for shards in shard_counts:
-        ruled = root / f"ruled-{shards}"
-        _write(ruled, shards, listed=False)
+        ruled.append(root / f"ruled-{shards}")
+        _write(ruled[-1], shards, listed=False)
         row = {
             "shards": shards,
-            "schema_bytes": (ruled / SCHEMA_FILE).stat().st_size,
-            "sidecar_bytes": (ruled / "shards.npz").stat().st_size,
-            "open_seconds": _open_seconds(ruled),
+            "schema_bytes": (ruled[-1] / SCHEMA_FILE).stat().st_size,
+            "sidecar_bytes": (ruled[-1] / "shards.npz").stat().st_size,
         }
         started = time.perf_counter()
-        counts = Reader(str(ruled), "train").shards.counts("records")
+        counts = Reader(str(ruled[-1]), "train").shards.counts("records")
         row["counts_seconds"] = time.perf_counter() - started  # the sidecar read, checked, when asked for
         assert len(counts) == shards - max(1, shards // 10)
         if shards <= LISTED_UP_TO:
-            listed = root / f"listed-{shards}"
-            _write(listed, shards, listed=True)
-            row["listed_schema_bytes"] = (listed / SCHEMA_FILE).stat().st_size
-            row["listed_open_seconds"] = _open_seconds(listed)
+            listed.append(root / f"listed-{shards}")
+            _write(listed[-1], shards, listed=True)
+            row["listed_schema_bytes"] = (listed[-1] / SCHEMA_FILE).stat().st_size
         rows.append(row)
+    for row, seconds in zip(rows, _open_seconds(ruled)):
+        row["open_seconds"] = seconds
+    for row, seconds in zip(rows, _open_seconds(listed)):
+        row["listed_open_seconds"] = seconds
     base = rows[0]["open_seconds"]
     for row in rows:
         row["open_ratio"] = row["open_seconds"] / base
