@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -80,6 +81,8 @@ def _split_shards(schema, split, data_dir):
 
 
 _COUNTS_READ = {}
+# numpy parses an .npy header with ``ast``, which two threads must not do at once (python/cpython#106905).
+_NPY_LOCK = threading.Lock()
 
 
 def _shard_counts(reference, data_dir):
@@ -96,7 +99,7 @@ def _shard_counts(reference, data_dir):
             raise ValueError(f"{path}: missing, but schema.json names it (its shards' counts); {fix}") from None
         if len(data) != reference["bytes"] or hashlib.sha256(data).hexdigest() != reference["sha256"]:
             raise ValueError(f"{path}: not the file schema.json was written with (its size or sha256 differs); {fix}")
-        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        with _NPY_LOCK, np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             counts = tuple(arrays[name].astype(np.int64) for name in ("records", "bytes"))
         if any(len(values) != reference["count"] or (values < 0).any() for values in counts):
             raise ValueError(f"{path}: does not hold {reference['count']} shards' counts; {fix}")
