@@ -144,3 +144,31 @@ def test_a_parser_reads_its_own_output_from_anywhere(tmp_path):
     parser = import_generated_parser(tmp_path / "elsewhere")  # no schema.json beside it: reads OUTPUT_URL
     batches = parser.make_dataset(batch_size=4).as_numpy_iterator()
     assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
+
+
+def test_a_parser_reads_both_formats_alike_and_refuses_a_replaced_sidecar(tmp_path):
+    """parser.py finds the shards by rule and their counts in shards.npz (checked against its digest), or listed."""
+    import pytest
+    from synthetic_output import FEATURES, make_columns, write_output
+
+    from helpers import import_generated_parser
+
+    read = {}
+    for listed in (False, True):
+        output = tmp_path / f"listed-{listed}"
+        schema = write_output(output, make_columns(FEATURES, 30), [9, 0, 21], listed=listed)
+        (output / "parser.py").write_text(render_parser(schema, str(output)))
+        parser = import_generated_parser(output)
+        assert parser.SCHEMA["format"] == ("xarray-tfrecords/1" if listed else "xarray-tfrecords/2")
+        assert [Path(p).name for p in parser.shard_paths(parser.SCHEMA, str(output), "data")] == [
+            shard.file for shard in schema.splits["data"]
+        ]
+        read[listed] = sorted(i for b in parser.make_dataset("data", batch_size=7) for i in b["index/time"].numpy())
+    assert read[False] == read[True] == list(range(30))
+    sidecar = tmp_path / "listed-False" / "shards.npz"
+    data = bytearray(sidecar.read_bytes())
+    data[-3] ^= 0xFF
+    sidecar.write_bytes(bytes(data))
+    parser = import_generated_parser(tmp_path / "listed-False")
+    with pytest.raises(ValueError, match=r"shards.npz: not the file schema.json was written with"):
+        parser.make_dataset("data")
