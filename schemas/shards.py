@@ -449,3 +449,22 @@ def listed_files(splits: Mapping[str, Sequence[Shard]]) -> set[str]:
         else:
             names.update(name for shard in shards for name in (shard.file, shard.index) if name)
     return names
+
+
+def generation_totals(splits: Mapping[str, Sequence[Shard]], generation: int) -> dict[str, int]:
+    """A generation's ``shards``, ``records``, ``examples`` and ``bytes`` in all splits (by rule: no sidecar read)."""
+    totals = dict.fromkeys(("shards", *COUNTS), 0)
+    for shards in splits.values():
+        if isinstance(shards, ShardList):
+            for rule in shards.table.rules[shards.split]:
+                if rule.generation == generation:
+                    totals["shards"] += rule.shards
+                    for key in COUNTS:
+                        totals[key] += getattr(rule, key)
+            continue
+        for shard in shards:
+            if shard.generation == generation:
+                totals["shards"] += 1
+                for key in COUNTS:
+                    totals[key] += getattr(shard, key)
+    return totals

@@ -14,7 +14,15 @@ from schemas.metadata import load_schema
 from schemas.random_access import RandomAccessSource
 from schemas.reader import Reader
 from schemas.schema import FORMAT, FORMAT_LISTED, Feature, Schema, Shard
-from schemas.shards import SHARDS_FILE, Generation, ShardList, ShardTable, listed_files, shard_counts
+from schemas.shards import (
+    SHARDS_FILE,
+    Generation,
+    ShardList,
+    ShardTable,
+    generation_totals,
+    listed_files,
+    shard_counts,
+)
 from schemas.verify import verify_output
 
 SIZES = [10, 11, 0, 7]
@@ -45,6 +53,11 @@ def test_both_formats_read_the_same_samples_and_shards(tmp_path):
     assert list(by_rule.splits["data"]) == list(by_list.splits["data"]) and by_rule.splits["data"][-1].records == 7
     assert by_rule.splits["data"][1:3] == by_list.splits["data"][1:3]
     assert listed_files(by_rule.splits) == listed_files(by_list.splits)
+    assert generation_totals(by_rule.splits, 0) == generation_totals(by_list.splits, 0)
+    assert (
+        generation_totals(by_rule.splits, 0)["records"] == sum(SIZES)
+        and not generation_totals(by_rule.splits, 1)["shards"]
+    )
     for key in ("records", "examples", "bytes"):
         assert shard_counts(by_rule.splits["data"], key).tolist() == shard_counts(by_list.splits["data"], key).tolist()
     one, other = Reader(str(ruled), "data").read_all(), Reader(str(listed), "data").read_all()
