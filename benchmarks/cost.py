@@ -16,6 +16,9 @@ build:
   after the commit;
 - CPU seconds of the build's process tree (the emulator's own aside: it stands for the storage service).
 
+Each size is built twice: with the default write-time shuffle (spill objects), and with shuffle.mode: read (no
+shuffle: each shard written whole from its run of units, straight to gs://), whose bill is its own column.
+
 Each quantity is fitted linearly (least squares) in what drives it: output bytes, units, shards or the
 references a GroupByKey carries; the fits are carried to the ARCO-ERA5 1940-2024 plan, whose units,
 shards, samples and bytes come from a dry run of the metadata-only store (benchmarks.job_graph), and
@@ -61,6 +64,7 @@ RUNNER_SHUFFLE_OVER_OUTPUT = 1.0
 MAX_SHUFFLE_SHARE = 0.01
 MAX_INTERMEDIATE_OVER_OUTPUT = 1.1
 MAX_BILL_USD = 1_500.0
+MAX_NO_SHUFFLE_BILL_USD = 500.0
 
 PORTABLE = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
 REPO = Path(__file__).resolve().parents[1]
@@ -78,8 +82,10 @@ ELEMENT_COUNT = "beam:metric:element_count:v1"
 SAMPLED_BYTES = "beam:metric:sampled_byte_size:v1"
 #: The write stage's GroupByKey: it carries (shard, spilled bucket) references, one per block and shard.
 WRITE_GROUP = "GroupByShard"
-#: What each write path costs that the plan does not (no-shuffle mode: not built yet, its row is kept).
+#: What each write path costs that the plan does not; the last is shuffle.mode: read's.
 PATHS = ("spill objects", "runner shuffle (before)", "no shuffle")
+#: The config's shuffle.mode of each measured path: the default's runs, and the no-shuffle mode's.
+WRITE_MODE, NO_SHUFFLE_MODE = "write", "read"
 
 
 # ---------------------------------------------------------------- in the build's process
@@ -231,7 +237,9 @@ def intermediate_objects(lines: list[dict], output: str) -> set[str]:
 # ---------------------------------------------------------------- the runs
 
 
-def _build(workdir: Path, files: int, shards: int, quick: bool, log: Path, timeout: float) -> dict:
+def _build(
+    workdir: Path, files: int, shards: int, quick: bool, log: Path, timeout: float, mode: str = WRITE_MODE
+) -> dict:
     import fsspec
     import yaml
 
@@ -245,19 +253,22 @@ def _build(workdir: Path, files: int, shards: int, quick: bool, log: Path, timeo
     source = f"{BUCKET}/{INPUT}/{spec.name}"
     paths = input_files(archive)
     gcs.put([str(p) for p in paths], [f"{source}/{p.name}" for p in paths])
-    output = f"gs://{BUCKET}/cost/{spec.name}"
+    name = spec.name if mode == WRITE_MODE else f"{spec.name}-{mode}"
+    output = f"gs://{BUCKET}/cost/{name}"
     config = write_config(workdir, spec, archive, Path(spec.name))
     as_dict = yaml.safe_load(config.read_text())
     as_dict["input"]["paths"], as_dict["output"]["path"] = f"gs://{source}/*.nc", output
+    as_dict["shuffle"] = {**(as_dict.get("shuffle") or {}), "mode": mode}
+    config = config.with_name(f"{name}-cost.yaml")
     config.write_text(yaml.safe_dump(as_dict, sort_keys=False))
-    result = workdir / "results" / f"cost-{spec.name}.json"
+    result = workdir / "results" / f"cost-{name}.json"
     result.unlink(missing_ok=True)
     start = log.stat().st_size if log.exists() else 0
     command = [sys.executable, "-m", "benchmarks.cost", "--child-build", str(config), str(result)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     measured = run_measured(command, str(REPO), env, timeout)
-    row = {"name": spec.name, "files": files, "ok": measured.ok and result.exists()}
+    row = {"name": spec.name, "files": files, "mode": mode, "ok": measured.ok and result.exists()}
     if not row["ok"]:
         print(measured.output_tail, file=sys.stderr)
         return {**row, "error": measured.output_tail[-2000:]}
@@ -297,8 +308,10 @@ def _label(groups: dict, name: str) -> str:
 
 
 def _units(groups: dict) -> int:
-    """The build's units: what its SpreadUnits' Reshuffle carried after the fan-out (one element a unit)."""
-    return groups.get(_label(groups, "SpreadUnits"), {}).get("elements", 0)
+    """The build's units: what its SpreadUnits' Reshuffle carried after the fan-out (one element a unit); without
+    one (shuffle.mode: read, whose shards cut their units), the unit summaries its statistics grouped."""
+    label = _label(groups, "SpreadUnits") or _label(groups, "GroupUnits")
+    return groups.get(label, {}).get("elements", 0)
 
 
 def _plan(workdir: Path, quick: bool, timeout: float) -> dict:
@@ -324,19 +337,24 @@ def run(workdir: Path, quick: bool = False, timeout: float = 3600) -> dict:
     (workdir / "results").mkdir(parents=True, exist_ok=True)
     log = workdir / "results" / "cost-requests.jsonl"
     log.unlink(missing_ok=True)
-    results: dict = {"quick": quick, "runs": [], "failed": []}
+    results: dict = {"quick": quick, "runs": [], "no_shuffle_runs": [], "failed": []}
     with storage_emulator(BUCKET, log):
         for files, shards in QUICK_SIZES if quick else SIZES:
-            print(f"[cost] building {files} files on the PortableRunner to gs:// ...", flush=True)
-            row = _build(workdir, files, shards, quick, log, timeout)
-            results["runs"].append(row)
-            if not row["ok"]:
-                results["failed"].append(f"cost: the build of {files} files")
-                return results
+            for mode, runs in ((WRITE_MODE, results["runs"]), (NO_SHUFFLE_MODE, results["no_shuffle_runs"])):
+                print(
+                    f"[cost] building {files} files, shuffle.mode {mode}, on the PortableRunner to gs:// ...",
+                    flush=True,
+                )
+                row = _build(workdir, files, shards, quick, log, timeout, mode)
+                runs.append(row)
+                if not row["ok"]:
+                    results["failed"].append(f"cost: the build of {files} files, shuffle.mode {mode}")
+                    return results
     print("[cost] the ERA5 1940-2024 plan's dry run ...", flush=True)
     results["plan"] = _plan(workdir, quick, timeout)
     results["fits"] = fits(results["runs"])
-    results["bills"] = bills(results["fits"], results["plan"])
+    results["no_shuffle_fits"] = fits(results["no_shuffle_runs"])
+    results["bills"] = bills(results["fits"], results["plan"], results["no_shuffle_fits"])
     return results
 
 
@@ -400,12 +418,11 @@ def carried(fits: dict, plan: dict) -> dict[str, float]:
     return {name: max(0.0, f["slope"] * drivers[f["driver"]] + f["intercept"]) for name, f in fits.items()}
 
 
-def bills(fits: dict, plan: dict) -> dict[str, dict[str, float] | None]:
-    """Each write path's bill at the plan's size, term by term, in USD (None: a path not built yet)."""
-    at = carried(fits, plan)
+def _terms(at: dict[str, float]) -> dict[str, float]:
+    """A bill term by term, in USD, from the quantities carried to the plan's size."""
     vcpu_hours = at["cpu seconds"] / 3600
     job_hours = vcpu_hours / JOB_VCPUS
-    spill = {
+    return {
         "vCPU": vcpu_hours * VCPU_HOUR,
         "memory": vcpu_hours * MEMORY_GB_PER_VCPU * MEMORY_GB_HOUR,
         "Dataflow Shuffle": (at["shuffle bytes, references"] + at["shuffle bytes, other"]) / GB * SHUFFLE_GB,
@@ -413,6 +430,12 @@ def bills(fits: dict, plan: dict) -> dict[str, dict[str, float] | None]:
         "class A operations": sum(v for k, v in at.items() if k.startswith("class A")) / 1e4 * CLASS_A_PER_10K,
         "class B operations": sum(v for k, v in at.items() if k.startswith("class B")) / 1e4 * CLASS_B_PER_10K,
     }
+
+
+def bills(fits: dict, plan: dict, no_shuffle_fits: dict | None = None) -> dict[str, dict[str, float] | None]:
+    """Each write path's bill at the plan's size, term by term, in USD (None: the no-shuffle mode, not measured)."""
+    at = carried(fits, plan)
+    spill = _terms(at)
     # Before: the records themselves through the shuffle; no spill objects written or read.
     runner_shuffle = {
         **spill,
@@ -423,7 +446,8 @@ def bills(fits: dict, plan: dict) -> dict[str, dict[str, float] | None]:
         "class A operations": spill["class A operations"] - at["class A, spill"] / 1e4 * CLASS_A_PER_10K,
         "class B operations": spill["class B operations"] - at["class B, spill"] / 1e4 * CLASS_B_PER_10K,
     }
-    return {PATHS[0]: spill, PATHS[1]: runner_shuffle, PATHS[2]: None}  # no-shuffle mode: not built yet
+    no_shuffle = _terms(carried(no_shuffle_fits, plan)) if no_shuffle_fits else None
+    return {PATHS[0]: spill, PATHS[1]: runner_shuffle, PATHS[2]: no_shuffle}
 
 
 def targets(results: dict) -> list[Target]:
@@ -447,14 +471,65 @@ def targets(results: dict) -> list[Target]:
         Target("cost: objects left under _tmp/ after the commit", sum(r["left_after_commit"] for r in results["runs"]),
                0, True, "objects"),
         Target("cost: ERA5 1940-2024 bill, spill objects", bill, MAX_BILL_USD, True, "USD"),
+        *_no_shuffle_targets(results),
     ]  # fmt: skip
+
+
+def _no_shuffle_targets(results: dict) -> list[Target]:
+    """shuffle.mode: read's: its shuffle share at the plan's size, and its bill."""
+    bill = results["bills"].get(PATHS[2])
+    if bill is None:
+        return []
+    plan = results["plan"]
+    at = carried(results["no_shuffle_fits"], plan)
+    share = (at["shuffle bytes, references"] + at["shuffle bytes, other"]) / plan["output_bytes"]
+    return [
+        Target("cost: shuffle bytes / output bytes, no shuffle, ERA5 plan", share, MAX_SHUFFLE_SHARE, True),
+        Target("cost: ERA5 1940-2024 bill, no shuffle", sum(bill.values()), MAX_NO_SHUFFLE_BILL_USD, True, "USD"),
+    ]
 
 
 def render(results: dict, *, for_docs: bool = False) -> str:
     """The section as printed: the runs, the fits, the plan, the bills, the targets."""
     lines = ["== cost: PortableRunner (LOOPBACK) builds to gs:// (storage emulator), spill objects =="]
+    lines.append(runs_table(results["runs"]))
+    if results.get("no_shuffle_runs"):
+        lines.append("no shuffle (shuffle.mode: read): each shard written whole from its run of units, to gs://")
+        lines.append(runs_table(results["no_shuffle_runs"]))
+    if "fits" in results:
+        fitted = [
+            [name, f["driver"], f"{f['slope']:.4g}", f"{f['intercept']:.4g}"] for name, f in results["fits"].items()
+        ]
+        lines.append(table(("fitted", "per", "slope", "intercept"), fitted))
+        if results.get("no_shuffle_fits"):
+            fitted = [[name, f["driver"], f"{f['slope']:.4g}", f"{f['intercept']:.4g}"]
+                      for name, f in results["no_shuffle_fits"].items() if f["slope"] or f["intercept"]]  # fmt: skip
+            lines.append(table(("fitted, no shuffle", "per", "slope", "intercept"), fitted))
+        plan = results["plan"]
+        scaled = "" if plan["dry_run_steps"] == plan["steps"] else f" (a {plan['dry_run_steps']}-step dry run, scaled)"
+        lines.append(
+            f"ARCO-ERA5 1940-2024 plan{scaled}: {plan['units']:,} units, {plan['shards']:,} shards, "
+            f"{plan['samples']:,} samples, {plan['output_bytes'] / 1e12:,.1f} TB; "
+            f"{references(plan['units'], plan['shards'], plan['samples']):,.0f} references"
+        )
+        lines.append(bill_table(results["bills"]))
+        lines.append(
+            f"prices (USD): vCPU-h {VCPU_HOUR}, GB-h {MEMORY_GB_HOUR}, Shuffle GB {SHUFFLE_GB}, "
+            f"GB-month {STORAGE_GB_MONTH}, class A/B per 10,000 {CLASS_A_PER_10K}/{CLASS_B_PER_10K}; "
+            f"{MEMORY_GB_PER_VCPU} GB a vCPU, {JOB_VCPUS:,} vCPUs; the output's own storage "
+            f"{plan['output_bytes'] / GB * STORAGE_GB_MONTH:,.0f} a month is not the build's"
+        )
+    for target in targets(results):
+        lines.append(f"target {target.name}: {target.value:.4g} (limit {target.limit:g}) {target.status}")
+    if results["failed"]:
+        lines.append("FAILED: " + ", ".join(results["failed"]))
+    return "\n".join(lines)
+
+
+def runs_table(runs: list[dict]) -> str:
+    """A row a measured build: its output, units and shards, shuffle, intermediates, operations, CPU."""
     rows = []
-    for r in results["runs"]:
+    for r in runs:
         if not r["ok"]:
             rows.append([f"{r['files']} files", "FAILED", *["-"] * 8])
             continue
@@ -476,31 +551,7 @@ def render(results: dict, *, for_docs: bool = False) -> str:
         )
     headers = ("build", "output MB", "units/shards", "shuffle KB", "shuffle/out", "tmp objects", "tmp/out",
                "class A/B", "left", "CPU-s/GB")  # fmt: skip
-    lines.append(table(headers, rows))
-    if "fits" in results:
-        fitted = [
-            [name, f["driver"], f"{f['slope']:.4g}", f"{f['intercept']:.4g}"] for name, f in results["fits"].items()
-        ]
-        lines.append(table(("fitted", "per", "slope", "intercept"), fitted))
-        plan = results["plan"]
-        scaled = "" if plan["dry_run_steps"] == plan["steps"] else f" (a {plan['dry_run_steps']}-step dry run, scaled)"
-        lines.append(
-            f"ARCO-ERA5 1940-2024 plan{scaled}: {plan['units']:,} units, {plan['shards']:,} shards, "
-            f"{plan['samples']:,} samples, {plan['output_bytes'] / 1e12:,.1f} TB; "
-            f"{references(plan['units'], plan['shards'], plan['samples']):,.0f} references"
-        )
-        lines.append(bill_table(results["bills"]))
-        lines.append(
-            f"prices (USD): vCPU-h {VCPU_HOUR}, GB-h {MEMORY_GB_HOUR}, Shuffle GB {SHUFFLE_GB}, "
-            f"GB-month {STORAGE_GB_MONTH}, class A/B per 10,000 {CLASS_A_PER_10K}/{CLASS_B_PER_10K}; "
-            f"{MEMORY_GB_PER_VCPU} GB a vCPU, {JOB_VCPUS:,} vCPUs; the output's own storage "
-            f"{plan['output_bytes'] / GB * STORAGE_GB_MONTH:,.0f} a month is not the build's"
-        )
-    for target in targets(results):
-        lines.append(f"target {target.name}: {target.value:.4g} (limit {target.limit:g}) {target.status}")
-    if results["failed"]:
-        lines.append("FAILED: " + ", ".join(results["failed"]))
-    return "\n".join(lines)
+    return table(headers, rows)
 
 
 def bill_table(bills: dict) -> str:

@@ -289,6 +289,10 @@ def all_targets(results: dict) -> list[Target]:
         from benchmarks.cost import targets as cost_targets
 
         targets += cost_targets(results["cost"])
+    if "merge_memory" in results:
+        from benchmarks.merge_memory import targets as merge_memory_targets
+
+        targets += merge_memory_targets(results["merge_memory"])
     demo = results.get("demo")
     if demo is not None:
         targets.append(Target("demo build wall", demo.get("median"), MAX_DEMO_SECONDS, True, "s"))
@@ -378,6 +382,10 @@ def render(results: dict, *, for_docs: bool = False) -> str:
         from benchmarks.cost import render as cost_section
 
         sections.append(cost_section(results["cost"], for_docs=for_docs))
+    if "merge_memory" in results:
+        from benchmarks.merge_memory import render as merge_memory_section
+
+        sections.append(merge_memory_section(results["merge_memory"], for_docs=for_docs))
     sections.append(targets_section(all_targets(results)))
     if results.get("failed"):
         sections.append("FAILED: " + ", ".join(results["failed"]))

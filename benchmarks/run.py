@@ -20,7 +20,17 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks import bytecode, cost, datasets, inputs_vs_netcdf, measure, remote_planning, report, shard_writer
+from benchmarks import (
+    bytecode,
+    cost,
+    datasets,
+    inputs_vs_netcdf,
+    measure,
+    merge_memory,
+    remote_planning,
+    report,
+    shard_writer,
+)
 from benchmarks import scale as many_files
 from benchmarks.datasets import DatasetSpec
 from benchmarks.measure import Measurement, run_measured
@@ -41,13 +51,15 @@ COMPETITORS = (
     "inputs",
     "remote-planning",
     "cost",
+    "merge-memory",
 )
 #: What runs without --only: "scale" (many small files against one, benchmarks.scale: minutes, and about
 #: 1 GB of cached archives), "inputs" (the 1x set as GRIB and as a kerchunk reference,
 #: benchmarks.inputs_vs_netcdf: a GRIB copy written once) and "remote-planning" (2,100 gs:// files planned
 #: with 1 core and with 2, benchmarks.remote_planning: minutes) and "cost" (three builds on the PortableRunner to
-#: gs:// and the ERA5 plan's dry run, priced: benchmarks.cost, minutes) only when asked for.
-ON_REQUEST = ("scale", "inputs", "remote-planning", "cost")
+#: gs:// and the ERA5 plan's dry run, priced: benchmarks.cost, minutes) and "merge-memory" (the largest merge on Dask
+#: and on the local runner at 200 and 20,000 units, benchmarks.merge_memory: minutes) only when asked for.
+ON_REQUEST = ("scale", "inputs", "remote-planning", "cost", "merge-memory")
 DEFAULT_COMPETITORS = tuple(c for c in COMPETITORS if c not in ON_REQUEST)
 #: Competitors that need the patches archive of every --scales size.
 _ON_SCALES = frozenset({"floor", "io-limit", "pipeline", "pipeline-2w", "naive", "startup", "read"})
@@ -411,7 +423,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         nargs="+",
         choices=COMPETITORS,
-        help="run only these competitors (scale, inputs, remote-planning, cost: only when named here)",
+        help="run only these competitors (scale, inputs, remote-planning, cost, merge-memory: only when named here)",
     )
     parser.add_argument(
         "--repeat",
@@ -467,6 +479,8 @@ def run_all(bench: Bench, scales: list[int]) -> dict:
         results["remote_planning"] = remote_planning.run(bench.workdir, bench.quick, bench.repeat, bench.timeout)
     if "cost" in bench.selected:
         results["cost"] = cost.run(bench.workdir, bench.quick, bench.timeout)
+    if "merge-memory" in bench.selected:
+        results["merge_memory"] = merge_memory.run(bench.workdir, bench.quick, timeout=bench.timeout)
     results["targets"] = [t.to_json() for t in report.all_targets(results)]
     return results
 
@@ -481,6 +495,7 @@ def failures(results: dict) -> list[str]:
     failed += results["inputs"]["failed"] if "inputs" in results else []
     failed += results["remote_planning"]["failed"] if "remote_planning" in results else []
     failed += results["cost"]["failed"] if "cost" in results else []
+    failed += results["merge_memory"]["failed"] if "merge_memory" in results else []
     return failed + (results["many_files"]["failed"] if "many_files" in results else [])
 
 

@@ -45,6 +45,8 @@ MAX_DRY_RUN_RSS = 1.0 * GB
 #: a Dask LocalCluster of 2 single-threaded worker processes against the local runner (benchmarks.dask_vs_local)
 MAX_DASK_OVER_LOCAL = 1.3
 MAX_DASK_TASKS_PER_UNIT = 10
+#: the largest single merge on Dask and on the local runner: the larger over the smaller (benchmarks.merge_memory)
+MAX_MERGE_MEMORY_DASK_OVER_LOCAL = 1.2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -186,7 +186,10 @@ def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: di
     # load_dataset reads the output's own schema.json: two outputs in one process cannot mix up
     # (importing each output's parser.py as the module "parser" would return the first one twice).
     print("    from schemas import load_dataset")
-    print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
+    if plan.shuffle_mode == "read":  # stored in unit order: a global order each epoch, through the indexes
+        print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32, epoch=0)  # epoch=1, 2, ... after")
+    else:
+        print(f"    ds = load_dataset({plan.output!r}, {split!r}, batch_size=32)")
 
 
 def _own_counts(plan: BuildPlan, schema: Schema) -> dict[str, int]:

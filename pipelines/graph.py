@@ -59,7 +59,7 @@ from planning.run.manifest import Manifest
 from planning.run.names import INVENTORY_FILE, join, run_dir, work_dir
 from planning.sampling import Unit, Units
 from planning.specs import StageSpecs, compile_specs, field_spec, finalize_spec, run_files, tendency_spec
-from planning.write_strategy import choose_write_strategy, lay_out
+from planning.write_strategy import WriteStrategy, choose_write_strategy, lay_out
 from schemas.errors import UserError
 from schemas.metadata import load_schema
 from schemas.schema import Schema
@@ -70,9 +70,10 @@ from transforms.field import ComputeFieldStats, field_summary
 from transforms.files import write_atomically
 from transforms.finalize import Finalize, check_owns_output, finalize_output
 from transforms.in_place import check_disk_space, reserve_shards
-from transforms.stats import ComputeStats, merge_by_name
+from transforms.stats import ComputeStats, MergeSummaries, merge_by_name
 from transforms.streamed import StreamBlocks
 from transforms.tendency import ComputeTendency, tendency_summary
+from transforms.unit_runs import WriteUnitRuns, shard_results, unit_summaries
 from transforms.units import DEFAULT_RANGES, EnumerateUnits
 from transforms.write import WriteShards
 
@@ -82,6 +83,7 @@ logger = logging.getLogger(__name__)
 #: build_pipeline's stages, as a dry run reports them: each block's stages apart, or a unit's in one step.
 OUTLINE = "EnumerateUnits -> SpreadUnits -> CutSamples -> (WriteShards, ComputeStats) -> Finalize"
 STREAMED_OUTLINE = "EnumerateUnits -> SpreadUnits -> CutAndWrite (cut, write, summarise each unit; commit)"
+UNIT_RUNS_OUTLINE = "EnumerateShards -> SpreadShards -> CutAndWriteRuns (a shard's units, in order) -> Finalize"
 
 #: Dataflow refuses a job graph (the pipeline proto it is sent) larger than this.
 DATAFLOW_GRAPH_LIMIT = 10_000_000
@@ -101,15 +103,6 @@ def build_pipeline(
     ``stream_blocks``: cut, write and summarise each unit in one step (transforms.streamed), for
     runners that hold a stage's whole output at once (Beam's DaskRunner); the same bytes.
     """
-    if isinstance(units, Units):
-        enumerate_units = EnumerateUnits(units, specs.units_file, ranges)
-    else:
-        enumerate_units = beam.Create(list(units), reshuffle=False)
-    spread = (
-        pipeline
-        | "EnumerateUnits" >> enumerate_units  # Unit
-        | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
-    )
     tendency = None
     if specs.tendency is not None:  # stats.tendency: the source's pairs of steps, read by units of their own
         tendency = (
@@ -130,6 +123,25 @@ def build_pipeline(
     of_source = [branch for branch in (tendency, field) if branch is not None]
     if len(of_source) > 1:
         of_source = [tuple(of_source) | "JoinSourceStats" >> beam.Flatten()]
+    if specs.write.strategy is WriteStrategy.UNIT_RUNS:  # shuffle.mode: read: a shard's units cut by its writer
+        if not isinstance(units, Units):
+            raise TypeError("shuffle.mode: read's shards are runs of the plan's Units, not of a list of units")
+        parts = pipeline | "WriteUnitRuns" >> WriteUnitRuns(
+            specs.cut, specs.write, specs.stats, units, specs.units_file, ranges
+        )
+        summaries = unit_summaries(parts) | "MergeSummaries" >> MergeSummaries(specs.stats.units)
+        if of_source:
+            summaries = (summaries, *of_source) | "JoinTendency" >> beam.Flatten()
+        return (shard_results(parts), summaries) | "Finalize" >> Finalize(specs.finalize)
+    if isinstance(units, Units):
+        enumerate_units = EnumerateUnits(units, specs.units_file, ranges)
+    else:
+        enumerate_units = beam.Create(list(units), reshuffle=False)
+    spread = (
+        pipeline
+        | "EnumerateUnits" >> enumerate_units  # Unit
+        | "SpreadUnits" >> beam.Reshuffle()  # Unit, spread over workers (a fusion break, not the shuffle)
+    )
     if stream_blocks:  # Schema, one element, once committed
         inputs = (spread, *of_source) if of_source else spread
         return inputs | "CutAndWrite" >> StreamBlocks(specs.cut, specs.write, specs.stats, specs.finalize)
@@ -218,6 +230,8 @@ def _run_build(
         streamed = is_dask_runner(options)
         outline = STREAMED_OUTLINE if streamed else OUTLINE
         write = choose_write_strategy(plan, work)
+        if write.strategy is WriteStrategy.UNIT_RUNS:
+            outline = UNIT_RUNS_OUTLINE
         write = dataclasses.replace(write, progress_shown=progress is not None)
         logger.info("records are written by %s: %s", write.strategy.value, write.reason)
         if dry_run:
@@ -285,6 +299,8 @@ def _run_build(
 def _parallel_tasks(plan: BuildPlan, specs: StageSpecs) -> int:
     """How many of the run's steps could run at once: its units (the tendency's too), or its shards' sorts."""
     units = len(plan.units) + sum(len(extra.plan.units) for extra in (specs.tendency, specs.field) if extra is not None)
+    if specs.write.strategy is WriteStrategy.UNIT_RUNS:  # (a shard's units are cut one after the other)
+        units -= len(plan.units) - plan.num_shards
     return max(units, plan.num_shards if specs.write.bucket_dir is not None else 1)
 
 

@@ -282,6 +282,7 @@ def config_lines(schema: Schema) -> list[str]:
 
 def summary(path: str, only_split: str | None = None) -> str:
     from schemas.metadata import load_schema, load_stats
+    from schemas.stored_order import describe_order
     from schemas.verify import list_files
 
     schema = load_schema(path)
@@ -298,6 +299,7 @@ def summary(path: str, only_split: str | None = None) -> str:
         f"{path}: {schema.created_by or 'xarray-tfrecords'} output",
         f"  {schema.num_examples():,} samples in {sum(len(s) for s in schema.splits.values())} shard(s), "
         f"{_megabytes(sum(files.values()))} on disk ({compression}{packing}), shuffle seed {schema.seed}",
+        f"  records stored {describe_order(schema.sample)}",
     ]
     dropped = dropped_line(schema.counts)
     if dropped:

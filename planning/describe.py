@@ -16,6 +16,7 @@ from planning.selected import SelectedDataset
 from planning.splits import SplitPlan
 from schemas.grid import describe_coordinate
 from schemas.schema import Feature, Schema
+from schemas.stored_order import STORED_ORDER, UNIT_ORDER
 
 
 def package_version() -> str:
@@ -52,6 +53,8 @@ def sample_description(
         "num_samples": sum(s.num_samples for s in splits),
         "splits": {s.name: _split_description(s, values, origin, split_dim == concat_dim) for s in splits},
     }
+    if config.shuffle.mode == "read":
+        out[STORED_ORDER] = UNIT_ORDER  # (without it: shuffled at write, as every output before the key)
     if config.sample.roles:
         out["roles"] = {name: role.model_dump() for name, role in config.sample.roles.items()}
     if dataset.selection:

@@ -43,6 +43,7 @@ from planning.run.variables import StackPlan, VariablePlan
 from planning.sampling import Axis, SampleGrid, UnitCost, Units, chunk_breaks, piece_positions, plan_units
 from planning.selected import SelectedDataset, select_dataset
 from planning.splits import DEFAULT_SPLIT, SplitPlan, assign_splits
+from planning.unit_runs import UnitRuns, plan_unit_runs
 from schemas.errors import UserError
 from schemas.npy_files import npz_arrays
 from schemas.schema import Schema, default_split, shard_name
@@ -108,6 +109,10 @@ class BuildPlan:
     field: FieldPlan | None = None
     #: config stats.over: what the statistics count ("samples": the records' values; "field": the source's)
     stats_over: str = "samples"
+    #: config shuffle.mode: "write" (samples shuffled into the shards) or "read" (shards of consecutive units,
+    #: ``unit_runs``; readers shuffle through the indexes)
+    shuffle_mode: str = "write"
+    unit_runs: UnitRuns | None = None
 
     @property
     def grid(self) -> SampleGrid:
@@ -522,6 +527,9 @@ def make_plan(
         time_features,
         origin,
     )
+    unit_runs = None
+    if config.shuffle.mode == "read":  # (each split's shards, as sizing counted them, made runs of its samples)
+        unit_runs = plan_unit_runs(positions, units, [s.num_samples for s in splits], [s.num_shards for s in splits])
     return BuildPlan(
         sources=sources,
         positions=positions,
@@ -560,6 +568,8 @@ def make_plan(
         | ({"icechunk_snapshot": inventory.zarr.snapshot} if inventory.zarr and inventory.zarr.snapshot else {}),
         tendency=tendency,
         field=field,
+        shuffle_mode=config.shuffle.mode,
+        unit_runs=unit_runs,
     )
 
 

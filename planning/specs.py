@@ -24,6 +24,7 @@ from planning.run.names import join, run_dir, shard_path, temporary_path
 from planning.run.run_files import RunFile
 from planning.run.variables import StackPlan, VariablePlan
 from planning.splits import SplitPlan
+from planning.unit_runs import UnitRuns
 from planning.write_strategy import WritePlan, WriteStrategy
 from schemas.grid_file import split_grid
 from schemas.schema import Feature, Schema
@@ -85,6 +86,9 @@ class WriteSpec:
     spill_dir: str | None = None
     progress_dir: str | None = None
     layout: ShardLayout | None = None  # IN_PLACE only
+    #: UNIT_RUNS only: each shard's run of units, in the spec (small runs, tests) or in the run's file of them
+    unit_runs: UnitRuns | None = None
+    unit_runs_file: RunFile | None = None
     writer_budget_bytes: int = WRITER_BUDGET_BYTES
     #: a shard writer fails rather than write more (before compression); planning keeps shards below it
     max_shard_bytes: int = MAX_SHARD_BYTES
@@ -123,8 +127,6 @@ class StatsSpec:
     features: tuple[Feature, ...] = ()
     #: config stats.over: "field" leaves the values' moments to ComputeFieldStats (blocks give sample counts only)
     over: str = "samples"
-    #: the build's work units, whose summaries are merged (0: not known; the merge then folds at its end alone)
-    units: int = 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -197,6 +199,7 @@ class FinalizeSpec:
 SOURCES, UNITS, POSITIONS = "sources", "units", "positions"
 TENDENCY_UNITS, TENDENCY_PAIRS, FIELD_UNITS = "tendency_units", "tendency_pairs", "field_units"
 GRID = "grid"
+UNIT_RUNS = "unit_runs"
 
 
 def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes]]:
@@ -217,6 +220,8 @@ def run_files(plan: BuildPlan, directory: str) -> dict[str, tuple[RunFile, bytes
         contents[TENDENCY_PAIRS] = plan.tendency.pairs_to_bytes()
     if plan.field is not None and len(plan.field.units):
         contents[FIELD_UNITS] = plan.field.units.to_bytes()
+    if plan.unit_runs is not None:
+        contents[UNIT_RUNS] = plan.unit_runs.to_bytes()
     _, grid = split_grid(plan.schema)
     if grid is not None:
         contents[GRID] = grid  # (an .npz, as the others are)
@@ -247,7 +252,8 @@ def cut_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> Cut
     )
 
 
-def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
+def write_spec(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile] | None = None) -> WriteSpec:
+    runs_file = (files or {}).get(UNIT_RUNS)
     return WriteSpec(
         output=plan.output,
         run_id=plan.run_id,
@@ -263,12 +269,14 @@ def write_spec(plan: BuildPlan, write: WritePlan) -> WriteSpec:
         spill_dir=write.spill_dir,
         progress_dir=write.progress_dir,
         layout=write.layout,
+        unit_runs=None if runs_file is not None else plan.unit_runs,
+        unit_runs_file=runs_file,
     )
 
 
 def stats_spec(plan: BuildPlan) -> StatsSpec:
     roles = tuple(f for f in plan.schema.features if ROLE_KEY in f.source)
-    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per, roles, plan.stats_over, len(plan.units))
+    return StatsSpec(tuple(s.name for s in plan.splits), plan.stats_per, roles, plan.stats_over)
 
 
 def field_spec(plan: BuildPlan, files: Mapping[str, RunFile] | None = None) -> FieldSpec | None:
@@ -335,7 +343,7 @@ def compile_specs(plan: BuildPlan, write: WritePlan, files: Mapping[str, RunFile
     ``files``: the run's files for the workers (run_files), which the graph then leaves out."""
     return StageSpecs(
         cut_spec(plan, files),
-        write_spec(plan, write),
+        write_spec(plan, write, files),
         stats_spec(plan),
         finalize_spec(plan, write.work_dir, files),
         (files or {}).get(UNITS),

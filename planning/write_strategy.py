@@ -22,6 +22,8 @@ class WriteStrategy(enum.Enum):
     BUCKET_FILES = "bucket files"
     #: each unit writes one spill object of its buckets; only (shard, object, byte range) goes through GroupByKey
     SPILL_OBJECTS = "spill objects"
+    #: shuffle.mode: read: one worker writes each shard whole from its run of units, in order (planning.unit_runs)
+    UNIT_RUNS = "unit runs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +80,14 @@ def choose_write_strategy(plan: BuildPlan, work_dir: str | None) -> WritePlan:
                               and only references to them ride the runner's GroupByKey. A
                               runner's shuffle is billed by the byte (Dataflow Shuffle), and
                               Beam's DaskRunner lists a key's values in one worker's memory.
+    ``UNIT_RUNS``             shuffle.mode: read, on any runner: a worker writes each shard whole
+                              from its run of consecutive units (planning.unit_runs), streaming,
+                              in place locally or as one object; nothing is sorted or spilled.
     ========================  =================================================================
     """
+    if plan.shuffle_mode == "read":
+        reason = "shuffle.mode: read: each shard is written whole from its run of units, in unit order"
+        return WritePlan(WriteStrategy.UNIT_RUNS, reason, work_dir)
     if work_dir is None:
         reason = "workers share no filesystem: one spill object a unit under the output's _tmp/, references shuffled"
         return WritePlan(WriteStrategy.SPILL_OBJECTS, reason, run_dir(plan.output, plan.run_id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from schemas.errors import UserError
 from schemas.metadata import load_schema, normalization_constants
+from schemas.stored_order import warn_sequential_read
 
 
 def load_dataset(
@@ -28,7 +29,9 @@ def load_dataset(
             (stats.tendency), the others as with True.
         epoch: read the samples in that epoch's global order instead (``schemas.epoch_order`` with ``seed``,
             default 0), by offset through each shard's index: a fresh order every epoch, the same on every
-            machine; one thread reads, so it is slower than the sequential read.
+            machine; one thread reads, so it is slower than the sequential read. An output built with
+            shuffle.mode: read stores its records in unit order: without ``epoch`` its read is in that order,
+            and warns once (``schemas.stored_order.UnitOrderWarning``).
         **options: ``shuffle_buffer``, ``num_parallel_reads``, ``drop_remainder``, ``repeat``, ``seed``, and
             ``normalized_fill`` (with ``normalize``: what the points nan_policy: fill filled become, default 0).
 
@@ -46,6 +49,7 @@ def load_dataset(
     normalization = normalization_constants(path, normalize) if normalize else None
     if epoch is not None:
         return _in_epoch_order(path, split, schema, batch_size, normalize, normalization, epoch, **options)
+    warn_sequential_read(path, schema.sample)
     try:
         return parser_template.build_dataset(
             schema.to_json(), str(path), split, batch_size, normalize=normalize, normalization=normalization, **options

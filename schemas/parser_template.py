@@ -12,6 +12,7 @@ import io
 import json
 import os
 import threading
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -392,6 +393,8 @@ def _default_data_dir():
     return OUTPUT_URL
 
 
+_WARNED = []
+
 if SCHEMA is not None:
     SCHEMA = json.loads(SCHEMA)
     NORMALIZATION = json.loads(NORMALIZATION)
@@ -429,6 +432,14 @@ if SCHEMA is not None:
             normalization = {**NORMALIZATION, **RESIDUALS}
         data_dir = data_dir or _default_data_dir()
         check_output(SCHEMA, data_dir)
+        if (SCHEMA.get("sample") or {}).get("stored_order") == "units" and not _WARNED:
+            _WARNED.append(data_dir)  # (once: schemas.stored_order says why)
+            warnings.warn(
+                f"{data_dir}: its records lie in unit (archive) order (shuffle.mode: read), so this read is not "
+                "shuffled; to train, read a global order each epoch with schemas.load_dataset(..., epoch=e)",
+                UserWarning,
+                stacklevel=2,
+            )
         return build_dataset(
             SCHEMA,
             data_dir,

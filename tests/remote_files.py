@@ -14,14 +14,15 @@ from planning.inputs import probe
 FILES = 24
 
 
-def memory_netcdf_files():
-    """FILES NetCDF-4 files of ~130 KB (probes fetch ~50 KB of each) in fsspec's in-memory filesystem."""
+def memory_netcdf_files(side: int = 180):
+    """FILES NetCDF-4 files of side x side floats (180: ~130 KB, probes fetch ~50 KB of each) in fsspec's in-memory
+    filesystem."""
     fs = fsspec.filesystem("memory")
     folder = f"/probe-{uuid.uuid4().hex}"
     files = []
     for i in range(FILES):
-        values = np.random.default_rng(i).normal(size=(1, 180, 180)).astype("f4")
-        grid = {"lat": np.arange(180.0), "lon": np.arange(180.0)}
+        values = np.random.default_rng(i).normal(size=(1, side, side)).astype("f4")
+        grid = {"lat": np.arange(float(side)), "lon": np.arange(float(side))}
         ds = xr.Dataset({"t": (("time", "lat", "lon"), values)}, coords={"time": [float(i)], **grid})
         data = bytes(ds.to_netcdf(engine="h5netcdf"))
         fs.pipe(f"{folder}/{i:02d}.nc", data)

@@ -356,6 +356,11 @@ class _CutUnitFn(beam.DoFn):
         self._spec = with_run_files(self._spec)
         self._sources = self._spec.sources
 
+    @property
+    def spec(self) -> CutSpec:
+        """The cut's spec; once set up, with the run's files (sources, positions) loaded."""
+        return self._spec
+
     def process(self, unit: Unit):
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) cuts no further unit
         spec = self._spec

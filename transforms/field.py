@@ -91,7 +91,7 @@ class ComputeFieldStats(beam.PTransform):
     spec: FieldSpec
 
     def expand(self, units):
-        merge = MergeSummaries(len(self.spec.plan.units))
+        merge = MergeSummaries()
         return units | "SummarizeField" >> beam.ParDo(_FieldFn(self.spec)) | "MergeField" >> merge
 
 

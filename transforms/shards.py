@@ -47,7 +47,7 @@ _FETCH_FRACTION = 4
 
 
 @dataclasses.dataclass
-class _Tally:
+class Tally:
     records: int = 0
     examples: int = 0
     bytes: int = 0
@@ -69,7 +69,7 @@ def pack_rows(features: tuple[Feature, ...], rows: np.ndarray, per_record: int) 
     return columns
 
 
-def framed_chunks(spec: WriteSpec, buckets: SortedBuckets, tally: _Tally) -> Iterator[bytes | bytearray]:
+def framed_chunks(spec: WriteSpec, buckets: SortedBuckets, tally: Tally) -> Iterator[bytes | bytearray]:
     """The shard's framed records in key order, a batch at a time (packed N to a record if N > 1)."""
     per_record = spec.examples_per_record
     if per_record == 1:
@@ -102,7 +102,7 @@ def framed_chunks(spec: WriteSpec, buckets: SortedBuckets, tally: _Tally) -> Ite
         del chunk
 
 
-def _capped(chunks: Iterable, tally: _Tally, limit: int, name: str) -> Iterator:
+def capped(chunks: Iterable, tally: Tally, limit: int, name: str) -> Iterator:
     """Pass chunks through, counting their bytes; fail once they exceed ``limit``."""
     for chunk in chunks:
         tally.bytes += len(chunk)
@@ -127,7 +127,7 @@ def write_shard(
     split, number = spec.split_of_shard(shard)
     path = spec.shard_path(shard)
     name = os.path.basename(path)
-    tally = _Tally()
+    tally = Tally()
     with SortedBuckets(spec.writer_budget_bytes, ledger) as sorted_buckets:
         spilled = []
         for bucket in buckets:
@@ -146,7 +146,7 @@ def write_shard(
             del blob
         if spec.examples_per_record == 1 and sorted_buckets.payload_bytes > spec.max_shard_bytes:
             raise UserError(_too_large(name, sorted_buckets.payload_bytes, spec.max_shard_bytes))
-        chunks = _capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)
+        chunks = capped(framed_chunks(spec, sorted_buckets, tally), tally, spec.max_shard_bytes, name)
         frames = FrameSizes() if spec.compression is None else None  # a gzip shard cannot be read at an offset
         size = write_atomically(path, frames.passing(chunks) if frames else chunks, spec.compression, join_small=False)
     index = write_index(path, chunks=frames.index_chunks()) if frames else None

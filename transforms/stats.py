@@ -14,8 +14,8 @@ level) every field is an array over those dims.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import apache_beam as beam
 import numpy as np
@@ -25,6 +25,7 @@ from planning.run.contracts import SPLIT, Block, NonFinite
 from planning.specs import StatsSpec
 from schemas.schema import Feature
 from transforms.merging import summary_tree
+from transforms.merging.probe import measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,12 @@ class Moments:
             filled_count,
         )
 
+    def __reduce__(self):
+        # Unpickled by a runner, each array would be a view on the buffers it was decoded from (Beam's coder keeps
+        # ~0.5 KB alive per array, Dask's serialization another amount): copied into arrays of their own, a merge
+        # holds the same bytes on every runner, a third of what it held (benchmarks.merge_memory).
+        return _owned_moments, tuple(getattr(self, field) for field in _MOMENT_FIELDS)
+
     def merge(self, other: Moments) -> Moments:
         count = self.count + other.count
         delta = other.mean - self.mean
@@ -154,6 +161,11 @@ class Moments:
         return out
 
 
+def _owned_moments(*fields: np.ndarray) -> Moments:
+    """Moments of copies of ``fields`` (in Moments' field order), each array owning its data."""
+    return Moments(*(np.array(field) for field in fields))
+
+
 def _plain(values: np.ndarray) -> float | list | None:
     """A float array as Python numbers (nested lists), NaN as None (JSON has no NaN)."""
     if values.ndim == 0:
@@ -163,6 +175,9 @@ def _plain(values: np.ndarray) -> float | list | None:
 
 #: An accumulator that merges with another of its kind.
 M = TypeVar("M", Moments, NonFinite, "SplitSummary")
+#: What the tree merges (transforms.merging.summary_tree), and how a list of them is folded in order.
+Summary = Any
+Merge = Callable[[Iterable[Summary]], Summary]
 
 
 def merge_by_name(parts: Iterable[Mapping[str, M]]) -> dict[str, M]:
@@ -264,7 +279,7 @@ def summarize_block(
     return out
 
 
-def keyed_part(unit: int, summary: dict[str, SplitSummary], piece: int = 0, pieces: int = 1):
+def keyed_part(unit: int, summary, piece: int = 0, pieces: int = 1):
     """(group, ((unit, piece, pieces), summary)): a unit's (or a piece's) summary as the merge takes it."""
     return unit // summary_tree.UNITS_PER_GROUP, ((unit, piece, pieces), summary)
 
@@ -276,35 +291,50 @@ def keyed_summary(
     return keyed_part(block.unit, summary, block.piece, block.pieces)
 
 
-def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], dict[str, SplitSummary]]]):
-    return group, merge_by_name(summary for _, summary in sorted(parts, key=lambda part: part[0]))
+@measured("MergeGroup")
+def _merge_group(group: int, parts: Iterable[tuple[tuple[int, int, int], Summary]], merge: Merge = merge_by_name):
+    """(branch, (group, its parts merged in (unit, piece) order)): one group of the tree, keyed for its branch."""
+    merged = merge(summary for _, summary in sorted(parts, key=lambda part: part[0]))
+    return group // summary_tree.GROUPS_PER_BRANCH, (group, merged)
 
 
-def summary_tree_of(units: int) -> summary_tree.SummaryTree:
+@measured("MergeBranch")
+def _merge_branch(branch: int, groups: Iterable[tuple[int, Summary]], merge: Merge = merge_by_name):
+    """(branch, its groups merged in group order): one branch of the tree."""
+    return branch, merge(summary for _, summary in sorted(groups, key=lambda group: group[0]))
+
+
+def summary_tree_of(units: int, merge: Merge = merge_by_name) -> summary_tree.SummaryTree:
     """An empty merge of the summaries in the fixed tree (transforms.merging.summary_tree), for ``units`` units."""
-    return summary_tree.SummaryTree(merge_by_name, units)
+    return summary_tree.SummaryTree(merge, units)
 
 
-class _MergeGroupsInOrderFn(beam.CombineFn):
-    """Merges the groups' summaries in the tree's order; its accumulator holds a summary per finished branch of
-    groups and the groups of the branches being filled (all of them when ``units`` is not known: 0)."""
-
-    def __init__(self, units: int = 0):
-        self._units = units
+class _MergeBranchesInOrderFn(beam.CombineFn):
+    """Merges the branches' summaries in the tree's order; its accumulator holds one summary a branch (one per
+    summary_tree.UNITS_PER_GROUP x GROUPS_PER_BRANCH units)."""
 
     def create_accumulator(self):
-        return summary_tree_of(self._units)
+        return summary_tree_of(0)
 
+    @measured("MergeBranches", method=True)
     def add_input(self, accumulator, element):
-        accumulator.add_group(*element)
+        accumulator.add_branch(*element)
         return accumulator
 
+    @measured("MergeBranches", method=True)
+    def add_inputs(self, accumulator, elements):
+        for element in elements:
+            accumulator = self.add_input(accumulator, element)
+        return accumulator
+
+    @measured("MergeBranches", method=True)
     def merge_accumulators(self, accumulators):
         merged, *rest = accumulators
         for accumulator in rest:
             merged.absorb(accumulator)
         return merged
 
+    @measured("MergeBranches", method=True)
     def extract_output(self, accumulator):
         return accumulator.result()
 
@@ -320,25 +350,40 @@ class ComputeStats(beam.PTransform):
             blocks
             | "SummarizeBlock"
             >> beam.Map(keyed_summary, self.spec.split_names, self.spec.per, self.spec.features, self.spec.over)
-            | "MergeSummaries" >> MergeSummaries(self.spec.units)
+            | "MergeSummaries" >> MergeSummaries()
+        )
+
+
+@dataclasses.dataclass
+class MergeBranches(beam.PTransform):
+    """keyed_part's parts -> (branch, summary) per branch of the tree: each group's parts merged once grouped, then
+    each branch's groups, so that no step holds more than a group's parts or a branch's groups (at most 256 of
+    either), whatever the number of units. ``merge``: folds a list of summaries in the order given."""
+
+    merge: Merge = merge_by_name
+
+    def expand(self, parts):
+        return (
+            parts
+            | "GroupUnits" >> beam.GroupByKey()
+            | "MergeGroup" >> beam.MapTuple(_merge_group, self.merge)
+            | "GroupGroups" >> beam.GroupByKey()
+            | "MergeBranch" >> beam.MapTuple(_merge_branch, self.merge)
         )
 
 
 @dataclasses.dataclass
 class MergeSummaries(beam.PTransform):
     """keyed_summary's parts -> one merged {split: SplitSummary} dict, in the tree's order (ComputeStats' and the
-    tendency's steps after their per-unit one). ``units``: how many units deliver parts (0: not known)."""
-
-    units: int = 0
+    tendency's steps after their per-unit one)."""
 
     def expand(self, parts):
         return (
             parts
-            | "GroupUnits" >> beam.GroupByKey()
-            | "MergeGroup" >> beam.MapTuple(_merge_group)
+            | "MergeBranches" >> MergeBranches()
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "MergeGroups" >> beam.CombineGlobally(_MergeGroupsInOrderFn(self.units)).without_defaults()
+            | "MergeInOrder" >> beam.CombineGlobally(_MergeBranchesInOrderFn()).without_defaults()
         )
 
 

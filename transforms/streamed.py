@@ -10,13 +10,15 @@ runner's GroupByKey, which lists a key's values in memory; planning.write_strate
 
 Every GroupByKey is a shuffle of every partition on Dask (a few dozen scheduler tasks, each a
 round trip). Counting what was written in place, merging the statistics and collecting for
-Finalize would be three in a row (four global combines in all); here they are one: every
-unit's small result goes to one combine, and one step commits the shards, merges the
-statistics in the order ComputeStats merges them (the same bits) and writes the metadata. Bucket
-files and spill objects still meet their shard through one GroupByKey before it. Not for Beam's multi-threaded local
-runner: the combine's accumulators carry every unit's summaries, megabytes at scale, which it garbled
-through the combine's GroupByKey ("Invalid PaneInfoEncoding" in a 4x build; the cause, Beam's timed
-flush, is turned off since: pipelines.runners).
+Finalize would be three global combines in a row; here each unit's statistics and counts ride
+together through the merge tree's two GroupByKeys (transforms.stats.MergeBranches: a group's
+parts, then a branch's groups), and one combine collects the branches (one a 65,536 units) and
+the shard results, and one step commits the shards, merges the statistics in the order ComputeStats
+merges them (the same bits) and writes the metadata. Beam's DaskRunner runs a global combine as
+one GroupByKey and one task over its whole list: fed every unit's result, that task held them all
+(O(units): 11.6 MB at 2,000 tiny units, 9.9x its peak at 200, benchmarks.merge_memory). Bucket
+files and spill objects still meet their shard through one GroupByKey before it. Not for Beam's
+multi-threaded local runner (its own graph: pipelines.graph).
 """
 
 from __future__ import annotations
@@ -34,17 +36,19 @@ from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.cut import _CutUnitFn
 from transforms.finalize import finalize_output
 from transforms.in_place import add_counts, commit_shards
+from transforms.merging.probe import measured
 from transforms.shards import WriteBucketedShards
-from transforms.stats import keyed_summary, merge_by_name, summary_tree_of
+from transforms.stats import MergeBranches, keyed_part, merge_by_name, summarize_block, summary_tree_of
 from transforms.write import block_writer
 
-_WRITTEN, _SUMMARY, _SHARD, _MERGED = 0, 1, 2, 3
+_WRITTEN, _SUMMARY, _SHARD, _MERGED, _BRANCH = 0, 1, 2, 3, 4
 
 
 class _CutWriteSummarizeFn(beam.DoFn):
     def __init__(self, cut: CutSpec, write: WriteSpec, stats: StatsSpec):
         self._cut = _CutUnitFn(cut)
         self._write = block_writer(write)
+        self._in_place = write.strategy is WriteStrategy.IN_PLACE
         self._stats = stats
 
     def setup(self):
@@ -53,10 +57,15 @@ class _CutWriteSummarizeFn(beam.DoFn):
 
     def process(self, unit: Unit):
         for block in self._cut.process(unit):
+            counts = []  # written in place: {shard: [records, bytes]}, merged in the statistics' tree
             for written in self._write.process(block):
-                yield _WRITTEN, written
+                if self._in_place:
+                    counts.append(written)
+                else:  # references to bucket files or spill objects, for their shard's writer
+                    yield _WRITTEN, written
             stats = self._stats
-            yield _SUMMARY, keyed_summary(block, stats.split_names, stats.per, stats.features, stats.over)
+            summary = summarize_block(block, stats.split_names, stats.per, stats.features, stats.over)
+            yield _SUMMARY, keyed_part(block.unit, (summary, add_counts(counts)), block.piece, block.pieces)
 
     def teardown(self):
         self._write.teardown()
@@ -73,44 +82,47 @@ def _tagged(value, kind: int) -> tuple:
     return kind, value
 
 
-def _is_summary(element: tuple) -> bool:
-    return element[0] == _SUMMARY
+def merge_with_counts(parts) -> tuple[dict, dict]:
+    """(summary, counts) parts -> their summaries merged in the order given, and their counts added up."""
+    parts = list(parts)
+    return merge_by_name(summary for summary, _ in parts), add_counts(counts for _, counts in parts)
 
 
 class _CollectFn(beam.CombineFn):
-    """Every unit's result -> (shard -> [records, bytes] written in place, shard results as arrays, the units'
-    summaries in their merge tree (transforms.merging.summary_tree: a few nodes, not a summary a unit), statistics
-    merged elsewhere), as one element."""
-
-    def __init__(self, units: int):
-        self._units = units
+    """The branches of the units' merge tree ((statistics, counts written in place), one a UNITS_PER_GROUP x
+    GROUPS_PER_BRANCH units), shard results as arrays and statistics merged elsewhere -> one element: no part a unit."""
 
     def create_accumulator(self):
-        return {}, ShardCounts(), summary_tree_of(self._units), {}
+        return ShardCounts(), summary_tree_of(0, merge_with_counts), {}
 
+    @measured("Collect", method=True)
     def add_input(self, accumulator, element):
-        written, results, tree, merged = accumulator
+        results, tree, merged = accumulator
         kind, value = element
-        if kind == _WRITTEN:
-            written = add_counts([written, value])
-        elif kind == _SHARD:
+        if kind == _SHARD:
             results.add(value)
         elif kind == _MERGED:
             merged = merge_by_name([merged, value])
         else:
-            group, ((unit, piece, pieces), summary) = value
-            tree.add_part(group, unit, piece, pieces, summary)
-        return written, results, tree, merged
+            tree.add_branch(*value)
+        return results, tree, merged
 
+    @measured("Collect", method=True)
+    def add_inputs(self, accumulator, elements):
+        for element in elements:
+            accumulator = self.add_input(accumulator, element)
+        return accumulator
+
+    @measured("Collect", method=True)
     def merge_accumulators(self, accumulators):
-        written, results, tree, merged = self.create_accumulator()
-        for other_written, other_results, other_tree, other_merged in accumulators:
-            written = add_counts([written, other_written])
+        results, tree, merged = self.create_accumulator()
+        for other_results, other_tree, other_merged in accumulators:
             results.absorb(other_results)
             tree.absorb(other_tree)
             merged = merge_by_name([merged, other_merged])
-        return written, results, tree, merged
+        return results, tree, merged
 
+    @measured("Collect", method=True)
     def extract_output(self, accumulator):
         return accumulator
 
@@ -119,11 +131,11 @@ def _commit(collected: tuple, write: WriteSpec, finalize: FinalizeSpec) -> Schem
     """Shards written in place committed, the statistics merged as ComputeStats merges them (the same tree of
     units, groups and branches: the same float additions), the metadata written."""
     use_anonymous_credentials_for_emulator()
-    written, results, tree, merged = collected
+    results, tree, merged = collected
+    summaries, written = tree.result() if tree.folded else ({}, {})
     if write.strategy is WriteStrategy.IN_PLACE:
         results = ShardCounts.of(commit_shards(written, write))
-    summaries = merge_by_name([tree.result(), merged])
-    return finalize_output(finalize, results, summaries)
+    return finalize_output(finalize, results, merge_by_name([summaries, merged]))
 
 
 @dataclasses.dataclass
@@ -139,22 +151,29 @@ class StreamBlocks(beam.PTransform):
     def expand(self, inputs):
         # Units, or (units, statistics merged elsewhere: {split: SplitSummary} elements, stats.tendency's).
         units, *merged = inputs if isinstance(inputs, tuple) else (inputs,)
-        parts = units | "CutWriteSummarize" >> beam.ParDo(_CutWriteSummarizeFn(self.cut, self.write, self.stats))
+        cut = units | "CutWriteSummarize" >> beam.ParDo(_CutWriteSummarizeFn(self.cut, self.write, self.stats))
+        # Each unit's statistics and counts written in place, merged in the tree's groups and branches (every
+        # GroupByKey's key a group or a branch: no task holds more than 256 of a kind, whatever the units).
+        parts = (
+            cut
+            | "Summaries" >> beam.FlatMap(_part, _SUMMARY)
+            | "MergeTree" >> MergeBranches(merge_with_counts)
+            | "TagBranches" >> beam.Map(_tagged, _BRANCH)
+        )
         if self.write.strategy is not WriteStrategy.IN_PLACE:
             shards = (
-                parts
+                cut
                 | "Buckets" >> beam.FlatMap(_part, _WRITTEN)
                 | "WriteShards" >> WriteBucketedShards(self.write)  # (its GroupByKey: a shard's bucket files)
                 | "TagShards" >> beam.Map(_tagged, _SHARD)
             )
-            summaries = parts | "Summaries" >> beam.Filter(_is_summary)
-            parts = (shards, summaries) | "Join" >> beam.Flatten()
+            parts = (shards, parts) | "Join" >> beam.Flatten()
         if merged:
             parts = (parts, merged[0] | "TagMerged" >> beam.Map(_tagged, _MERGED)) | "JoinMerged" >> beam.Flatten()
         return (
             parts
             # Without defaults: a global combine's default value is a side input, which Beam's
             # DaskRunner evaluates by running every stage upstream of it again.
-            | "Collect" >> beam.CombineGlobally(_CollectFn(self.stats.units)).without_defaults()
+            | "Collect" >> beam.CombineGlobally(_CollectFn()).without_defaults()
             | "Commit" >> beam.Map(_commit, self.write, self.finalize)
         )

@@ -93,7 +93,7 @@ class ComputeTendency(beam.PTransform):
     spec: TendencySpec
 
     def expand(self, units):
-        merge = MergeSummaries(len(self.spec.plan.units))
+        merge = MergeSummaries()
         return units | "SummarizeTendency" >> beam.ParDo(_TendencyFn(self.spec)) | "MergeTendency" >> merge
 
 

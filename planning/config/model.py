@@ -187,6 +187,17 @@ class ShuffleConfig(_Strict):
         lt=2**64,
         description="same seed and inputs give byte-identical shards; another seed, another order (0 to 2**64 - 1)",
     )
+    mode: Literal["write", "read"] = Field(
+        "write",
+        description=(
+            "write: every sample is shuffled into the shards as they are written, so a sequential tf.data read "
+            "is in a full random order (the output's bytes go through a sort, and on workers that share no "
+            "filesystem through spill objects); read: no shuffle at write, each shard holds a run of consecutive "
+            "units in archive order, written once, and readers take a fresh global order each epoch through the "
+            "shards' indexes (load_dataset(..., epoch=e), shuffled_stream, open_source, epoch_order); not with "
+            "output.compression or output.examples_per_record above 1"
+        ),
+    )
 
 
 class StackConfig(_Strict):
@@ -413,6 +424,8 @@ class BuildConfig(_Strict):
             raise ValueError("nan_policy: fill needs a fill_value, e.g. fill_value: 0.0")
         if self.nan_policy != "fill" and self.fill_value is not None:
             raise ValueError(f"fill_value is set but nan_policy is {self.nan_policy}: set nan_policy: fill, or drop it")
+        if self.shuffle.mode == "read":
+            self._check_read_shuffle()
         if self.nan_mask and self.nan_policy != "fill":
             raise ValueError(
                 f"nan_mask marks the values nan_policy: fill filled, but nan_policy is {self.nan_policy}: "
@@ -436,6 +449,19 @@ class BuildConfig(_Strict):
         if len(dims) > 1:
             raise ValueError(f"every split ranges along one dim: choose {' or '.join(sorted(dims))} for all of them")
         return self._roles_name_the_variables() if self.sample.roles else self
+
+    def _check_read_shuffle(self) -> None:
+        # Readers take their global order by record offsets (each shard's .tfindex), one sample a record.
+        if self.output.compression:
+            raise ValueError(
+                "shuffle.mode: read needs each shard's record index for the readers' global order, and a gzip "
+                "shard has none; drop output.compression, or use shuffle.mode: write"
+            )
+        if self.output.examples_per_record > 1:
+            raise ValueError(
+                "shuffle.mode: read needs one sample a record for the readers' global order (they read records by "
+                "offset); drop output.examples_per_record, or use shuffle.mode: write"
+            )
 
     def _roles_name_the_variables(self) -> BuildConfig:
         roles = self.sample.roles

@@ -80,12 +80,15 @@ def _local_listing(pattern: str) -> dict[str, dict]:
 def _listing(pattern: str) -> tuple[fsspec.AbstractFileSystem | None, dict[str, dict]]:
     if not is_remote(pattern):
         return None, _local_listing(pattern)
-    fs, _, paths = fsspec.get_fs_token_paths(pattern)
-    infos = {}
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            infos[path] = fs.info(path)
-    return fs, infos
+    fs, path = fsspec.core.url_to_fs(pattern)
+    # One listing with every match's details: an info call a file, even answered from the listing's cache, costs
+    # the launcher ~0.2 ms each (0.5 s of 2,100 files' planning, none of it shared with the probes' pool).
+    if any(character in path for character in "*?["):  # a glob, as fsspec tells them
+        return fs, fs.glob(path, detail=True)
+    try:
+        return fs, {path: fs.info(path)}  # a file, or a folder: named as such in the error
+    except FileNotFoundError:
+        return fs, {}
 
 
 def list_files(patterns: Sequence[str]) -> list[ListedFile]:

@@ -199,12 +199,24 @@ def _probe_batch(files: list[ListedFile], concat_dim: str) -> Iterator[FileProbe
     head_ends = [min(END_BYTES, f.nbytes) for f in files]
     # The tail starts on a block boundary, so its blocks can be cached whole.
     tail_starts = [max(end, (f.nbytes - END_BYTES) // _BLOCK * _BLOCK) for f, end in zip(files, head_ends)]
-    starts, ends = [0] * len(files) + tail_starts, head_ends + [f.nbytes for f in files]
-    fetched = fs.cat_ranges(paths + paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
+    # A small file's two ends meet: one request fetches it whole (a request costs the store more than its bytes).
+    whole = [start == end for end, start in zip(head_ends, tail_starts)]
+    split = [i for i, fetched_whole in enumerate(whole) if not fetched_whole]
+    starts = [0] * len(files) + [tail_starts[i] for i in split]
+    ends = [f.nbytes if w else end for f, end, w in zip(files, head_ends, whole)] + [files[i].nbytes for i in split]
+    paths += [paths[i] for i in split]
+    fetched = fs.cat_ranges(paths, starts, ends, batch_size=REQUESTS_IN_FLIGHT, on_error="return")
+    tails = dict(zip(split, fetched[len(files) :]))
+    del fetched[len(files) :]
     for i, listed in enumerate(files):
         check_stopped()  # a stopped build (Ctrl-C, SIGTERM) unwinds here, between two files
-        head, tail = fetched[i], fetched[len(files) + i]
-        fetched[i] = fetched[len(files) + i] = None  # each file's bytes go once it is parsed
+        head, fetched[i] = fetched[i], None  # each file's bytes go once it is parsed
+        if not whole[i]:
+            tail = tails.pop(i)
+        elif isinstance(head, bytes):
+            head, tail = head[: head_ends[i]], head[tail_starts[i] :]
+        else:
+            tail = head  # the error, for both ends
         remote = RemoteFile(listed.path, listed.nbytes)
         probe = None
         if not isinstance(head, bytes) or not isinstance(tail, bytes):

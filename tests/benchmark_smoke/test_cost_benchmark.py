@@ -20,12 +20,15 @@ ROWS = [
     "USD, ERA5 1940-2024",
     "Dataflow Shuffle",
     "class A operations",
-    "not built",  # the no-shuffle mode's column
+    "no shuffle (shuffle.mode: read): each shard written whole from its run of units, to gs://",
+    "fitted, no shuffle",
     "target cost: shuffle bytes / output bytes, ERA5 plan:",
     "target cost: intermediate objects / (units + shards), ERA5 plan:",
     "target cost: intermediate bytes / output bytes:",
     "target cost: objects left under _tmp/ after the commit: 0 (limit 0) PASS",
     "target cost: ERA5 1940-2024 bill, spill objects:",
+    "target cost: shuffle bytes / output bytes, no shuffle, ERA5 plan:",
+    "target cost: ERA5 1940-2024 bill, no shuffle:",
 ]
 
 
@@ -37,7 +40,7 @@ def cost(monkeypatch):
     return cost
 
 
-def test_quick_cost_benchmark_measures_the_spill_path_and_prices_the_plan(tmp_path):
+def test_quick_cost_benchmark_measures_the_spill_path_and_the_no_shuffle_mode_and_prices_the_plan(tmp_path):
     result_file = tmp_path / "cost.json"
     printed = run_benchmark("benchmarks.cost", "--quick", "--workdir", str(tmp_path), "--json", str(result_file))
     for row in ROWS:
@@ -50,11 +53,19 @@ def test_quick_cost_benchmark_measures_the_spill_path_and_prices_the_plan(tmp_pa
         assert run["operations"]["spill"]["written"] >= run["output_bytes"] * 0.9  # every record spilled once
         assert run["operations"]["spill"]["B"] >= run["references"]  # each reference read back
         assert run["left_after_commit"] == 0
+    assert len(results["no_shuffle_runs"]) == 3
+    for run in results["no_shuffle_runs"]:
+        # Each shard written whole, straight to gs://: no spill object, no reference, no record through a shuffle.
+        assert "spill" not in run["operations"] and run["references"] == 0 and run["units"] >= 1
+        assert run["shuffle_bytes"] < run["output_bytes"] / 10 and run["left_after_commit"] == 0
+        assert run["operations"]["output"]["written"] >= run["output_bytes"]
     plan = results["plan"]
     assert plan["samples"] > 700_000_000 and plan["shards"] > 1_000_000  # ARCO-ERA5 1940-2024, 5 variables
     spill, before = results["bills"]["spill objects"], results["bills"]["runner shuffle (before)"]
     assert before["Dataflow Shuffle"] > 100 * spill["Dataflow Shuffle"]
-    assert results["bills"]["no shuffle"] is None
+    unshuffled = results["bills"]["no shuffle"]
+    assert unshuffled["Dataflow Shuffle"] <= spill["Dataflow Shuffle"]
+    assert unshuffled["storage (intermediates)"] <= spill["storage (intermediates)"]
     evaluated = {t["name"]: t["status"] for t in results["targets"]}
     assert set(evaluated) == {
         "cost: shuffle bytes / output bytes, largest run",
@@ -63,6 +74,8 @@ def test_quick_cost_benchmark_measures_the_spill_path_and_prices_the_plan(tmp_pa
         "cost: intermediate bytes / output bytes",
         "cost: objects left under _tmp/ after the commit",
         "cost: ERA5 1940-2024 bill, spill objects",
+        "cost: shuffle bytes / output bytes, no shuffle, ERA5 plan",
+        "cost: ERA5 1940-2024 bill, no shuffle",
     }
     assert set(evaluated.values()) <= {"PASS", "FAIL"}
 

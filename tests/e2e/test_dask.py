@@ -63,11 +63,12 @@ def dask_flags(client: Client, *more: str) -> list[str]:
     return ["--runner=DaskRunner", f"--dask_client_address={address}", "--dask_connection_timeout=30", *more]
 
 
-def write_config(tmp_path: Path, name: str, inputs, output: str, in_place: bool = True) -> Path:
+def write_config(tmp_path: Path, name: str, inputs, output: str, in_place: bool = True, mode: str = "write") -> Path:
     config = {
         "input": {"paths": inputs},
         "variables": ["t", "q"],
         "sample": SAMPLE,
+        "shuffle": {"mode": mode},
         "output": {"path": output, "num_shards": 3, "in_place": in_place},
     }
     path = tmp_path / f"{name}.yaml"
@@ -131,7 +132,9 @@ def test_in_place_on_a_shared_filesystem_equals_the_local_build(
     small_archive, local_build, tmp_path, client, caplog, monkeypatch
 ):
     caplog.set_level(logging.INFO, logger="pipelines.graph")
-    budget = UNIT_BUDGET_BYTES / 8  # several units per partition
+    budget = (
+        UNIT_BUDGET_BYTES / 16
+    )  # many units per partition (each GroupByKey adds a few dozen tasks, whatever the units)
     monkeypatch.setattr(graph, "make_plan", functools.partial(make_plan, unit_budget_bytes=budget))
     config = write_config(tmp_path, "dask", str(small_archive / "*.nc"), str(tmp_path / "dask"))
     with get_task_stream(client) as tasks:
@@ -142,7 +145,8 @@ def test_in_place_on_a_shared_filesystem_equals_the_local_build(
 
     # The units were cut by tasks the scheduler ran on the worker processes, in a few partitions per worker
     # thread (runners.unit_ranges), not one per unit (about 200 tasks a unit, each with its overhead), and
-    # committed through one global combine (transforms.streamed): fewer tasks than units.
+    # committed through the merge tree's two GroupByKeys and one global combine (transforms.streamed): fewer tasks
+    # than units.
     units = make_plan(load_config(config), unit_budget_bytes=budget).units
     workers = client.scheduler_info()["workers"]
     assert runners.unit_ranges(PipelineOptions(dask_flags(client)), len(units)) == 2 * 2  # 2 single-threaded workers
@@ -222,6 +226,24 @@ def test_without_a_shared_filesystem_records_go_through_spill_objects_not_the_ru
     # No spill object, run file or progress marker is left, on gs:// or on this machine.
     assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local_build.iterdir())
     assert not Path("gs:").exists()  # progress markers are local files: none were made for a URL
+
+
+def test_unit_order_without_a_shared_filesystem_writes_the_local_runners_bytes(
+    small_archive, tmp_path, client, workers_see_the_emulator, caplog
+):
+    """shuffle.mode: read on Dask: a task writes each shard whole, straight to gs://; the local runner's bytes."""
+    gcs = workers_see_the_emulator
+    caplog.set_level(logging.INFO, logger="pipelines.graph")
+    for path in sorted(small_archive.glob("*.nc")):
+        gcs.put(str(path), f"{BUCKET}/dask-units/in/{path.name}")
+    local, output = tmp_path / "local", f"gs://{BUCKET}/dask-units/out"
+    build(write_config(tmp_path, "local", str(small_archive / "*.nc"), str(local), mode="read"))
+    caplog.clear()
+    build(write_config(tmp_path, "dask", f"gs://{BUCKET}/dask-units/in/*.nc", output, mode="read"), *dask_flags(client))
+    assert "unit runs" in strategy_logged(caplog)
+    assert_same_output(gcs.cat, output, local)
+    assert gcs.cat(f"{output}/stats.json") == (local / "stats.json").read_bytes()
+    assert sorted(p.rsplit("/", 1)[1] for p in gcs.ls(output)) == sorted(p.name for p in local.iterdir())
 
 
 def test_a_user_error_on_a_worker_is_one_line(small_archive, tmp_path, client, capsys, monkeypatch):

@@ -26,13 +26,14 @@ def archive(tmp_path_factory):
     return sorted(folder.glob("*.nc"))
 
 
-def _config(folder, paths, output: str, **output_options) -> str:
+def _config(folder, paths, output: str, mode: str = "write", **output_options) -> str:
     config = {
         "input": {"paths": paths, "concat_dim": "time"},
         "sample": SAMPLE,
+        "shuffle": {"mode": mode},
         "output": {"path": output, "num_shards": 3, **output_options},
     }
-    path = folder / f"config-{abs(hash((output, str(output_options))))}.yaml"
+    path = folder / f"config-{abs(hash((output, mode, str(output_options))))}.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
 
@@ -84,5 +85,26 @@ def test_a_portable_job_to_gs_spills_to_objects_and_writes_the_local_runners_byt
         assert main(["--config", _config(tmp_path, paths, portable), *PORTABLE]) == 0
     assert _strategy(caplog) == "spill objects"
     expected = _shards(gcs.cat, local)
+    assert len(expected) == 6 and _shards(gcs.cat, portable) == expected
+    assert not gcs.exists(f"{portable}/_tmp")
+
+
+def test_a_portable_job_in_unit_order_to_gs_writes_the_local_runners_bytes(gcs, archive, tmp_path, caplog):
+    """shuffle.mode: read as Dataflow runs it: each shard written whole, straight to gs://, by one worker."""
+    for path in archive:
+        gcs.put(str(path), f"{BUCKET}/portable-units/{path.name}")
+    paths = f"gs://{BUCKET}/portable-units/*.nc"
+    local, portable = str(tmp_path / "local"), f"gs://{BUCKET}/out/portable-units"
+    assert main(["--config", _config(tmp_path, paths, local, mode="read")]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipelines.graph"):
+        assert main(["--config", _config(tmp_path, paths, portable, mode="read"), *PORTABLE]) == 0
+    assert _strategy(caplog) == "unit runs"
+
+    def read(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    expected = _shards(read, local)
     assert len(expected) == 6 and _shards(gcs.cat, portable) == expected
     assert not gcs.exists(f"{portable}/_tmp")

@@ -114,14 +114,20 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
     ]
     assert len({group for group, _ in keyed}) > 4
 
-    def run(order: list, rng: np.random.Generator) -> dict:
+    def grouped(elements: list) -> dict[int, list]:  # a GroupByKey: each key's values in the order they arrived
         groups: dict[int, list] = {}
-        for group, part in order:  # GroupUnits: each group's parts in the order they arrived
-            groups.setdefault(group, []).append(part)
-        merged = [stats_module._merge_group(group, parts) for group, parts in groups.items()]
-        combine = stats_module._MergeGroupsInOrderFn(len(plan.units))
+        for key, value in elements:
+            groups.setdefault(key, []).append(value)
+        return groups
+
+    def run(order: list, rng: np.random.Generator) -> dict:
+        groups = [stats_module._merge_group(group, parts) for group, parts in grouped(order).items()]
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+        merged = [stats_module._merge_branch(branch, parts) for branch, parts in grouped(groups).items()]
+        assert len(merged) > 1  # several branches
+        combine = stats_module._MergeBranchesInOrderFn()
         shuffled = [merged[i] for i in rng.permutation(len(merged))]
-        cuts = sorted(rng.choice(np.arange(1, len(merged)), size=2, replace=False).tolist())
+        cuts = sorted(rng.choice(np.arange(1, len(merged)), size=min(2, len(merged) - 1), replace=False).tolist())
         accumulators = []
         for begin, end in zip([0, *cuts], [*cuts, len(shuffled)]):  # one accumulator per bundle, in its order
             accumulator = combine.create_accumulator()
@@ -138,7 +144,10 @@ def test_statistics_are_the_same_to_the_bit_in_any_order_of_the_blocks(small_arc
     results = [run(order, rng) for order in orders]
     first = results[0]["data"].moments
     assert set(first) == {"t", "q"} and results[0]["data"].cut == plan.num_samples
-    for other in results[1:]:
+    tree = stats_module.summary_tree_of(len(plan.units))  # the tree's order, folded in one place
+    for group, ((unit, piece, pieces), summary) in keyed:
+        tree.add_part(group, unit, piece, pieces, summary)
+    for other in [*results[1:], tree.result()]:
         for name, moments in first.items():
             for field in ("count", "mean", "m2", "minimum", "maximum"):
                 got = getattr(other["data"].moments[name], field)
@@ -226,8 +235,9 @@ def _group_by_keys(pipeline: beam.Pipeline) -> list[str]:
 
 @pytest.mark.parametrize("strategy", [WriteStrategy.IN_PLACE, WriteStrategy.BUCKET_FILES])
 def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
-    """Streamed (Beam's DaskRunner): written in place, one GroupByKey in all (the commit's combine); with bucket
-    files, one more (a shard's bucket files). The graph of the other runners keeps its four global combines."""
+    """Streamed (Beam's DaskRunner): written in place, three GroupByKeys in all (the merge tree's groups and branches,
+    the commit's combine); with bucket files, one more (a shard's bucket files). The graph of the other runners keeps
+    its global combines, and its merge trees."""
     write = lay_out(plan, WritePlan(strategy, "chosen", str(tmp_path / "work")))
     counts = {}
     for streamed in (True, False):
@@ -235,7 +245,7 @@ def test_the_dask_graph_commits_in_one_global_combine(plan, tmp_path, strategy):
         build_pipeline(pipeline, plan.units, compile_specs(plan, write), ranges=3, stream_blocks=streamed)
         # (but the Reshuffles', which Beam's DaskRunner replaces with nothing)
         counts[streamed] = [label for label in _group_by_keys(pipeline) if "Spread" not in label]
-    assert len(counts[True]) == (1 if strategy is WriteStrategy.IN_PLACE else 2), counts[True]
+    assert len(counts[True]) == (3 if strategy is WriteStrategy.IN_PLACE else 4), counts[True]
     assert len(counts[False]) > len(counts[True])
 
 

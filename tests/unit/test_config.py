@@ -35,6 +35,16 @@ def _error(data) -> str:
         ({"sample": {"offsets": {"time": [0, 1], "lat": [0, 1]}}}, "offsets are allowed along one dim only"),
         ({"sample": {"offsets": {"time": [0, 0]}}}, "offsets [0, 0] repeat a step"),
         ({"shuffle": {"seed": "abc"}}, "shuffle.seed"),
+        ({"shuffle": {"mode": "both"}}, "shuffle.mode: Input should be 'write' or 'read' (got 'both')"),
+        (
+            {"shuffle": {"mode": "read"}, "output": {"path": "o", "compression": "gzip"}},
+            "shuffle.mode: read needs each shard's record index for the readers' global order, and a gzip shard has "
+            "none; drop output.compression, or use shuffle.mode: write",
+        ),
+        (
+            {"shuffle": {"mode": "read"}, "output": {"path": "o", "examples_per_record": 8}},
+            "shuffle.mode: read needs one sample a record",
+        ),
         ({"variables": []}, "variables: Value error"),
         ({"output": {}}, "output.path: required key is missing"),
         ({"output": {"path": "o", "dtype": "float16"}}, "holds floats as float32 only, so float16 cannot be stored"),

@@ -54,6 +54,29 @@ def test_remote_probes_hold_one_batch_of_files_bytes_at_a_time(remote_files, mon
     assert peak < FILES * fetched / 2 and peak < whole_peak / 2, (peak, fetched, whole_peak)
 
 
+def test_a_small_file_is_fetched_whole_in_one_request(monkeypatch):
+    files = next(memory_netcdf_files(side=40))  # ~15 KB: its head and tail meet
+    assert all(f.nbytes < 2 * probe.END_BYTES for f in files)
+    ranges = []
+    cat_ranges = type(fsspec.filesystem("memory")).cat_ranges
+    monkeypatch.setattr(
+        type(fsspec.filesystem("memory")),
+        "cat_ranges",
+        lambda fs, paths, starts, ends, **kwargs: (
+            ranges.extend(zip(starts, ends)) or cat_ranges(fs, paths, starts, ends, **kwargs)
+        ),
+    )
+    probes = probe.probe_remote(files, "time")
+    monkeypatch.undo()
+    assert all(probes) and ranges == [(0, f.nbytes) for f in files]  # one request a file, the whole file
+    assert [p.bytes_read for p in probes] == [f.nbytes for f in files]
+    monkeypatch.setattr(probe, "END_BYTES", 4096)  # ends that no longer meet: a head and a tail, as a large file's
+    monkeypatch.setattr(probe, "_BLOCK", 1024)
+    in_two = probe.probe_remote(files, "time")
+    assert all(p.bytes_read < f.nbytes for p, f in zip(in_two, files))
+    assert [probe_key(p)[:4] for p in probes] == [probe_key(p)[:4] for p in in_two]
+
+
 def test_a_file_gone_at_a_batch_boundary_is_left_to_the_full_look_and_the_rest_probed(remote_files, monkeypatch):
     monkeypatch.setattr(probe, "FILES_PER_BATCH", BATCH)
     gone = ListedFile(remote_files[BATCH - 1].path.replace(".nc", "-gone.nc"), remote_files[0].nbytes, "v")

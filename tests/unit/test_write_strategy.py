@@ -28,8 +28,17 @@ def hand_made(**changes) -> types.SimpleNamespace:
         "schema": types.SimpleNamespace(features=(FLOAT, INDEX)),
         "grid": types.SimpleNamespace(num_samples=1000),
         "run_id": "0123456789ab",
+        "shuffle_mode": "write",
     }
     return types.SimpleNamespace(**{**facts, **changes})
+
+
+@pytest.mark.parametrize("work", [None, "/work"])
+def test_shuffle_mode_read_writes_each_shard_whole_from_its_units_on_any_runner(work):
+    """No sort, no bucket files, no spill objects: a worker streams its run of units into the shard."""
+    write = choose_write_strategy(hand_made(shuffle_mode="read"), work)
+    assert write.strategy is WriteStrategy.UNIT_RUNS and "shuffle.mode: read" in write.reason
+    assert (write.bucket_dir, write.spill_dir, write.layout, write.work_dir) == (None, None, None, work)
 
 
 @pytest.mark.parametrize("output", ["gs://bucket/out", "/data/out"])
