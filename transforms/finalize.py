@@ -69,8 +69,19 @@ def complete_split(
         counts["bytes"][number] = write_atomically(path, [], spec.compression)
         if not spec.compression:
             write_index(path, [])
-    # Every writer names its shards by schemas.shards.shard_name, with an index beside each unless gzipped.
+    # Every writer names its shards by schemas.shards.shard_name, with an index beside each unless gzipped: what
+    # schema.json will say of all of them, checked on one, and on whether each came with an index.
     rule = Generation(split.generation, split.num_shards, spec.compression, not spec.compression, 0, 0, 0)
+    named = reported.named(split.name)
+    if named is not None:
+        number, file, index = named
+        expected = rule.file(split.name, number)
+        if file != expected or reported.indexed(split.name) - {rule.index}:
+            raise RuntimeError(
+                f"{spec.output}: split {split.name}: a write stage reported shard {file} (index {index}) where the "
+                f"naming rule says {expected} (index: {rule.index}); schema.json not written. This is a bug, please "
+                "report it"
+            )
     return rule, counts
 
 

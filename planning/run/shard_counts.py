@@ -23,6 +23,10 @@ class ShardCounts:
 
     def __init__(self):
         self._words: dict[str, array.array] = {}
+        #: per split: one reported (shard number, file, index) to check the naming rule by, and whether any shard
+        #: came without an index and any with one (the rule says all or none)
+        self._named: dict[str, tuple[int, str, str | None]] = {}
+        self._indexed: dict[str, set[bool]] = {}
 
     @classmethod
     def of(cls, results: Iterable[ShardResult]) -> ShardCounts:
@@ -34,10 +38,24 @@ class ShardCounts:
     def add(self, result: ShardResult) -> None:
         words = self._words.setdefault(result.split, array.array("q"))
         words.extend((result.shard, result.records, result.examples, result.bytes))
+        self._named.setdefault(result.split, (result.shard, result.file, result.index))
+        self._indexed.setdefault(result.split, set()).add(result.index is not None)
 
     def absorb(self, other: ShardCounts) -> None:
         for split, words in other._words.items():
             self._words.setdefault(split, array.array("q")).extend(words)
+        for split, named in other._named.items():
+            self._named.setdefault(split, named)
+        for split, indexed in other._indexed.items():
+            self._indexed.setdefault(split, set()).update(indexed)
+
+    def named(self, split: str) -> tuple[int, str, str | None] | None:
+        """One reported shard of the split: its number, file and index (None: none reported)."""
+        return self._named.get(split)
+
+    def indexed(self, split: str) -> set[bool]:
+        """Whether the split's reported shards came with an index: {True}, {False}, both, or none reported."""
+        return self._indexed.get(split, set())
 
     def dense(self, split: str, num_shards: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Which of the split's ``num_shards`` shards were reported, and their records, examples and bytes (0 where

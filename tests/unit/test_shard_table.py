@@ -194,3 +194,24 @@ def test_a_schema_made_in_memory_is_written_by_rule_only_where_its_names_follow_
     assert ruled.to_json()["format"] == FORMAT and set(ruled.files()) == {"schema.json", SHARDS_FILE}
     odd = Schema(feature, {"data": (Shard("mine.tfrecord", 3, 10),)})
     assert odd.by_rule() is odd and odd.to_json()["format"] == FORMAT_LISTED and set(odd.files()) == {"schema.json"}
+
+
+def test_shard_results_combine_as_arrays_in_any_grouping_and_a_shard_reported_twice_is_a_bug():
+    import pickle
+
+    from planning.run.contracts import ShardResult
+    from planning.run.shard_counts import ShardCounts
+
+    results = [ShardResult("train", n, f"train-{n:05d}-of-00005.tfrecord", 10 + n, 100 + n, 10 + n) for n in (4, 0, 2)]
+    one, other = ShardCounts.of(results[:1]), pickle.loads(pickle.dumps(ShardCounts.of(results[1:])))
+    one.absorb(other)
+    seen, counts = one.dense("train", 5)
+    assert seen.tolist() == [True, False, True, False, True]
+    assert counts["records"].tolist() == [10, 0, 12, 0, 14] and counts["bytes"].tolist() == [100, 0, 102, 0, 104]
+    assert one.indexed("train") == {False} and one.named("train")[1] == "train-00004-of-00005.tfrecord"
+    assert not one.dense("val", 2)[0].any()
+    one.add(results[0])
+    with pytest.raises(RuntimeError, match="reported twice"):
+        one.dense("train", 5)
+    with pytest.raises(RuntimeError, match="outside 0-2"):
+        ShardCounts.of(results).dense("train", 3)
