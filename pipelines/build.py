@@ -30,6 +30,7 @@ from pipelines.stopping import StopOnSignal, exit_now, stopped_line
 from planning.run.cancellation import reset as reset_cancellation
 from schemas.errors import UserError
 from schemas.schema import default_split
+from schemas.shards import generation_totals
 
 if TYPE_CHECKING:
     from planning.plan import BuildPlan
@@ -127,19 +128,19 @@ def store_reads_line(counters: dict[str, int], source: str = "the store") -> str
 
 
 def _print_summary(plan: BuildPlan, schema: Schema, seconds: float, counters: dict[str, int] | None = None) -> None:
-    shards = [shard for split in schema.splits.values() for shard in split]
-    new = [shard for shard in shards if shard.generation == plan.generation]
-    size = sum(s.bytes for s in new)
+    shards = sum(len(split) for split in schema.splits.values())
+    new = generation_totals(schema.splits, plan.generation)  # (by rule: no Shard object a shard)
+    size = new["bytes"]
     if plan.generation:
         print(
-            f"Appended generation {plan.generation}: {sum(s.examples for s in new):,} samples in {len(new)} "
+            f"Appended generation {plan.generation}: {new['examples']:,} samples in {new['shards']} "
             f"shard(s), {size / 1e6:,.1f} MB, to {plan.output} in {seconds:.1f} s "
             f"({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s); it now holds {schema.num_examples():,} samples in "
-            f"{len(shards)} shard(s) of {plan.generation + 1} generations."
+            f"{shards} shard(s) of {plan.generation + 1} generations."
         )
     else:
         print(
-            f"Wrote {schema.num_examples():,} samples in {len(shards)} shard(s), {size / 1e6:,.1f} MB, "
+            f"Wrote {schema.num_examples():,} samples in {shards} shard(s), {size / 1e6:,.1f} MB, "
             f"to {plan.output} in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.1f} MB/s)."
         )
     if len(schema.splits) > 1:

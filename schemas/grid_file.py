@@ -2,20 +2,14 @@
 
 schema.json stays small whatever the grid: an entry with more than INLINE_VALUES values holds, in
 place of its list, a reference ``{"file": "grid.npz", "array": ..., "count": ..., "sha256": ...}``
-to one array of the sidecar (NumPy's .npz, no pickles), whose bytes' sha256 it records. The build
-writes grid.npz before schema.json (the commit marker), so a committed schema.json's sidecar is
-whole; readers read it only when a coordinate's values are asked for, and check it against that
-digest, since the output's files are data anyone may have replaced.
+to one array of the sidecar (NumPy's .npz, no pickles, schemas.sidecar), whose bytes' sha256 it
+records; readers read it only when a coordinate's values are asked for.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
-import io
 import posixpath
-import threading
 import zipfile
 from typing import Any
 
@@ -24,19 +18,14 @@ import numpy as np
 from schemas.errors import UserError
 from schemas.npy_files import npz_arrays
 from schemas.schema import GRID_FILE, Schema, plain_file_name
+from schemas.sidecar import digest as sidecar_digest
+from schemas.sidecar import npz_bytes, read_sidecar
 
 #: Values a grid entry holds inline in schema.json; above this its values go to grid.npz. A 1-D axis stays inline
 #: (a regular one is a start and a step anyway); a 64 x 64 2-D coordinate is 4,096 values, about 80 KB of JSON.
 INLINE_VALUES = 4096
 #: The keys of a grid entry that hold its values (numbers, or a time's seconds).
 VALUE_KEYS = ("values", "seconds")
-#: Every member's timestamp: the same grid gives the same bytes (an output hashes the same build after build).
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-#: Sidecars a process keeps decoded (a few outputs' grids).
-_KEPT = 4
-
-_loaded: collections.OrderedDict[tuple[str, str], bytes] = collections.OrderedDict()
-_lock = threading.Lock()
 
 
 def _large(entry: Any, key: str) -> bool:
@@ -48,17 +37,6 @@ def _large(entry: Any, key: str) -> bool:
 def _array_name(name: str) -> str:
     """The sidecar member of a grid entry: its name with what a zip member name would make a folder of replaced."""
     return name.replace("/", "_").replace("\\", "_")
-
-
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    """An .npz of ``arrays`` (uncompressed: coordinates hardly compress), byte for byte the same for the same arrays."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        for key, array in arrays.items():
-            member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-            archive.writestr(zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_TIME), member.getvalue())
-    return buffer.getvalue()
 
 
 def split_grid(schema: Schema) -> tuple[Schema, bytes | None]:
@@ -75,8 +53,8 @@ def split_grid(schema: Schema) -> tuple[Schema, bytes | None]:
                 moved.append((name, key, array))
     if not arrays:
         return schema, None
-    data = _npz(arrays)
-    digest = hashlib.sha256(data).hexdigest()
+    data = npz_bytes(arrays)
+    digest = sidecar_digest(data)
     grid = dict(schema.grid)
     for name, key, array in moved:
         reference = {"file": GRID_FILE, "array": array, "count": len(arrays[array]), "sha256": digest}
@@ -87,43 +65,6 @@ def split_grid(schema: Schema) -> tuple[Schema, bytes | None]:
 def is_reference(stored: Any) -> bool:
     """Whether a grid entry's values are a reference to the sidecar (else the values themselves)."""
     return isinstance(stored, dict) and "file" in stored
-
-
-def _read(url: str) -> bytes:
-    import fsspec
-
-    from schemas.urls import check_regular_file
-
-    check_regular_file(url)  # a FIFO in the sidecar's place would block the read for ever
-    with fsspec.open(url, "rb") as stream:
-        return stream.read()
-
-
-def _sidecar(folder: str, name: str, digest: str) -> bytes:
-    """The sidecar's bytes, read once per process and digest, and checked against schema.json's digest."""
-    url = posixpath.join(folder, name)
-    key = (url, digest)
-    with _lock:
-        if key in _loaded:
-            _loaded.move_to_end(key)
-            return _loaded[key]
-    try:
-        data = _read(url)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise UserError(
-            f"{url}: missing, but schema.json's grid names it (the values of the grid's large coordinates); "
-            "copy the output with every file beside schema.json, or build it again"
-        ) from None
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise UserError(
-            f"{url}: not the file schema.json's grid was written with (its sha256 differs): it was replaced or "
-            "damaged; copy it again from the output it came from, or build the output again"
-        )
-    with _lock:
-        _loaded[key] = data
-        while len(_loaded) > _KEPT:
-            _loaded.popitem(last=False)
-    return data
 
 
 def referenced_values(reference: dict[str, Any], dtype: str, folder: str | None) -> np.ndarray:
@@ -140,7 +81,7 @@ def referenced_values(reference: dict[str, Any], dtype: str, folder: str | None)
             f"schema.json's grid keeps some values in {name}, and this schema was not loaded from an output's "
             "folder; load it with schemas.load_schema(output) so they can be read"
         )
-    data = _sidecar(folder, name, reference["sha256"])
+    data = read_sidecar(folder, name, reference["sha256"], "the values of the grid's large coordinates")
     url = posixpath.join(folder, name)
     try:
         with npz_arrays(data) as archive:

@@ -18,7 +18,7 @@ _RESIDUALS_LINE = "RESIDUALS = None\n"
 def render_parser(
     schema: Schema, output_url: str, normalization: dict | None = None, tendency: dict | None = None
 ) -> str:
-    """Source of a standalone parser.py for this schema; it needs only TensorFlow.
+    """Source of a standalone parser.py for this schema; it needs only TensorFlow (and NumPy, which TensorFlow needs).
 
     Names and attributes come from input files, so they enter the code only inside string
     literals made by ``repr`` of a str (which escapes quotes, newlines and backslashes) and are

@@ -7,10 +7,14 @@ Usage:
         print({name: value.shape for name, value in batch.items()})
 """
 
+import hashlib
+import io
 import json
 import os
+import threading
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 # The generator replaces the next four lines with this output's schema, location and
@@ -50,10 +54,12 @@ def record_spec(schema):
 
 def shard_paths(schema, data_dir, split):
     """The shard files of one split, in written order."""
-    return [_shard_path(data_dir, shard["file"]) for shard in _split_shards(schema, split)]
+    return [_shard_path(data_dir, shard["file"]) for shard in _split_shards(schema, split, data_dir)]
 
 
-def _split_shards(schema, split):
+def _split_shards(schema, split, data_dir):
+    """The split's shards, each a dict of its ``file``, ``records`` and ``bytes``: listed in schema.json, or (its
+    second format) named by each generation's rule, with their counts from the sidecar schema.json names."""
     splits = schema["splits"]
     if split not in splits:
         raise ValueError(f"no split {split!r} in this dataset; it has: {', '.join(splits)}")
@@ -61,7 +67,45 @@ def _split_shards(schema, split):
         reason = schema.get("sample", {}).get("splits", {}).get(split, {}).get("no_data_yet")
         why = f" ({reason})" if reason else ""
         raise ValueError(f"split {split!r} holds no samples yet{why}; append the data that reaches it, or read another")
-    return splits[split]["shards"]
+    if "generations" not in splits[split]:
+        return splits[split]["shards"]
+    records, sizes = _shard_counts(schema["shards"], data_dir)
+    shards, at = [], splits[split]["start"]
+    for rule in splits[split]["generations"]:
+        marked = f"{split}-g{rule['generation']:03d}" if rule["generation"] else split
+        suffix = ".tfrecord.gz" if rule["compression"] == "gzip" else ".tfrecord"
+        for number in range(rule["shards"]):
+            name = f"{marked}-{number:05d}-of-{rule['shards']:05d}{suffix}"
+            shards.append({"file": name, "records": int(records[at]), "bytes": int(sizes[at])})
+            at += 1
+    return shards
+
+
+_COUNTS_READ = {}
+# numpy parses an .npy header with ``ast``, which two threads must not do at once (python/cpython#106905).
+_NPY_LOCK = threading.Lock()
+
+
+def _shard_counts(reference, data_dir):
+    """Every shard's records and bytes from the sidecar (shards.npz), read once, checked against schema.json's
+    size and sha256 before any count in it is used: the output's files are data anyone may have replaced."""
+    path = _shard_path(data_dir, reference["file"])
+    key = (path, reference["sha256"])
+    if key not in _COUNTS_READ:
+        fix = "copy it again with the output, or build the output again"
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                data = stream.read(reference["bytes"] + 1)
+        except tf.errors.NotFoundError:
+            raise ValueError(f"{path}: missing, but schema.json names it (its shards' counts); {fix}") from None
+        if len(data) != reference["bytes"] or hashlib.sha256(data).hexdigest() != reference["sha256"]:
+            raise ValueError(f"{path}: not the file schema.json was written with (its size or sha256 differs); {fix}")
+        with _NPY_LOCK, np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            counts = tuple(arrays[name].astype(np.int64) for name in ("records", "bytes"))
+        if any(len(values) != reference["count"] or (values < 0).any() for values in counts):
+            raise ValueError(f"{path}: does not hold {reference['count']} shards' counts; {fix}")
+        _COUNTS_READ[key] = counts
+    return _COUNTS_READ[key]
 
 
 def check_shards(schema, data_dir, split):
@@ -74,7 +118,7 @@ def check_shards(schema, data_dir, split):
     them); their records are counted as they are read, as every shard's are.
     """
     compressed = bool(schema.get("compression"))
-    for shard in _split_shards(schema, split):
+    for shard in _split_shards(schema, split, data_dir):
         path = _shard_path(data_dir, shard["file"])
         local = path.removeprefix("file://")
         if "://" in local:
@@ -245,7 +289,7 @@ def build_dataset(
     """
     files = shard_paths(schema, data_dir, split)
     check_shards(schema, data_dir, split)
-    shards = _split_shards(schema, split)
+    shards = _split_shards(schema, split, data_dir)
     files_ds = tf.data.Dataset.from_tensor_slices((files, tf.constant([s["records"] for s in shards], tf.int64)))
     if shuffle_buffer:
         files_ds = files_ds.shuffle(len(files), seed=seed)

@@ -27,6 +27,7 @@ from schemas.metadata import load_schema
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
 from schemas.shard_index import ShardIndex, index_name, load_index
+from schemas.shards import shard_counts
 from schemas.tfrecord import CorruptRecordError, check_frame
 from schemas.urls import check_regular_file, is_remote
 
@@ -62,17 +63,20 @@ class RandomAccessSource:
                 "offset; build it with output.compression: none for random access, or read it with schemas.Reader"
             )
         self.split = split
-        self.shards: tuple[Shard, ...] = self.schema.splits[split]
+        self.shards: Sequence[Shard] = self.schema.splits[split]
         self._per = self.schema.examples_per_record
-        for shard in self.shards:
-            if shard.records != -(-shard.examples // self._per):
-                raise CorruptRecordError(
-                    f"{self._url(shard)}: {shard.records} records cannot hold {shard.examples} samples "
-                    f"{self._per} to a record; schema.json is damaged: rebuild the output"
-                )
-        self._starts = np.concatenate([[0], np.cumsum([s.examples for s in self.shards], dtype=np.int64)])
+        # Every shard's counts as arrays (millions of shards: no Shard object each).
+        records, examples = shard_counts(self.shards, "records"), shard_counts(self.shards, "examples")
+        wrong = np.flatnonzero(records != -(-examples // self._per))
+        if len(wrong):
+            shard = self.shards[int(wrong[0])]
+            raise CorruptRecordError(
+                f"{self._url(shard)}: {shard.records} records cannot hold {shard.examples} samples "
+                f"{self._per} to a record; schema.json is damaged: rebuild the output"
+            )
+        self._starts = np.concatenate([[0], np.cumsum(examples, dtype=np.int64)])
         self._start_list = self._starts.tolist()
-        self._record_starts = np.concatenate([[0], np.cumsum([s.records for s in self.shards], dtype=np.int64)])
+        self._record_starts = np.concatenate([[0], np.cumsum(records, dtype=np.int64)])
         self._decoder = ExampleDecoder(self.schema.record_features())
         self._names = [f.name for f in self.schema.features]
         self._indexes: dict[int, ShardIndex] = {}

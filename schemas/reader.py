@@ -26,6 +26,7 @@ from schemas.errors import UserError
 from schemas.metadata import load_schema, normalization_constants
 from schemas.record_decoder import ExampleDecoder
 from schemas.schema import RECORD_COUNT, Schema, Shard
+from schemas.shards import shard_counts
 from schemas.tfrecord import CorruptRecordError, read_records
 from schemas.urls import check_regular_file, is_remote
 
@@ -139,7 +140,7 @@ class Reader:
             raise UserError(f"{self.path}: no split {split!r}; it has: {splits}; choose one of those")
         self.schema.check_has_samples(split, self.path)
         self.split = split
-        self.shards: tuple[Shard, ...] = self.schema.splits[split]
+        self.shards: Sequence[Shard] = self.schema.splits[split]
         self.features = self.schema.features
         self.verify = verify
         self._decoder = ExampleDecoder(self.schema.record_features())
@@ -156,7 +157,7 @@ class Reader:
     @property
     def num_records(self) -> int:
         """TFRecord records in the split (samples, unless records are packed)."""
-        return sum(shard.records for shard in self.shards)
+        return int(shard_counts(self.shards, "records").sum())
 
     def url(self, shard: Shard) -> str:
         return shard_url(self.path, shard)

@@ -5,14 +5,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import posixpath
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from schemas.errors import UserError
+from schemas.schema_checks import SchemaError as SchemaError
+from schemas.schema_checks import count as _count
+from schemas.schema_checks import expect as _expect
+from schemas.schema_checks import file_name as _file_name
+from schemas.schema_checks import plain_file_name as plain_file_name
+from schemas.schema_checks import shown as _shown
+from schemas.shards import SHARDS_FILE as SHARDS_FILE
+from schemas.shards import Shard, ShardList, ShardTable
+from schemas.shards import generation_of_name as generation_of_name
+from schemas.shards import shard_name as shard_name
 
-FORMAT = "xarray-tfrecords/1"
+#: schema.json's format: its splits describe their shards by a naming rule, their counts in shards.npz
+#: (schemas.shards). Readers read the first too, whose splits list every shard.
+FORMAT = "xarray-tfrecords/2"
+FORMAT_LISTED = "xarray-tfrecords/1"
+FORMATS = (FORMAT, FORMAT_LISTED)
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 PARSER_FILE = "parser.py"
@@ -31,53 +44,6 @@ FeatureRole = Literal["variable", "index", "coord", "aux_coord", "count", "mask"
 #: The most values one record can hold: a tf.train.Example is a protocol buffer, under 2 GiB, so this many
 #: 4-byte values at most; a schema.json saying more is damaged (and would make readers allocate without end).
 MAX_RECORD_VALUES = 2**31 // 4
-
-
-class SchemaError(ValueError):
-    """A schema (schema.json's JSON) that is malformed: the message names the entry and what is wrong with it.
-
-    ``schemas.metadata.load_schema`` adds the file and the fix.
-    """
-
-
-def _expect(value: Any, kind: type, where: str, what: str) -> Any:
-    """``value`` if it is a ``kind`` (a bool is no int), else SchemaError naming the entry ``where``."""
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SchemaError(f"{where}: {_shown(value)} is not {what}")
-    return value
-
-
-def _count(value: Any, where: str) -> int:
-    """``value`` if it is a whole number of 0 or more (a record count, a size), else SchemaError."""
-    if _expect(value, int, where, "a whole number") < 0:
-        raise SchemaError(f"{where}: {value} is negative")
-    return value
-
-
-def _shown(value: Any) -> str:
-    """A value for a one-line message: short however big a damaged schema.json makes it."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def plain_file_name(name: Any) -> bool:
-    """True for the name of a file directly in the output folder: no folder, no ``..``, not absolute.
-
-    Readers join the names schema.json lists to the output's path: any other name would read
-    another output's shards, or any file on the machine, as this output's.
-    """
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and not any(character in name for character in "/\\\0")
-        and not posixpath.isabs(name)
-    )
-
-
-def _file_name(value: Any, where: str) -> str:
-    if not plain_file_name(value):
-        raise SchemaError(f"{where}: {_shown(value)} is not the name of a file in the output's folder")
-    return value
 
 
 #: The count feature of packed records ("/" cannot occur in a NetCDF variable name, so no clash).
@@ -144,68 +110,9 @@ class Feature:
 SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
 
 
-def shard_name(split: str, index: int, count: int, compression: str | None = None, generation: int = 0) -> str:
-    """File name of shard ``index`` of ``count`` in a split, e.g. train-00003-of-00016.tfrecord.gz.
-
-    Shards an append adds (``generation`` 1, 2, ...) say so, so that no name repeats across generations:
-    train-g001-00000-of-00002.tfrecord.
-    """
-    marked = f"{split}-g{generation:03d}" if generation else split
-    return f"{marked}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
-
-
-#: The generation a shard name states (shard_name); none stated: generation 0.
-_GENERATION_IN_NAME = re.compile(r"-g(\d{3,})-\d{5}-of-\d{5}\.tfrecord")
-
-
-def generation_of_name(name: str) -> int:
-    """The generation a shard file's name (or its index's, or a temporary's) states (0 where it states none)."""
-    found = _GENERATION_IN_NAME.search(name)
-    return int(found.group(1)) if found else 0
-
-
 def default_split(names: Sequence[str]) -> str:
     """The split to show or normalise with when none is named: train if there is one, else the first."""
     return "train" if "train" in names else names[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """One written TFRecord file of a split: its TFRecord records and the samples they hold.
-
-    ``examples`` equals ``records`` unless samples are packed several to a record.
-    """
-
-    file: str
-    records: int
-    bytes: int
-    examples: int | None = None
-    #: the shard's record index beside it (schemas.shard_index); None: none (gzip shards cannot have one)
-    index: str | None = None
-    #: the build that wrote it: 0, or the append (1, 2, ...) that added it (pipelines.build --append)
-    generation: int = 0
-
-    def __post_init__(self):
-        if self.examples is None:
-            object.__setattr__(self, "examples", self.records)
-
-    @classmethod
-    def from_json(cls, obj: Any, where: str) -> Shard:
-        """The shard ``obj`` describes, its names and counts checked (SchemaError names ``where``)."""
-        _expect(obj, dict, where, "an object")
-        fields = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(obj) - fields)
-        if unknown:
-            raise SchemaError(f"{where}: unknown key {unknown[0]!r}")
-        _file_name(obj.get("file"), f"{where}.file")
-        if obj.get("index") is not None:
-            _file_name(obj["index"], f"{where}.index")
-        for key in ("records", "bytes"):
-            _count(obj.get(key), f"{where}.{key}")
-        for key in ("examples", "generation"):
-            if obj.get(key) is not None:
-                _count(obj[key], f"{where}.{key}")
-        return cls(**obj)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +124,8 @@ class Schema:
     """
 
     features: tuple[Feature, ...]
-    splits: dict[str, tuple[Shard, ...]] = dataclasses.field(default_factory=dict)
+    #: per split its shards in order: a tuple, or a ShardList (schemas.shards) whose counts are read when asked
+    splits: dict[str, Sequence[Shard]] = dataclasses.field(default_factory=dict)
     compression: str | None = None
     #: samples packed into one record; above 1, every feature is stored with a leading axis of
     #: this length and RECORD_COUNT says how many of those rows are real (the last record of a
@@ -241,6 +149,34 @@ class Schema:
     created_by: str = ""
     #: the output's folder it was loaded from (schemas.load_schema; not in schema.json): where the grid's sidecar is
     location: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __post_init__(self):
+        # Loaded lazily, the shards' counts are read from the folder the schema was loaded from.
+        table = self._loaded_table()
+        if table is not None and self.location and table.folder != self.location:
+            bound = table.bound(self.location)
+            object.__setattr__(self, "splits", {name: bound.split(name) for name in self.splits})
+
+    def _loaded_table(self) -> ShardTable | None:
+        """The table every split is a view of, where they all are of one (a loaded schema's), else None."""
+        tables = {id(s.table): s.table for s in self.splits.values() if isinstance(s, ShardList)}
+        if len(tables) != 1 or not all(isinstance(s, ShardList) for s in self.splits.values()):
+            return None
+        return next(iter(tables.values()))
+
+    @property
+    def shard_table(self) -> ShardTable | None:
+        """The splits' shards by rule and their counts (schemas.shards), where they are held so; None where they are
+        listed one by one (schema.json's first format, or a schema made of Shard objects: see by_rule)."""
+        return self._loaded_table()
+
+    def by_rule(self) -> Schema:
+        """This schema with its shards held by rule (schema.json's second format) where every one follows the
+        naming rule, as every build of this tool names them; else itself."""
+        table = self.shard_table or ShardTable.from_shards(self.splits)
+        if table is None or table is self.shard_table:
+            return self
+        return dataclasses.replace(self, splits={name: table.split(name) for name in self.splits})
 
     def record_features(self) -> tuple[Feature, ...]:
         """The features as a record stores them (packed records add a leading axis and a count)."""
@@ -275,27 +211,27 @@ class Schema:
 
     def num_records(self, split: str | None = None) -> int:
         """TFRecord records in one split or all (fewer than samples when samples are packed)."""
-        splits = [split] if split else list(self.splits)
-        return sum(shard.records for name in splits for shard in self.splits[name])
+        return sum(_total(self.splits[name], "records") for name in ([split] if split else self.splits))
 
     def num_examples(self, split: str | None = None) -> int:
         """Samples in one split or all."""
-        splits = [split] if split else list(self.splits)
-        return sum(shard.examples for name in splits for shard in self.splits[name])
+        return sum(_total(self.splits[name], "examples") for name in ([split] if split else self.splits))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, listed: bool = False) -> dict[str, Any]:
+        """schema.json's JSON: its shards by rule (FORMAT) where they follow it, else, or with ``listed``, every shard
+        listed (FORMAT_LISTED, as outputs of earlier versions hold it)."""
+        table = None if listed else self.shard_table
+        if table is not None:
+            splits, shards = table.to_json()
+            described = {"format": FORMAT, "splits": splits, "shards": shards}
+        else:
+            described = {"format": FORMAT_LISTED, "splits": _listed_json(self.splits)}
         return {
-            "format": FORMAT,
+            "format": described["format"],
             "created_by": self.created_by,
             "features": [f.to_json() for f in self.features],
-            "splits": {
-                name: {
-                    "examples": sum(s.examples for s in shards),
-                    "records": sum(s.records for s in shards),
-                    "shards": [dataclasses.asdict(s) for s in shards],
-                }
-                for name, shards in self.splits.items()
-            },
+            "splits": described["splits"],
+            **({"shards": described["shards"]} if "shards" in described else {}),
             "num_examples": self.num_examples() if self.splits else 0,
             "compression": self.compression,
             "examples_per_record": self.examples_per_record,
@@ -309,8 +245,15 @@ class Schema:
             "config": self.config,
         }
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
+    def dumps(self, listed: bool = False) -> str:
+        return json.dumps(self.to_json(listed), indent=2, allow_nan=False) + "\n"
+
+    def files(self) -> dict[str, bytes]:
+        """The files that hold this schema: schema.json and, in its second format, the shards' sidecar."""
+        out = {SCHEMA_FILE: self.dumps().encode()}
+        if self.shard_table is not None:
+            out[self.shard_table.reference["file"]] = self.shard_table.data()
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Schema:
@@ -320,7 +263,7 @@ class Schema:
         one line naming what is wrong rather than a TypeError deep in a reader.
         """
         _expect(obj, dict, "schema", "an object")
-        if obj.get("format") != FORMAT:
+        if obj.get("format") not in FORMATS:
             raise SchemaError(f"not an {FORMAT} schema (format: {_shown(obj.get('format'))})")
         features = _expect(obj.get("features"), list, "features", "a list")
         per_record = _count(obj.get("examples_per_record", 1), "examples_per_record")
@@ -337,7 +280,7 @@ class Schema:
         _check_grid_references(fields["grid"])
         return cls(
             features=parsed,
-            splits=_splits_from_json(_expect(obj.get("splits", {}), dict, "splits", "an object")),
+            splits=_splits_from_json(obj),
             compression=compression,
             examples_per_record=per_record,
             scalar_coords=tuple(_expect(obj.get("scalar_coords", []), list, "scalar_coords", "a list")),
@@ -379,7 +322,35 @@ def _check_grid_references(grid: dict[str, Any]) -> None:
                 raise SchemaError(f"{where}.sha256: {_shown(digest)} is not a sha256 in hex")
 
 
-def _splits_from_json(splits: dict[str, Any]) -> dict[str, tuple[Shard, ...]]:
+def _total(shards: Sequence[Shard], key: str) -> int:
+    """A split's total ``records`` or ``examples``: schema.json's where loaded by rule (no sidecar read)."""
+    if isinstance(shards, ShardList):
+        return shards.table.total(shards.split, key)
+    return sum(getattr(shard, key) for shard in shards)
+
+
+def _listed_json(splits: dict[str, Sequence[Shard]]) -> dict[str, Any]:
+    """schema.json's splits in its first format: every shard listed."""
+    return {
+        name: {
+            "examples": _total(shards, "examples"),
+            "records": _total(shards, "records"),
+            "shards": [dataclasses.asdict(s) for s in shards],
+        }
+        for name, shards in splits.items()
+    }
+
+
+def _splits_from_json(obj: dict[str, Any]) -> dict[str, Sequence[Shard]]:
+    """Each split's shards: by rule (a ShardList: the sidecar is not read), or listed in the first format."""
+    splits = _expect(obj.get("splits", {}), dict, "splits", "an object")
+    if obj["format"] == FORMAT:
+        table = ShardTable.from_json(splits, obj.get("shards"))
+        return {name: table.split(name) for name in splits}
+    return _listed_from_json(splits)
+
+
+def _listed_from_json(splits: dict[str, Any]) -> dict[str, tuple[Shard, ...]]:
     """Each split's shards; its ``records`` and ``examples`` totals, where stated, checked to be counts."""
     out = {}
     for name, split in splits.items():

@@ -20,6 +20,7 @@ from schemas.reader import Reader, batch_length
 from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
 from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
+from schemas.shards import listed_files
 from schemas.tfrecord import CorruptRecordError
 from schemas.urls import check_regular_file
 
@@ -69,7 +70,7 @@ def list_files(path: str) -> dict[str, int]:
 
 
 def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
-    listed = {name for shards in schema.splits.values() for shard in shards for name in (shard.file, shard.index)}
+    listed = listed_files(schema.splits)
     for name in (STATS_FILE, PARSER_FILE):
         if name not in files:
             raise VerifyError(f"{posixpath.join(path, name)}: missing beside {SCHEMA_FILE}; build the output again")

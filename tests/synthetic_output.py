@@ -63,8 +63,12 @@ def write_output(
     examples_per_record: int = 1,
     split: str = "data",
     index: bool = True,
+    listed: bool = False,
 ) -> Schema:
-    """Write samples as shards of ``shard_sizes`` samples each (and their .tfindex), then schema.json, stats.json."""
+    """Write samples as shards of ``shard_sizes`` samples each (and their .tfindex), then schema.json, stats.json.
+
+    ``listed``: schema.json in its first format (every shard listed in it), as outputs of earlier versions hold it;
+    else its shards by rule, their counts in shards.npz."""
     directory.mkdir(parents=True, exist_ok=True)
     schema = Schema(features=tuple(features), compression=compression, examples_per_record=examples_per_record)
     encoder = ExampleEncoder(schema.record_features())
@@ -93,7 +97,34 @@ def write_output(
         examples_per_record=examples_per_record,
         seed=7,
     )
-    (directory / "schema.json").write_text(schema.dumps())
+    schema = schema if listed else schema.by_rule()
+    write_schema(directory, schema, listed)
     variables = {f.name: {"mean": 0.0, "std": 1.0} for f in features if f.role == "variable"}
     (directory / "stats.json").write_text(json.dumps({"variables": variables}))
     return schema
+
+
+def write_schema(directory: Path, schema: Schema, listed: bool = False) -> None:
+    """schema.json (and its shards.npz unless ``listed``: every shard listed in it, the first format)."""
+    if listed:
+        (directory / "schema.json").write_text(schema.dumps(listed=True))
+        return
+    for name, data in schema.by_rule().files().items():
+        (directory / name).write_bytes(data)
+
+
+def rewrite_counts(directory: Path, change) -> None:
+    """Rewrite an output's shards.npz with ``change(counts)`` applied to its arrays, and schema.json to match
+    (totals, size, digest): a forgery consistent but for what ``change`` does to the shards themselves."""
+    from schemas.metadata import load_schema
+    from schemas.shards import ShardTable
+
+    schema = load_schema(str(directory))
+    table = schema.shard_table
+    counts = {key: np.array(values) for key, values in table.counts().items()}
+    change(counts)
+    forged = ShardTable.from_arrays(table.rules, counts)
+    document = json.loads((directory / "schema.json").read_text())
+    document["splits"], document["shards"] = forged.to_json()
+    (directory / "schema.json").write_text(json.dumps(document))
+    (directory / forged.reference["file"]).write_bytes(forged.data())

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -34,12 +34,14 @@ from planning.run.contracts import NonFinite, ShardResult
 from planning.run.generations import GENERATIONS_FILE
 from planning.run.manifest import Manifest
 from planning.run.names import MANIFEST_FILE, TMP_DIR, join, new_temporary_token, shard_path, temporary_path
+from planning.run.shard_counts import ShardCounts
 from planning.specs import FinalizeSpec
 from planning.splits import SplitPlan
 from schemas.errors import UserError
 from schemas.grid_file import split_grid
 from schemas.parser_codegen import render_parser
-from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, STATS_FILE, Feature, Schema, Shard
+from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, SHARDS_FILE, STATS_FILE, Feature, Schema, Shard
+from schemas.shards import COUNTS, Generation, ShardTable
 from schemas.urls import is_remote
 from transforms.compat import use_anonymous_credentials_for_emulator
 from transforms.files import (
@@ -56,19 +58,69 @@ from transforms.units import load_run_file
 logger = logging.getLogger(__name__)
 
 
-def complete_split(spec: FinalizeSpec, split: SplitPlan, results: Iterable[ShardResult]) -> tuple[Shard, ...]:
-    """Every shard of the split in order; a shard that received no sample is written empty."""
-    by_number = {r.shard: r for r in results if r.split == split.name}
-    shards = []
-    for number in range(split.num_shards):
-        result = by_number.get(number)
-        if result is None:
-            path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression, split.generation)
-            size = write_atomically(path, [], spec.compression)
-            index = None if spec.compression else write_index(path, [])
-            result = ShardResult(split.name, number, os.path.basename(path), 0, size, 0, index)
-        shards.append(Shard(result.file, result.records, result.bytes, result.examples, result.index, split.generation))
-    return tuple(shards)
+def complete_split(
+    spec: FinalizeSpec, split: SplitPlan, reported: ShardCounts
+) -> tuple[Generation, dict[str, np.ndarray]]:
+    """The split's shards of this generation: their naming rule and every shard's counts in order (arrays, not a
+    Shard object each); a shard that received no sample is written empty."""
+    seen, counts = reported.dense(split.name, split.num_shards)
+    for number in np.flatnonzero(~seen).tolist():
+        path = shard_path(spec.output, split.name, number, split.num_shards, spec.compression, split.generation)
+        counts["bytes"][number] = write_atomically(path, [], spec.compression)
+        if not spec.compression:
+            write_index(path, [])
+    # Every writer names its shards by schemas.shards.shard_name, with an index beside each unless gzipped: what
+    # schema.json will say of all of them, checked on one, and on whether each came with an index.
+    rule = Generation(split.generation, split.num_shards, spec.compression, not spec.compression, 0, 0, 0)
+    named = reported.named(split.name)
+    if named is not None:
+        number, file, index = named
+        expected = rule.file(split.name, number)
+        if file != expected or reported.indexed(split.name) - {rule.index}:
+            raise RuntimeError(
+                f"{spec.output}: split {split.name}: a write stage reported shard {file} (index {index}) where the "
+                f"naming rule says {expected} (index: {rule.index}); schema.json not written. This is a bug, please "
+                "report it"
+            )
+    return rule, counts
+
+
+def _table(spec: FinalizeSpec, reported: ShardCounts) -> ShardTable:
+    """This generation's shards of every split, by rule, with their counts."""
+    completed = {split.name: complete_split(spec, split, reported) for split in spec.splits}
+    joined = {key: np.concatenate([_NONE, *(c[key] for _, c in completed.values())]) for key in COUNTS}
+    return ShardTable.from_arrays({name: (rule,) for name, (rule, _) in completed.items()}, joined)
+
+
+def _appended(committed: Schema, written: ShardTable) -> dict[str, Sequence[Shard]]:
+    """Every split's shards of every generation: the committed ones', then this one's.
+
+    An output of the first format (every shard listed) whose shards follow the naming rule, as every build of
+    this tool names them, is committed in the second: by rule, counts in the sidecar. Listed only where any does
+    not (then what schema.json lists is all that says where they are)."""
+    earlier = committed.shard_table or ShardTable.from_shards(committed.splits)
+    if earlier is None:
+        return {name: (*committed.splits.get(name, ()), *written.split(name)) for name in written.rules}
+    rules = {name: (*earlier.rules.get(name, ()), *written.rules[name]) for name in written.rules}
+    joined = {
+        key: np.concatenate(
+            [
+                _NONE,
+                *(part for name in rules for part in (_counts_of(earlier, name, key), written.split(name).counts(key))),
+            ]
+        )
+        for key in COUNTS
+    }
+    table = ShardTable.from_arrays(rules, joined)
+    return {name: table.split(name) for name in rules}
+
+
+#: No shard's counts (what a split without shards joins with).
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _counts_of(table: ShardTable, split: str, key: str) -> np.ndarray:
+    return table.split(split).counts(key) if split in table.rules else _NONE
 
 
 def _variables_json(spec: FinalizeSpec, moments: dict[str, Moments]) -> dict:
@@ -356,12 +408,12 @@ def stats_document(
     return document
 
 
-def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summaries: dict[str, SplitSummary]) -> dict:
+def _check_counts(spec: FinalizeSpec, shards: ShardTable, summaries: dict[str, SplitSummary]) -> dict:
     counts = dict(spec.schema.counts)
     totals = {"samples_cut": 0, "samples_dropped_nan": 0, "samples_with_nan": 0, "examples_written": 0}
     for split in spec.splits:
         summary = summaries.get(split.name, SplitSummary({}))
-        written = sum(s.examples for s in shards[split.name])
+        written = shards.total(split.name, "examples")
         if summary.cut != split.num_samples or written != summary.cut - summary.dropped_nan:
             raise RuntimeError(
                 f"{spec.output}: split {split.name}: {split.num_samples} samples planned, {summary.cut} cut, "
@@ -380,11 +432,11 @@ def _check_counts(spec: FinalizeSpec, shards: dict[str, tuple[Shard, ...]], summ
     counts.update(totals)
     counts["samples_dropped"] = counts["samples_dropped_at_gaps"] + counts["samples_outside_splits"]
     counts["samples_dropped"] += totals["samples_dropped_nan"]
-    counts["records_written"] = sum(s.records for split in shards.values() for s in split)
+    counts["records_written"] = sum(shards.total(split, "records") for split in shards.rules)
     return counts
 
 
-def _check_shards_exist(output: str, shards: list[Shard]) -> None:
+def _check_shards_exist(output: str, shards: Iterable[Shard]) -> None:
     """UserError unless every shard is in the output with the size its writer reported: none is committed missing.
 
     (A launcher stopped while its job ran removed the run's files; the job must not then commit
@@ -430,7 +482,9 @@ def _earlier(spec: FinalizeSpec) -> tuple[Schema | None, list[dict]]:
     """The committed schema and generation records an append adds to (none for generation 0)."""
     if not spec.generation:
         return None, []
-    committed = Schema.loads(read_bytes(join(spec.output, SCHEMA_FILE)).decode())
+    committed = dataclasses.replace(
+        Schema.loads(read_bytes(join(spec.output, SCHEMA_FILE)).decode()), location=spec.output
+    )
     source = join(spec.output, GENERATIONS_FILE)
     if committed.sources.get("generations", 1) != spec.generation:
         raise UserError(
@@ -474,7 +528,9 @@ def _own_statistics(spec: FinalizeSpec, entries: list[dict]) -> list[dict]:
     return out
 
 
-def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: dict[str, SplitSummary]) -> Schema:
+def finalize_output(
+    spec: FinalizeSpec, results: ShardCounts | Iterable[ShardResult], summaries: dict[str, SplitSummary]
+) -> Schema:
     """Complete the output once every shard is written; returns the schema it committed.
 
     An append (generation 1, 2, ...) commits the earlier generations' shards with its own, their
@@ -483,17 +539,17 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     """
     check_owns_output(spec.output, spec.run_id)  # before anything is written over the other build's files
     committed, entries = _earlier(spec)
-    shards = {split.name: complete_split(spec, split, results) for split in spec.splits}
-    written = [shard for split in shards.values() for shard in split]  # this generation's
-    _check_shards_exist(spec.output, written)
-    counts = _check_counts(spec, shards, summaries)
+    written = _table(spec, results if isinstance(results, ShardCounts) else ShardCounts.of(results))
+    _check_shards_exist(spec.output, _every_shard(written))  # this generation's
+    counts = _check_counts(spec, written, summaries)
     record = {**spec.generation_record, "counts": counts}
     record["splits"] = {name: summary_to_json(s) for name, s in summaries.items()}
     entries = [*entries, record]
     totals = merge_by_name(_summaries(entry) for entry in entries)
     nonfinite = derived_nonfinite(spec, totals)
+    shards = {name: written.split(name) for name in written.rules}
     if committed is not None:
-        shards = {name: (*committed.splits.get(name, ()), *shards[name]) for name in shards}
+        shards = _appended(committed, written)
         counts = _summed(committed.counts, counts)
     sources = {**spec.schema.sources, "generations": len(entries), generations.DIGEST_KEY: generations.digest(entries)}
     sample = dict(spec.schema.sample)
@@ -504,13 +560,15 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
     stats = stats_document(spec, totals, nonfinite)
     stats["generations"] = _own_statistics(spec, entries)
     # What schema.json will name reaches the disk before it does (earlier generations' at their commit).
-    make_durable([join(spec.output, name) for shard in written for name in (shard.file, shard.index) if name])
+    make_durable(
+        [join(spec.output, name) for shard in _every_shard(written) for name in (shard.file, shard.index) if name]
+    )
     parser = render_parser(schema, spec.output, stats["normalization"], stats.get("tendency", {}).get("normalization"))
     contents = {
         GENERATIONS_FILE: generations.dumps(entries).encode(),
         STATS_FILE: json.dumps(stats, indent=2, allow_nan=False).encode(),
         PARSER_FILE: parser.encode(),
-        SCHEMA_FILE: schema.dumps().encode(),
+        **schema.files(),  # schema.json, and shards.npz where its shards are described by rule
     }
     if grid is not None:
         contents[GRID_FILE] = grid
@@ -519,6 +577,10 @@ def finalize_output(spec: FinalizeSpec, results: list[ShardResult], summaries: d
         remove_tree(temporary, inside=spec.output if temporary == spec.run_dir else None)
     remove_if_empty(join(spec.output, TMP_DIR))
     return schema
+
+
+def _every_shard(table: ShardTable) -> Iterator[Shard]:
+    return (shard for name in table.rules for shard in table.split(name))
 
 
 def _grid_sidecar(spec: FinalizeSpec, schema: Schema) -> tuple[Schema, bytes | None]:
@@ -536,8 +598,8 @@ STAGED_DIR = "commit"
 #: Under an append's run directory: the committed metadata its commit replaces, kept until the commit is whole.
 KEPT_DIR = "committed"
 #: The metadata a commit renames into place, in this order: schema.json, the commit marker, last (grid.npz only where
-#: the grid has large entries).
-COMMIT_ORDER = (GENERATIONS_FILE, STATS_FILE, PARSER_FILE, GRID_FILE, SCHEMA_FILE)
+#: the grid has large entries; shards.npz only where schema.json describes its shards by rule).
+COMMIT_ORDER = (GENERATIONS_FILE, STATS_FILE, PARSER_FILE, GRID_FILE, SHARDS_FILE, SCHEMA_FILE)
 
 
 def commit(output: str, run: str, contents: dict[str, bytes], keep_committed: bool) -> None:
@@ -628,7 +690,7 @@ def restore_committed(output: str, run: str) -> bool:
     return True
 
 
-def _finalize(collected: tuple[list[ShardResult], dict[str, SplitSummary]], spec: FinalizeSpec) -> Schema:
+def _finalize(collected: tuple[ShardCounts, dict[str, SplitSummary]], spec: FinalizeSpec) -> Schema:
     use_anonymous_credentials_for_emulator()
     results, summaries = collected
     return finalize_output(spec, results, summaries)
@@ -643,23 +705,25 @@ def _tagged(value, tag: str) -> tuple:
 
 
 class _CollectFn(beam.CombineFn):
-    """(tag, value) pairs -> (every shard result, the split summaries merged), as one element."""
+    """(tag, value) pairs -> (every shard's counts as arrays, the split summaries merged), as one element."""
 
     def create_accumulator(self):
-        return [], {}
+        return ShardCounts(), {}
 
     def add_input(self, accumulator, element):
         results, summaries = accumulator
         tag, value = element
         if tag == SHARD:
-            results.append(value)
+            results.add(value)
             return results, summaries
         return results, merge_by_name([summaries, value])
 
     def merge_accumulators(self, accumulators):
-        accumulators = list(accumulators)
-        results = [r for part, _ in accumulators for r in part]
-        return results, merge_by_name(summaries for _, summaries in accumulators)
+        results, summaries = self.create_accumulator()
+        for part, its in accumulators:
+            results.absorb(part)
+            summaries = merge_by_name([summaries, its])
+        return results, summaries
 
     def extract_output(self, accumulator):
         return accumulator

@@ -27,6 +27,7 @@ import dataclasses
 
 import apache_beam as beam
 
+from planning.run.shard_counts import ShardCounts
 from planning.sampling import Unit
 from planning.specs import CutSpec, FinalizeSpec, StatsSpec, WriteSpec
 from planning.write_strategy import WriteStrategy
@@ -91,17 +92,17 @@ def merge_with_counts(parts) -> tuple[dict, dict]:
 
 class _CollectFn(beam.CombineFn):
     """The branches of the units' merge tree ((statistics, counts written in place), one a UNITS_PER_GROUP x
-    GROUPS_PER_BRANCH units), shard results and statistics merged elsewhere -> one element: no part a unit."""
+    GROUPS_PER_BRANCH units), shard results as arrays and statistics merged elsewhere -> one element: no part a unit."""
 
     def create_accumulator(self):
-        return [], summary_tree_of(0, merge_with_counts), {}
+        return ShardCounts(), summary_tree_of(0, merge_with_counts), {}
 
     @measured("Collect", method=True)
     def add_input(self, accumulator, element):
         results, tree, merged = accumulator
         kind, value = element
         if kind == _SHARD:
-            results.append(value)
+            results.add(value)
         elif kind == _MERGED:
             merged = merge_by_name([merged, value])
         else:
@@ -118,7 +119,7 @@ class _CollectFn(beam.CombineFn):
     def merge_accumulators(self, accumulators):
         results, tree, merged = self.create_accumulator()
         for other_results, other_tree, other_merged in accumulators:
-            results.extend(other_results)
+            results.absorb(other_results)
             tree.absorb(other_tree)
             merged = merge_by_name([merged, other_merged])
         return results, tree, merged
@@ -135,7 +136,7 @@ def _commit(collected: tuple, write: WriteSpec, finalize: FinalizeSpec) -> Schem
     results, tree, merged = collected
     summaries, written = tree.result() if tree.folded else ({}, {})
     if write.strategy is WriteStrategy.IN_PLACE:
-        results = list(commit_shards(written, write))
+        results = ShardCounts.of(commit_shards(written, write))
     return finalize_output(finalize, results, merge_by_name([summaries, merged]))
 
 

@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from planning.run.generations import GENERATIONS_FILE
 from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
 from schemas.errors import UserError
-from schemas.schema import FORMAT as SCHEMA_FORMAT
-from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, STATS_FILE
+from schemas.schema import FORMAT_LISTED as SCHEMA_FORMAT  # (outputs from before manifests list their shards)
+from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, SHARDS_FILE, STATS_FILE
 from schemas.shard_index import INDEX_SUFFIX
 
 FORMAT = "xarray-tfrecords-manifest/2"
@@ -40,7 +40,7 @@ FORMAT = "xarray-tfrecords-manifest/2"
 FORMAT_1 = "xarray-tfrecords-manifest/1"
 #: What a build keeps for the next one (not its output): their presence alone asks no --overwrite.
 BOOKKEEPING = frozenset({MANIFEST_FILE, INVENTORY_FILE})
-METADATA = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, GENERATIONS_FILE, GRID_FILE)
+METADATA = (SCHEMA_FILE, STATS_FILE, PARSER_FILE, GENERATIONS_FILE, GRID_FILE, SHARDS_FILE)
 #: More shards in one split than any build writes (ARCO-ERA5 1940-2024 takes about 2.2 million): a rule
 #: counting more was edited.
 MAX_SHARDS = 10**8

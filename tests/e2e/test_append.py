@@ -19,6 +19,7 @@ from planning.run.manifest import Manifest
 from schemas import load_schema
 from schemas.random_access import open_source
 from schemas.reader import Reader
+from schemas.schema import FORMAT, FORMAT_LISTED, SHARDS_FILE
 from schemas.stream import shuffled_stream
 from transforms import finalize
 
@@ -863,4 +864,28 @@ def test_a_commit_stopped_on_a_worker_is_put_back_by_the_launchers_clean_up(
     monkeypatch.undo()
     assert _hashes(output, COMMITTED) == before
     assert not (output / "_tmp").exists() and not list(output.glob("*-g001-*"))
+    assert inspect_main([str(output), "--verify"]) == 0
+
+
+def test_an_output_of_the_first_format_is_appended_to_in_the_second(appended, archive, tmp_path):
+    """schema.json listing every shard (as outputs of earlier versions hold it): appended to, the output's shards are
+    then described by rule, their counts in shards.npz, the same shards and samples as an append to a new output."""
+    files = sorted(str(p) for p in archive.glob("*.nc"))
+    output = tmp_path / "old"
+    assert _build(_config(archive, output, input__paths=files[:HELD_FILES]), tmp_path) == 0
+    (output / "schema.json").write_text(load_schema(str(output)).dumps(listed=True))
+    (output / SHARDS_FILE).unlink()
+    assert json.loads((output / "schema.json").read_text())["format"] == FORMAT_LISTED
+    before = _hashes(output, _shard_files(output))
+    assert _build(_config(archive, output), tmp_path, "--append") == 0
+    for appended_to in (output, appended["output"]):
+        assert json.loads((appended_to / "schema.json").read_text())["format"] == FORMAT
+    schema, new = load_schema(str(output)), load_schema(str(appended["output"]))
+    for split in SPLITS:
+        assert list(schema.splits[split]) == list(new.splits[split])
+        union = _by_sample(parse_with_generated_parser(output, split))
+        want = _by_sample(parse_with_generated_parser(appended["output"], split))
+        for name in want:
+            np.testing.assert_array_equal(union[name], want[name], err_msg=name)
+    assert _hashes(output, list(before)) == before
     assert inspect_main([str(output), "--verify"]) == 0

@@ -76,7 +76,15 @@ def test_sigkill_mid_write_then_rerun(larger_archive, tmp_path, capsys):
     assert schema.num_records() == 6 * 8 * 8 * 16 == schema.counts["samples_cut"]
     records = read_all_records(output, schema)  # every CRC checked
     assert len(records["t"]) == schema.num_records()
-    expected = {"schema.json", "stats.json", "parser.py", "generations.json", "_inventory.json", "_manifest.json"}
+    expected = {
+        "schema.json",
+        "shards.npz",
+        "stats.json",
+        "parser.py",
+        "generations.json",
+        "_inventory.json",
+        "_manifest.json",
+    }
     expected |= {name for s in schema.splits["data"] for name in (s.file, s.index)}
     assert {p.name for p in output.iterdir()} == expected  # no _tmp, no temporary shard names
 

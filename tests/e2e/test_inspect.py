@@ -118,11 +118,10 @@ def _extra_record(output: Path) -> str:
 
 
 def _count_in_schema(output: Path) -> str:
-    path = output / "schema.json"
-    schema = json.loads(path.read_text())
-    n = schema["splits"]["data"]["shards"][0]["records"]
-    schema["splits"]["data"]["shards"][0]["records"] = n + 1
-    path.write_text(json.dumps(schema))
+    from synthetic_output import rewrite_counts
+
+    n = _first_count(output)
+    rewrite_counts(output, lambda counts: counts["records"].__setitem__(0, n + 1))  # (schema.json's totals too)
     return f"{_first_shard(output)}: {n} records, but schema.json says {n + 1}"
 
 

@@ -21,7 +21,7 @@ from planning.run.manifest import (
 )
 from planning.run.names import new_run_id, new_temporary_token, temporary_path
 from schemas.errors import UserError
-from schemas.schema import FORMAT as SCHEMA_FORMAT
+from schemas.schema import FORMAT_LISTED as SCHEMA_FORMAT
 from schemas.schema import shard_name
 from schemas.shard_index import index_name
 

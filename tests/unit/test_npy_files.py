@@ -57,6 +57,7 @@ def test_the_packages_load_npy_files_only_through_the_lock():
         str(path.relative_to(ROOT))
         for package in ("pipelines", "transforms", "planning", "schemas")
         for path in (ROOT / package).rglob("*.py")
-        if loads.search(path.read_text()) and path.name != "npy_files.py"
+        # (parser.py's template is one standalone file: it holds a lock of its own)
+        if loads.search(path.read_text()) and path.name not in ("npy_files.py", "parser_template.py")
     ]
     assert found == []

@@ -78,14 +78,14 @@ def test_a_parser_refuses_an_output_whose_schema_commits_other_generations(tmp_p
     import shutil
 
     import pytest
-    from synthetic_output import FEATURES, make_columns, write_output
+    from synthetic_output import FEATURES, make_columns, write_output, write_schema
 
     from helpers import import_generated_parser
 
     output = tmp_path / "out"
     schema = write_output(output, make_columns(FEATURES, 10), [6, 4])
     committed = {**schema.sources, "generations": 1, "generations_sha256": "a" * 64}
-    (output / "schema.json").write_text(dataclasses.replace(schema, sources=committed).dumps())
+    write_schema(output, dataclasses.replace(schema, sources=committed))
     uncommitted = dataclasses.replace(schema, sources={**committed, "generations": 2, "generations_sha256": "b" * 64})
     (output / "parser.py").write_text(render_parser(uncommitted, str(output)))
     parser = import_generated_parser(output)
@@ -94,13 +94,13 @@ def test_a_parser_refuses_an_output_whose_schema_commits_other_generations(tmp_p
     (output / "schema.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"schema.json: not a schema of this tool"):
         parser.make_dataset("data")
-    copied = tmp_path / "copied"  # the shards alone
+    copied = tmp_path / "copied"  # the shards alone, and their counts
     copied.mkdir()
-    for shard in schema.splits["data"]:
-        shutil.copy(output / shard.file, copied)
+    for name in [shard.file for shard in schema.splits["data"]] + ["shards.npz"]:
+        shutil.copy(output / name, copied)
     batches = list(parser.make_dataset("data", batch_size=4, data_dir=str(copied)).as_numpy_iterator())
     assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
-    (copied / "schema.json").write_text(uncommitted.dumps())  # and beside the schema it was written for
+    write_schema(copied, uncommitted)  # and beside the schema it was written for
     assert sum(len(b["index/time"]) for b in parser.make_dataset("data", data_dir=str(copied))) == 10
 
 
@@ -127,11 +127,11 @@ def test_a_parser_refuses_an_output_built_again_since(tmp_path):
             make()
         assert str(caught.value) == (
             f"{rebuilt / 'schema.json'}: not the output this parser.py was generated for (they differ in "
-            "num_examples, splits: it was built again or appended to since); use the parser.py written beside that "
-            "schema.json"
+            "num_examples, shards, splits: it was built again or appended to since); use the parser.py written beside "
+            "that schema.json"
         )
     (rebuilt / "schema.json").unlink()  # the shards alone: checked against the parser's own schema before reading
-    with pytest.raises(ValueError, match=r"bytes on disk, schema.json says"):
+    with pytest.raises(ValueError, match=r"shards.npz: not the file schema.json was written with"):
         old.make_dataset(data_dir=str(rebuilt))
 
 
@@ -144,3 +144,31 @@ def test_a_parser_reads_its_own_output_from_anywhere(tmp_path):
     parser = import_generated_parser(tmp_path / "elsewhere")  # no schema.json beside it: reads OUTPUT_URL
     batches = parser.make_dataset(batch_size=4).as_numpy_iterator()
     assert sorted(i for b in batches for i in b["index/time"].tolist()) == list(range(10))
+
+
+def test_a_parser_reads_both_formats_alike_and_refuses_a_replaced_sidecar(tmp_path):
+    """parser.py finds the shards by rule and their counts in shards.npz (checked against its digest), or listed."""
+    import pytest
+    from synthetic_output import FEATURES, make_columns, write_output
+
+    from helpers import import_generated_parser
+
+    read = {}
+    for listed in (False, True):
+        output = tmp_path / f"listed-{listed}"
+        schema = write_output(output, make_columns(FEATURES, 30), [9, 0, 21], listed=listed)
+        (output / "parser.py").write_text(render_parser(schema, str(output)))
+        parser = import_generated_parser(output)
+        assert parser.SCHEMA["format"] == ("xarray-tfrecords/1" if listed else "xarray-tfrecords/2")
+        assert [Path(p).name for p in parser.shard_paths(parser.SCHEMA, str(output), "data")] == [
+            shard.file for shard in schema.splits["data"]
+        ]
+        read[listed] = sorted(i for b in parser.make_dataset("data", batch_size=7) for i in b["index/time"].numpy())
+    assert read[False] == read[True] == list(range(30))
+    sidecar = tmp_path / "listed-False" / "shards.npz"
+    data = bytearray(sidecar.read_bytes())
+    data[-3] ^= 0xFF
+    sidecar.write_bytes(bytes(data))
+    parser = import_generated_parser(tmp_path / "listed-False")
+    with pytest.raises(ValueError, match=r"shards.npz: not the file schema.json was written with"):
+        parser.make_dataset("data")

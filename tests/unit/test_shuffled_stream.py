@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from synthetic_output import make_columns, write_output
+from synthetic_output import make_columns, write_output, write_schema
 
 from schemas import epoch_order, open_source, shuffled_stream
 from schemas.errors import UserError
@@ -223,7 +223,7 @@ def two_splits(tmp_path_factory):
         for file in (base / name).glob(f"{name}-*"):
             shutil.move(file, base / file.name)
     schema = Schema(features=FEATURES, splits={**parts[0].splits, **parts[1].splits}, seed=7)
-    (base / "schema.json").write_text(schema.dumps())
+    write_schema(base, schema)
     (base / "stats.json").write_text("{}")
     return str(base)
 
