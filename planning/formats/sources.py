@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import glob
 import logging
 import os
@@ -44,7 +45,15 @@ def _version(info: dict) -> str:
     found = [f"{key}={info[key]}" for key in _CONTENT_KEYS if info.get(key)]
     if found:
         return ";".join(found)
-    return next((str(info[key]) for key in _TIME_KEYS if info.get(key) is not None), "")
+    return next((_time(info[key]) for key in _TIME_KEYS if info.get(key) is not None), "")
+
+
+def _time(value) -> str:
+    """A listed time as one text whatever its type: stores give the same time as a datetime in one call (info) and
+    as seconds in another (a listing's details: fsspec's memory filesystem)."""
+    if isinstance(value, datetime.datetime):
+        value = value.timestamp()
+    return repr(float(value)) if isinstance(value, int | float) else str(value)
 
 
 def _local_version(status: os.stat_result) -> str:

@@ -31,8 +31,9 @@ from collections.abc import Iterable
 from planning.run.generations import GENERATIONS_FILE
 from planning.run.names import INVENTORY_FILE, MANIFEST_FILE, TEMPORARY_MARK, TMP_DIR, is_run_id, is_temporary_of
 from schemas.errors import UserError
+from schemas.schema import FORMAT as SCHEMA_FORMAT_RULES
 from schemas.schema import FORMAT_LISTED as SCHEMA_FORMAT  # (outputs from before manifests list their shards)
-from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, SHARDS_FILE, STATS_FILE
+from schemas.schema import GRID_FILE, PARSER_FILE, SCHEMA_FILE, SHARDS_FILE, STATS_FILE, Schema
 from schemas.shard_index import INDEX_SUFFIX
 
 FORMAT = "xarray-tfrecords-manifest/2"
@@ -241,9 +242,12 @@ def build_manifest(run_id: str, shards: Iterable[ShardRule] = ()) -> Manifest:
 
 
 def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | None:
-    """The record of an output written before manifests existed: what its schema.json lists."""
+    """The record of an output without a manifest (written before manifests existed, or its manifest deleted): the
+    shards its schema.json lists, or names by rule."""
     try:
         document = json.loads(text)
+        if document.get("format") == SCHEMA_FORMAT_RULES:
+            return _manifest_from_rules(Schema.loads(text))
         if document.get("format") != SCHEMA_FORMAT:
             return None
         shards = [
@@ -256,6 +260,20 @@ def manifest_from_schema(text: str, source: str = SCHEMA_FILE) -> Manifest | Non
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # not a document of ours
         return None
     return Manifest(frozenset([*_checked_files(shards, source), *METADATA, *BOOKKEEPING]), frozenset())
+
+
+def _manifest_from_rules(schema: Schema) -> Manifest | None:
+    """What a schema.json of shards by rule names (its rules checked as it was loaded)."""
+    table = schema.shard_table
+    if table is None:
+        return None
+    rules = [
+        ShardRule(split, rule.shards, rule.generation, rule.compression, rule.index)
+        for split, generations in table.rules.items()
+        for rule in generations
+        if rule.shards
+    ]
+    return Manifest(frozenset([*METADATA, *BOOKKEEPING]), frozenset(), frozenset(rules))
 
 
 def is_bookkeeping(name: str) -> bool:

@@ -97,6 +97,7 @@ def test_gs_input_and_output_equal_a_local_build(gcs, uploaded, tmp_path, name):
         "stats.json",
         "parser.py",
         "generations.json",
+        "shards.npz",
         "_inventory.json",
         "_manifest.json",
     } | {file for s in schema.splits["data"] for file in (s.file, s.index)}

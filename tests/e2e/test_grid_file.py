@@ -141,7 +141,7 @@ def test_a_damaged_or_missing_sidecar_is_one_line(built, tmp_path, damage):
         sidecar.write_bytes(bytes(data))
     else:
         sidecar.write_bytes(bytes(data[:100]))
-    want = "missing, but schema.json's grid names it" if damage == "missing" else "its sha256 differs"
+    want = "missing, but schema.json names it" if damage == "missing" else "its sha256 differs"
     with pytest.raises(UserError) as error:
         schemas.reassemble(str(copy))
     assert str(error.value).startswith(f"{sidecar}: ") and want in str(error.value)

@@ -15,7 +15,7 @@ from schemas import load_schema
 
 from conftest import BUCKET
 
-METADATA = {"schema.json", "stats.json", "parser.py", "generations.json", "grid.npz", "_inventory.json"}
+METADATA = {"schema.json", "stats.json", "parser.py", "generations.json", "grid.npz", "shards.npz", "_inventory.json"}
 
 
 def _config(archive: Path, output: str, num_shards: int, paths: list[str] | None = None) -> dict:

@@ -86,7 +86,8 @@ def test_overwrite_replaces_an_earlier_output_entirely_and_refuses_a_foreign_fil
     assert _build(_config(small_archive, output, num_shards=2), tmp_path, "--overwrite") == 0
     # The three old shards are gone (their names are not the new ones): only the new output is left.
     schema = load_schema(str(output))
-    expected = {"schema.json", "stats.json", "parser.py", "generations.json", "_inventory.json", "_manifest.json"}
+    expected = {"schema.json", "stats.json", "parser.py", "generations.json", "shards.npz", "_inventory.json"}
+    expected.add("_manifest.json")
     assert {p.name for p in output.iterdir()} == expected | {
         n for s in schema.splits["data"] for n in (s.file, s.index)
     }

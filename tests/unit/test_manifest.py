@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from synthetic_output import FEATURES, make_columns, write_output
 
 from planning.run.manifest import (
     FORMAT,
@@ -44,6 +45,7 @@ def test_a_build_owns_its_files_their_temporaries_and_its_working_directory_only
         "parser.py",
         "generations.json",
         "grid.npz",
+        "shards.npz",
         "_manifest.json",
         "_inventory.json",
     ):
@@ -103,6 +105,7 @@ def test_a_format_1_manifest_is_read_and_rewritten_as_the_rules_that_make_exactl
         "parser.py",
         "generations.json",
         "grid.npz",
+        "shards.npz",
         "_inventory.json",
     }
     assert shard_name("valid", 0, 2) in rewritten.files and not set(names) & rewritten.files
@@ -174,6 +177,21 @@ def test_an_output_from_before_manifests_is_known_by_its_schema():
     schema["splits"]["train"]["shards"] = [{"file": "../elsewhere"}]
     with pytest.raises(UserError, match=re.escape("lists the file '../elsewhere'")):
         manifest_from_schema(json.dumps(schema))
+
+
+def test_an_output_whose_manifest_is_gone_is_known_by_its_schemas_rules(tmp_path):
+    schema = write_output(tmp_path, make_columns(FEATURES, 5), [2, 3], split="train")
+    text = (tmp_path / "schema.json").read_text()
+    manifest = manifest_from_schema(text)
+    files = [shard.file for shard in schema.splits["train"]]
+    assert files == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert all(manifest.owns(name) and manifest.owns(index_name(name)) for name in files)
+    assert manifest.owns("shards.npz") and not manifest.runs
+    assert not manifest.owns("train-00002-of-00003.tfrecord") and not manifest.owns("valid-00000-of-00002.tfrecord")
+    # A rule edited to name files outside the output is no schema of ours: nothing is owned through it.
+    edited = json.loads(text)
+    edited["splits"]["../x"] = edited["splits"].pop("train")
+    assert manifest_from_schema(json.dumps(edited)) is None
 
 
 def test_bookkeeping_and_its_temporaries_ask_no_overwrite():
