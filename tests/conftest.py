@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from process_guard import no_process_started  # noqa: E402  (tests/ on the path first)
 
 REPO = Path(__file__).resolve().parents[1]
+# benchmarks/ is no installed package; their smoke tests import it wherever pytest is started from (after the
+# installed packages: the same checkout's modules, where the install is editable).
+sys.path.append(str(REPO))
 VENDORED_DATA = REPO / "tests" / "data"  # geocat-datafiles and cfgrib samples (Apache-2.0): tests/data/README.md
 SHARED_DATA = Path(os.environ.get("XTF_SHARED_DATA", REPO.parent / "shared" / "data"))
 ERAINT = "eraint_uvz.nc"  # no licence: never committed; from SHARED_DATA when there, else a stand-in

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import run
-
 from helpers import run_benchmark
 
 
@@ -26,4 +24,6 @@ def test_quick_merge_memory_measures_each_runners_merges(tmp_path):
     assert all(ratio["same_stats"] for ratio in results["ratios"])
     assert set(results["growth"]) == {"local", "dask"}
     assert "Dask / local merge peak, 40 units" in printed
+    from benchmarks import run
+
     assert "merge-memory" in run.COMPETITORS and "merge-memory" not in run.DEFAULT_COMPETITORS
