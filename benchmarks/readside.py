@@ -19,6 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # after quieting TensorFlow's C++ logging
 
+from schemas import load_schema
+
 _DTYPES = {"float32": tf.float32, "int64": tf.int64}
 
 
@@ -71,11 +73,11 @@ def compare(output: Path, batch_size: int, rounds: int) -> dict:
             count, seconds = drain(readers[name], first)
             rates[name].append(count / seconds)
         order.reverse()
-    shards = schema["splits"]["data"]["shards"]
+    shards = load_schema(str(output)).splits["data"]  # (schema.json's shards by rule, their counts beside it)
     return {
         "examples_per_record": schema.get("examples_per_record", 1),
-        "records": sum(s["records"] for s in shards),
-        "bytes": sum(s["bytes"] for s in shards),
+        "records": sum(s.records for s in shards),
+        "bytes": sum(s.bytes for s in shards),
         "batch_size": batch_size,
         "rounds": rounds,
         "examples_per_second": rates,

@@ -89,7 +89,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def _get(competitor: dict | None, key: str) -> float | None:
-    return competitor[key] if competitor else None
+    return competitor.get(key) if competitor else None  # (a failed run holds no figures)
 
 
 def wall_ratio(numerator: dict | None, denominator: dict | None) -> float | None:
