@@ -73,7 +73,9 @@ def test_the_site_renders_navigates_and_searches(site, browser):
     page.wait_for_url("**/guides/splits/")
     # Search: its worker indexes the site and a query finds the pages that speak of it.
     page.fill("input.md-search__input", "shuffle")
-    page.wait_for_function("document.querySelector('.md-search-result__meta').innerText.match(/\\d+ matching/)")
+    # (The search worker indexes every page first: seconds alone, over 30 on a loaded machine.)
+    matching = "document.querySelector('.md-search-result__meta').innerText.match(/\\d+ matching/)"
+    page.wait_for_function(matching, timeout=120_000)
     assert int(page.locator(".md-search-result__meta").inner_text().split()[0]) >= 3
     page.locator(".md-search-result__item a").first.click()
     page.wait_for_load_state()
