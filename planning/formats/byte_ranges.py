@@ -3,8 +3,8 @@
 A box of a C-ordered array is a set of equally long runs of bytes: one per index of the dims
 before the last dim the box cuts, each spanning the dims from there on. A classic NetCDF
 record variable repeats that pattern once per record, ``record_size`` bytes apart. Ranges
-separated by a gap of at most a quarter of the range before it are fetched as one: fewer
-requests, for at most a quarter more bytes.
+separated by small gaps are fetched as one (see merge_ranges): fewer requests, for at most a
+quarter more bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 
 Box = Sequence[tuple[int, int]]
+#: Merged ranges are joined up to this size: each request then carries enough bytes that its own cost (a
+#: round trip, a connection's share, an HTTP exchange's CPU) is small beside them, and a unit of tens of MB
+#: still goes as several requests in flight.
+MAX_JOINED_BYTES = 8 * 1024 * 1024
 
 
 def box_runs(
@@ -55,13 +59,32 @@ def box_runs(
 def merge_ranges(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int, int, int]]:
     """Ranges to fetch for byte ranges sorted by start: (start, stop, first range, end range) each.
 
-    A gap is bridged when it is at most a quarter of the range before it, so the merged ranges
-    hold at most 1.25 times the bytes asked for.
+    A gap is bridged when it is at most a quarter of the range before it; then neighbouring
+    merged ranges are joined while the gaps inside stay within a quarter of the bytes asked for
+    (a box's rows merge per plane first, then the planes, a skipped row apart, into one range).
+    Either way the merged ranges hold at most 1.25 times the bytes asked for, and none is joined
+    past MAX_JOINED_BYTES, so a large read still goes as several requests in flight.
     """
     if len(starts) == 0:
         return []
     starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
     gaps = starts[1:] - stops[:-1]
-    cuts = (np.flatnonzero(gaps > (stops[:-1] - starts[:-1]) // 4) + 1).tolist()
-    firsts, ends = [0, *cuts], [*cuts, len(starts)]
-    return [(int(starts[a]), int(stops[a:b].max()), a, b) for a, b in zip(firsts, ends)]
+    cuts = np.flatnonzero(gaps > (stops[:-1] - starts[:-1]) // 4) + 1
+    firsts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(starts)]))
+    # Per merged range: its span and the gap bytes inside it (overlapping ranges leave no gap).
+    inner_gaps = np.concatenate(([0], np.cumsum(np.maximum(gaps, 0))))
+    group_stops = np.maximum.reduceat(stops, firsts)
+    group_gaps = inner_gaps[ends - 1] - inner_gaps[firsts]
+    merged = []
+    for a, b, stop, gap in zip(firsts.tolist(), ends.tolist(), group_stops.tolist(), group_gaps.tolist()):
+        start = int(starts[a])
+        if merged:
+            first_start, last_stop, first, _, joined_gaps = merged[-1]
+            between = max(start - last_stop, 0)
+            all_gaps = joined_gaps + between + gap
+            joined_stop = max(stop, last_stop)
+            if 4 * all_gaps <= joined_stop - first_start - all_gaps and joined_stop - first_start <= MAX_JOINED_BYTES:
+                merged[-1] = (first_start, joined_stop, first, b, all_gaps)
+                continue
+        merged.append((start, stop, a, b, gap))
+    return [(start, stop, a, b) for start, stop, a, b, _ in merged]

@@ -127,12 +127,13 @@ class BlockReader(io.RawIOBase):
         self._position = base + offset
         return self._position
 
-    def _prefetched(self, start: int, stop: int) -> bytes | None:
+    def prefetched_view(self, start: int, stop: int) -> memoryview | None:
+        """The bytes [start, stop) of the file, without a copy, if one prefetched range holds them all; else None."""
         at = bisect.bisect_right(self._ready_starts, start) - 1
         if at < 0 or stop > self._ready_starts[at] + len(self._ready[at]):
             return None
         offset = start - self._ready_starts[at]
-        return self._ready[at][offset : offset + stop - start]
+        return memoryview(self._ready[at])[offset : offset + stop - start]
 
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
@@ -140,7 +141,7 @@ class BlockReader(io.RawIOBase):
         stop = min(start + len(view), self._remote.size)
         if stop <= start:
             return 0
-        data = self._prefetched(start, stop)
+        data = self.prefetched_view(start, stop)
         if data is None and stop - start >= self._block_bytes:
             (data,) = self._remote.fetch([(start, stop)])
         elif data is None:

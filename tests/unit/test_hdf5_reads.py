@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import fsspec
 import netCDF4
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planning.config import parse_config
-from planning.formats.hdf5_reads import read_box
+from planning.formats.hdf5_reads import prefetched, read_box
+from planning.formats.remote_files import RemoteFile
 from planning.formats.sources import SourceFile
 from planning.inputs.local_probe import probe_local, probe_local_files
 from planning.plan import make_plan
@@ -27,10 +29,14 @@ DIMS = ("time", "y", "x")
 SHAPE = (6, 5, 7)
 
 
-def _write(path: Path, variables: dict, fmt: str = "NETCDF4", time_values=None) -> Path:
-    """A NetCDF-4 file of ``variables`` {name: (dtype, attrs, codes, create options)} on (time, y, x)."""
+def _write(path: Path, variables: dict, fmt: str = "NETCDF4", time_values=None, unlimited: bool = True) -> Path:
+    """A NetCDF-4 file of ``variables`` {name: (dtype, attrs, codes, create options)} on (time, y, x).
+
+    ``unlimited``: time an unlimited dim, which makes every variable chunked; else those without a
+    filter are stored contiguously.
+    """
     with netCDF4.Dataset(path, "w", format=fmt) as nc:
-        for dim, size in zip(DIMS, (None, *SHAPE[1:])):
+        for dim, size in zip(DIMS, (None if unlimited else SHAPE[0], *SHAPE[1:])):
             nc.createDimension(dim, size)
         if time_values is not None:
             time = nc.createVariable("time", "f8", ("time",))
@@ -80,6 +86,21 @@ def encoded_file(tmp_path_factory) -> Path:
     return _write(tmp_path_factory.mktemp("hdf5") / "encodings.nc", ENCODINGS)
 
 
+@pytest.fixture(scope="module")
+def contiguous_file(tmp_path_factory) -> Path:
+    """The encodings on fixed dims: those without a filter stored contiguously."""
+    return _write(tmp_path_factory.mktemp("hdf5") / "contiguous.nc", ENCODINGS, unlimited=False)
+
+
+@pytest.fixture(scope="module")
+def remote_encoded(contiguous_file) -> str:
+    """The contiguous file as a remote worker reads it: through fsspec, by byte ranges (a memory:// file)."""
+    url = "memory://hdf5-reads/contiguous.nc"
+    fsspec.filesystem("memory").pipe(url, contiguous_file.read_bytes())
+    yield url
+    fsspec.filesystem("memory").rm(url)
+
+
 def _xarray(path: Path, name: str, box: dict) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", xr.SerializationWarning)
@@ -97,8 +118,11 @@ def _box(draw_range) -> dict:
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_box_of_any_encoding_equals_xarray_bit_for_bit(encoded_file, data):
+def test_any_box_of_any_encoding_equals_xarray_bit_for_bit(encoded_file, contiguous_file, remote_encoded, data):
     name = data.draw(st.sampled_from(sorted(ENCODINGS)))
+    remote = data.draw(st.booleans())  # a remote file's contiguous boxes are copied from its prefetched bytes
+    if remote:
+        encoded_file = contiguous_file
 
     def draw_range(n):
         start = data.draw(st.integers(0, n - 1))
@@ -106,7 +130,11 @@ def test_any_box_of_any_encoding_equals_xarray_bit_for_bit(encoded_file, data):
 
     box = _box(draw_range)
     expected = _xarray(encoded_file, name, box)
-    got = read_box(str(encoded_file), [_plan(name, str(expected.dtype))], box)
+    plans = [_plan(name, str(expected.dtype))]
+    if remote:
+        got = read_box(prefetched(RemoteFile(remote_encoded), plans, box), plans, box, remote_encoded)
+    else:
+        got = read_box(str(encoded_file), plans, box)
     if name == "big_endian":
         assert got is None  # left to xarray, which swaps the bytes as it likes
         return
@@ -269,3 +297,22 @@ def test_dimension_scales_read_by_offset_equal_hdf5_reads(tmp_path):
         assert stored_offset(file["unwritten"].id) is None
         assert _contiguous_layout(file.id, b"unwritten", read_at) is None
         assert _contiguous_layout(file.id, b"plain", read_at)[0] == stored_offset(file["plain"].id)
+
+
+def test_a_remote_contiguous_box_is_copied_from_its_prefetched_bytes(contiguous_file, remote_encoded, monkeypatch):
+    import planning.formats.hdf5_reads as hdf5_reads
+
+    box = {"time": (1, 5), "y": (1, 4), "x": (2, 6)}
+
+    def read(name):
+        plans = [_plan(name, str(_xarray(contiguous_file, name, box).dtype))]
+        return read_box(prefetched(RemoteFile(remote_encoded), plans, box), plans, box, remote_encoded)[name]
+
+    def h5py_read(*args):
+        raise AssertionError("read through h5py")
+
+    monkeypatch.setattr(hdf5_reads, "_read_stored", h5py_read)
+    for name in ("plain_f4", "packed_i2", "unsigned_i1", "boolean"):  # contiguous: never through h5py
+        assert read(name).tobytes() == _xarray(contiguous_file, name, box).tobytes(), name
+    with pytest.raises(AssertionError, match="through h5py"):
+        read("chunked_zlib")  # chunked (when no unit's chunk ledger is open): h5py decodes its chunks
