@@ -73,7 +73,7 @@ BUCKET = "xtf-cost"
 INPUT = "input"
 GB = 1e9
 #: Files of the patches archive at each size (the benchmark's 1x is 48 files, 811 MB), and its shards.
-SIZES = ((6, 2), (12, 4), (24, 6))
+SIZES = ((6, 2), (24, 6), (48, 12))
 QUICK_SIZES = ((2, 2), (4, 3), (8, 4))
 #: The ERA5 plan's dry run: the whole record; --quick: a day, its counts scaled to the record's steps.
 QUICK_PLAN_STEPS = 24

@@ -280,3 +280,21 @@ def test_a_region_shaped_name_dataflow_may_not_know_only_warns(uploaded, staged_
     assert "Dry run: the job graph" in capsys.readouterr().out
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("--region=moon-central9 is not among the Dataflow regions" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("ending", [b"\r", b"\n", b"\r\n", b"\r\n\r\n", b"--", b""])
+def test_the_emulator_keeps_every_byte_of_an_upload(gcs, ending):
+    # Its own parser dropped an upload's last b"\r" (gcsfs ends the data with b"\n--boundary"): a spill object
+    # one byte short about once in 256, which the shard writer rightly refused. Both clients' multipart forms.
+    from google.cloud import storage
+
+    data = os.urandom(1000) + b"\r\n--==0==\n" + ending  # a delimiter's look-alike inside the data too
+    gcs.pipe(f"{BUCKET}/emulator/gcsfs", data)
+    assert gcs.cat(f"{BUCKET}/emulator/gcsfs") == data
+    client = storage.Client(project="test", credentials=None, client_options={"api_endpoint": gcs_endpoint()})
+    client.bucket(BUCKET).blob("emulator/client").upload_from_string(data)  # CRLF delimiters (RFC 2046)
+    assert gcs.cat(f"{BUCKET}/emulator/client") == data
+
+
+def gcs_endpoint() -> str:
+    return os.environ["STORAGE_EMULATOR_HOST"]
