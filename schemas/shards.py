@@ -126,7 +126,9 @@ class Generation:
             count(obj.get(key), f"{where}.{key}")
         if obj["shards"] > MAX_SHARDS:
             raise SchemaError(f"{where}.shards: {obj['shards']:,} is more shards than an output can hold")
-        if obj.get("compression") not in _COMPRESSIONS:
+        if "compression" not in obj:  # (null is a value a rule states; a rule without the key was edited)
+            raise SchemaError(f"{where}.compression: missing")
+        if obj["compression"] not in _COMPRESSIONS:
             raise SchemaError(f"{where}.compression: {shown(obj.get('compression'))} is not null or 'gzip'")
         expect(obj.get("index"), bool, f"{where}.index", "true or false")
         rule = cls(**obj)
