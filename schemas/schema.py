@@ -18,7 +18,6 @@ from schemas.schema_checks import plain_file_name as plain_file_name
 from schemas.schema_checks import shown as _shown
 from schemas.shards import SHARDS_FILE as SHARDS_FILE
 from schemas.shards import Shard, ShardList, ShardTable
-from schemas.shards import generation_of_name as generation_of_name
 from schemas.shards import shard_name as shard_name
 
 #: schema.json's format: its splits describe their shards by a naming rule, their counts in shards.npz
@@ -105,9 +104,6 @@ class Feature:
             role=obj["role"],
             source=_expect(obj.get("source", {}), dict, f"{where}.source", "an object"),
         )
-
-
-SHARD_GLOB = "*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].tfrecord*"
 
 
 def default_split(names: Sequence[str]) -> str:

@@ -47,14 +47,20 @@ def shard_name(split: str, index: int, count: int, compression: str | None = Non
     return f"{marked}-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
 
 
-#: The generation a shard name states (shard_name); none stated: generation 0.
-_GENERATION_IN_NAME = re.compile(r"-g(\d{3,})-\d{5}-of-\d{5}\.tfrecord")
+#: What names a shard (shard_name), its index or a temporary of either, and the generation it states (none: 0).
+#: Numbers are five digits or more: a generation of 100,000 shards or more writes them wider.
+_SHARD_IN_NAME = re.compile(r"-(?:g(\d{3,})-)?\d{5,}-of-\d{5,}\.tfrecord")
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a file's name is a shard's as shard_name makes them (or its index's, or a temporary's)."""
+    return _SHARD_IN_NAME.search(name) is not None
 
 
 def generation_of_name(name: str) -> int:
     """The generation a shard file's name (or its index's, or a temporary's) states (0 where it states none)."""
-    found = _GENERATION_IN_NAME.search(name)
-    return int(found.group(1)) if found else 0
+    found = _SHARD_IN_NAME.search(name)
+    return int(found.group(1)) if found and found.group(1) else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +132,9 @@ class Generation:
             count(obj.get(key), f"{where}.{key}")
         if obj["shards"] > MAX_SHARDS:
             raise SchemaError(f"{where}.shards: {obj['shards']:,} is more shards than an output can hold")
-        if obj.get("compression") not in _COMPRESSIONS:
+        if "compression" not in obj:  # (null is a value a rule states; a rule without the key was edited)
+            raise SchemaError(f"{where}.compression: missing")
+        if obj["compression"] not in _COMPRESSIONS:
             raise SchemaError(f"{where}.compression: {shown(obj.get('compression'))} is not null or 'gzip'")
         expect(obj.get("index"), bool, f"{where}.index", "true or false")
         rule = cls(**obj)

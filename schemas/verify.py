@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import importlib
 import json
 import posixpath
@@ -18,9 +17,9 @@ from schemas.grid_file import VALUE_KEYS, is_reference
 from schemas.metadata import load_schema, load_stats
 from schemas.reader import Reader, batch_length
 from schemas.sample_shapes import check_axis_lengths, expected_length, sample_axes, shaped_as
-from schemas.schema import PARSER_FILE, SCHEMA_FILE, SHARD_GLOB, STATS_FILE, Schema, generation_of_name
+from schemas.schema import PARSER_FILE, SCHEMA_FILE, STATS_FILE, Schema
 from schemas.shard_index import FRAMING_BYTES, ShardIndex
-from schemas.shards import listed_files
+from schemas.shards import generation_of_name, is_shard_name, listed_files
 from schemas.tfrecord import CorruptRecordError
 from schemas.urls import check_regular_file
 
@@ -88,9 +87,7 @@ def _check_listing(path: str, schema: Schema, files: dict[str, int]) -> None:
     # (its rerun removes them): not part of this output yet, which is whole without them.
     committed = int(schema.sources.get("generations", 1))
     extra = sorted(
-        name
-        for name in files
-        if fnmatch.fnmatch(name, SHARD_GLOB) and name not in listed and generation_of_name(name) < committed
+        name for name in files if is_shard_name(name) and name not in listed and generation_of_name(name) < committed
     )
     if extra:
         raise VerifyError(

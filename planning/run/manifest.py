@@ -208,8 +208,8 @@ class Manifest:
         )
 
 
-def compacted(files: frozenset[str], runs: frozenset[str] = frozenset()) -> Manifest:
-    """A manifest of these names and runs, each complete set of a rule's names (every shard, with or without
+def compacted(files: frozenset[str]) -> Manifest:
+    """A manifest of these names (no runs), each complete set of a rule's names (every shard, with or without
     every index) recorded as that rule; the other names stay names. It owns exactly the same files."""
     # Names are a set: each (rule, number, index or not) once, so counting them is enough to see a rule's every name.
     shards: collections.Counter = collections.Counter()
@@ -225,7 +225,7 @@ def compacted(files: frozenset[str], runs: frozenset[str] = frozenset()) -> Mani
         if found == key[1] and indexes[key] in (0, found if key[3] is None else 0)
     }
     rest = frozenset(name for name in files if not _made_by(_parsed(name), rules))
-    return Manifest(rest, runs, frozenset(rules.values()))
+    return Manifest(rest, frozenset(), frozenset(rules.values()))
 
 
 def _made_by(parsed: tuple | None, rules: dict) -> bool:

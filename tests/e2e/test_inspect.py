@@ -109,6 +109,13 @@ def _extra_file(output: Path) -> str:
     return f"{extra}: shard file not listed in schema.json"
 
 
+def _extra_wide_file(output: Path) -> str:
+    """A stray shard of a generation of 100,000 shards or more: its numbers are wider than five digits."""
+    extra = output / "data-123456-of-200000.tfrecord"
+    shutil.copy(_first_shard(output), extra)
+    return f"{extra}: shard file not listed in schema.json"
+
+
 def _extra_record(output: Path) -> str:
     shard = _first_shard(output)
     data, n = shard.read_bytes(), _first_count(output)
@@ -164,6 +171,7 @@ def _shape_without_dims(output: Path) -> str:
         _truncate,
         _delete,
         _extra_file,
+        _extra_wide_file,
         _extra_record,
         _count_in_schema,
         _flip_a_byte,

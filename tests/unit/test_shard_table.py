@@ -174,6 +174,7 @@ def _rule(document: dict) -> dict:
         (lambda d: d["shards"].update(file="../other/shards.npz"), "is not the name of a file in the output's folder"),
         (lambda d: d["shards"].update(sha256="0" * 10), "is not a sha256 in hex"),
         (lambda d: _rule(d).update(compression="zstd"), "is not null or 'gzip'"),
+        (lambda d: _rule(d).pop("compression"), "compression: missing"),
         (lambda d: _rule(d).update(records=-1), "is negative"),
         (lambda d: d["splits"]["data"].update(start=1), "splits.data.start: 1, but the splits before it hold 0"),
         (lambda d: d["splits"].update({"../up": d["splits"].pop("data")}), "its shards' names"),
