@@ -4,7 +4,9 @@ An hourly reanalysis as planning meets it: N files of one hourly step each (the 
 variables on 2 levels x 18 x 18, ~28 KB a file, written by the netCDF library), put on the storage
 emulator. Each timed run is ``make_plan`` in a fresh interpreter (``run_measured``: the wall and
 the peak RSS of its process tree) whose CPU affinity allows it 1 core or 2: with 2, planning probes
-the files in a pool of 2 processes (planning.inputs.probe_pool); with 1, in the launcher. Runs
+the files in a pool of 2 processes (planning.inputs.probe_pool); with 1, in the launcher. The
+emulator, which stands for a remote service, is pinned to the same cores as each run (its CPU
+seconds are reported): left free, it would run on the core a 1-core run leaves idle. Runs
 alternate (1, 2, then 2, 1, ...); the medians give the ratio. Also: the launcher's own peak RSS
 growth while it plans, per file (what planning holds of each file, the pool's bytes aside), and
 what share of the files a local copy would probe as twins (planning.inputs.twin_probe; remote
@@ -64,9 +66,14 @@ def twin_share(paths: list[Path]) -> float:
     return twins.matched / len(paths)
 
 
+def first_cores(cores: int) -> list[int]:
+    """The CPUs a run allowed ``cores`` cores is pinned to, and the storage emulator with it."""
+    return sorted(os.sched_getaffinity(0))[:cores]
+
+
 def plan_child(config_path: str, cores: int, result_path: str, quick: bool) -> None:
     """``make_plan`` in this fresh process, allowed ``cores`` cores; its figures written as JSON."""
-    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # first: the pool's processes inherit it
+    os.sched_setaffinity(0, first_cores(cores))  # first: the pool's processes inherit it
     import planning.plan as plan_module
     from planning.config import load_config
     from planning.inputs import probe
@@ -113,6 +120,7 @@ def _plan(workdir: Path, config: Path, cores: int, quick: bool, timeout: float) 
 def run(workdir: Path, quick: bool = False, rounds: int = 3, timeout: float = 3600, files: int | None = None) -> dict:
     """Plan N gs:// files ``rounds`` times with each core count, alternating: the results as JSON."""
     import fsspec
+    import psutil
 
     from benchmarks.scale import write_config
     from benchmarks.unit_memory import storage_emulator
@@ -134,7 +142,7 @@ def run(workdir: Path, quick: bool = False, rounds: int = 3, timeout: float = 36
     if results["cores_allowed"] < max(CORES):
         results["failed"].append(f"remote planning: needs {max(CORES)} cores, this process may use 1")
         return results
-    with storage_emulator(BUCKET):
+    with storage_emulator(BUCKET) as emulator:
         gcs = fsspec.filesystem("gs", skip_instance_cache=True)
         folder = f"{BUCKET}/hourly-{files}"
         print(f"[remote-planning] uploading {files:,} files to the storage emulator ...", flush=True)
@@ -142,7 +150,13 @@ def run(workdir: Path, quick: bool = False, rounds: int = 3, timeout: float = 36
         config = write_config(workdir, f"remote-planning-{files}", f"gs://{folder}/*.nc", "unused")
         for round_number in range(max(1, rounds)):
             for cores in CORES if round_number % 2 == 0 else CORES[::-1]:
+                # The emulator stands for a storage service, which takes none of the launcher's CPU: left free, it
+                # would have the core a 1-core run leaves idle to itself and share the cores of a 2-core run.
+                # Pinned to the run's cores, it takes its share of either alike.
+                os.sched_setaffinity(emulator.pid, first_cores(cores))
+                emulator_cpu = sum(psutil.Process(emulator.pid).cpu_times()[:2])
                 row = _plan(workdir, config, cores, quick, timeout)
+                row["emulator_cpu"] = sum(psutil.Process(emulator.pid).cpu_times()[:2]) - emulator_cpu
                 results["runs"][str(cores)].append(row)
                 if not row["ok"]:
                     results["failed"].append(f"remote planning with {cores} core(s)")
@@ -196,9 +210,12 @@ def render(results: dict, *, for_docs: bool = False) -> str:
                     walls,
                     f"{max(r['kib_per_file'] for r in runs):.2f}",
                     f"{max(r['pool_max_rss'] for r in runs) / 1e6:.0f}" if cores != "1" else "-",
+                    f"{statistics.median(r.get('emulator_cpu', 0.0) for r in runs):.1f}",
                 ]
             )
-        headers = ("planning", "median s", "ms/file", "runs s", "launcher KiB/file", "pool process MB")
+        headers = (
+            "planning", "median s", "ms/file", "runs s", "launcher KiB/file", "pool process MB", "emulator CPU-s"
+        )  # fmt: skip
         lines.append(table(headers, rows))
         ratios = ", ".join(f"{r:.2f}" for r in results["round_ratios"])
         lines.append(f"1 core / 2 cores: {results['ratio']:.2f}x (medians); by round: {ratios}")

@@ -143,9 +143,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def storage_emulator(bucket: str, request_log: Path | None = None) -> Iterator[None]:
+def storage_emulator(bucket: str, request_log: Path | None = None) -> Iterator[subprocess.Popen]:
     """gcp-storage-emulator in memory as the tests run it (tests/gcs_emulator.py: a listen queue deep enough for
-    concurrent range requests, GCS's moveTo, no metadata file rewritten at each upload).
+    concurrent range requests, GCS's moveTo, no metadata file rewritten at each upload); yields its process.
 
     ``request_log``: a file the emulator appends each request it answers to, one JSON line each.
     """
@@ -169,7 +169,7 @@ def storage_emulator(bucket: str, request_log: Path | None = None) -> Iterator[N
         os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
         fsspec.config.conf.pop("gs", None)
-        yield
+        yield process
     finally:
         process.terminate()
         process.wait(timeout=10)
