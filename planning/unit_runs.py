@@ -26,6 +26,7 @@ import numpy as np
 
 from planning.positions import Positions
 from planning.sampling import Unit, Units
+from schemas.errors import UserError
 from schemas.npy_files import npz_arrays
 
 #: Units counted at once while planning the runs (a few arrays of this length at a time).
@@ -77,7 +78,10 @@ class UnitRuns:
         """The run file's bytes: per shard its start as two int32 (8 bytes a shard: 18 MB for ARCO-ERA5's 2.2M),
         the splits' shard counts and the factors; compressed (consecutive starts differ by little)."""
         if len(self.starts) and int(self.starts.max()) >= 2**31:
-            raise ValueError(f"unit runs: a start {int(self.starts.max())} does not fit an int32")
+            raise UserError(
+                f"shuffle.mode: read: unit {int(self.starts.max()):,} is past the 2^31 units a unit-order build "
+                "can hold; build with shuffle.mode: write"
+            )
         counts = np.bincount(self.split_of_shard, minlength=len(self.factors)) if len(self.factors) else []
         arrays = {
             "starts": self.starts.astype(np.int32),

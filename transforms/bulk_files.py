@@ -24,7 +24,15 @@ THREADS = 16
 
 
 def list_remote(base: str) -> Iterator[str]:
-    """Every object under ``base`` (a URL), relative to it, a page at a time (none held beyond its page)."""
+    """Every object under ``base`` (a URL), relative to it, a page at a time (none held beyond its page).
+
+    A folder's placeholder (an object named ``folder/``, which the Cloud Console's "Create folder" makes) is
+    a folder, as an empty local directory is, not a file: not listed.
+    """
+    yield from (name for name in _listed(base) if name and not name.endswith("/"))
+
+
+def _listed(base: str) -> Iterator[str]:
     prefix = base.rstrip("/") + "/"
     gcs = _gcs(base)
     if gcs is None:  # another object store: Beam's own listing

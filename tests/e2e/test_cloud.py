@@ -298,3 +298,22 @@ def test_the_emulator_keeps_every_byte_of_an_upload(gcs, ending):
 
 def gcs_endpoint() -> str:
     return os.environ["STORAGE_EMULATOR_HOST"]
+
+
+def test_an_output_folder_made_in_the_cloud_console_is_built_into(gcs, uploaded, tmp_path, capsys):
+    # The Console's "Create folder" leaves placeholder objects named "folder/": folders, as an empty local
+    # directory is, not files this tool did not write. A file beside them still is.
+    from google.cloud import storage
+
+    sample, concat_dim = CASES["trefht"]
+    output = f"gs://{BUCKET}/out/console"
+    bucket = storage.Client(project="test", client_options={"api_endpoint": gcs_endpoint()}).bucket(BUCKET)
+    for placeholder in ("out/console/", "out/console/plots/"):
+        bucket.blob(placeholder).upload_from_string(b"")
+    config = _config(tmp_path, f"gs://{BUCKET}/in/trefht/*.nc", output, sample, concat_dim)
+    assert main(["--config", str(config)]) == 0
+    assert main(["--config", str(config), "--overwrite"]) == 0
+    assert gcs.exists(f"{BUCKET}/out/console/plots/")  # (a folder of the user's, left as it was)
+    bucket.blob("out/console/plots/figure.png").upload_from_string(b"\x89PNG")
+    assert main(["--config", str(config), "--overwrite"]) == 2
+    assert "did not write (plots/figure.png)" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 from planning.positions import Positions
 from planning.sampling import Axis, SampleGrid, Units
 from planning.unit_runs import UnitRuns, plan_unit_runs, run_units, split_ranks
+from schemas.errors import UserError
 
 
 def _grid_positions(labels, across_gap=None, split_dim=None) -> Positions:
@@ -87,3 +88,11 @@ def test_ranks_count_a_units_samples_of_the_split_in_sample_id_order():
         mine = ids[labels == split]
         assert split_ranks(positions, unit, split, mine).tolist() == list(range(len(mine)))
         assert split_ranks(positions, unit, split, mine[::-1]).tolist() == list(range(len(mine)))[::-1]
+
+
+def test_a_run_file_past_int32_units_is_refused_in_one_line():
+    # Its starts are stored as int32 (8 bytes a shard): a unit number past 2^31 would wrap, not fail.
+    starts = np.array([[0, 0], [2**31, 0]], dtype=np.int64)
+    runs = UnitRuns(starts, np.zeros(2, dtype=np.int64), ((np.ones(1),),), (2**31 + 1,), (0,), 2**31 + 1)
+    with pytest.raises(UserError, match=r"shuffle.mode: read: unit 2,147,483,648 .* shuffle.mode: write"):
+        runs.to_bytes()
