@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -124,11 +124,6 @@ def _stale(name: str) -> bool:
     return (is_bookkeeping(name) and name not in BOOKKEEPING) or name == _OLD_INVENTORY_TEMPORARY
 
 
-def _delete(output: str, names: Iterable[str]) -> None:
-    """Delete files of the output in parallel batches; locally never through a link."""
-    delete_files(output, names)
-
-
 def _foreign(path: str, record: Manifest | None) -> tuple[list[str], int, bool]:
     """The first few files under ``path`` that no recorded build wrote (links included), how many there are, and
     whether any file is an output's (not bookkeeping alone): one listing, streamed."""
@@ -194,10 +189,9 @@ def prepare_output(path: str, overwrite: bool, manifest: Manifest) -> None:
         )
     if written and not overwrite:
         raise UserError(f"output: {path} already exists; pass --overwrite to replace it, or choose another path")
-    if _is_file(join(path, SCHEMA_FILE)):
-        _delete(path, [SCHEMA_FILE])
+    delete_files(path, [SCHEMA_FILE])  # first (one already gone is no error): no half output looks complete
     # A second listing, streamed into the deletes; each name checked again (a file added since is not deleted).
-    _delete(path, (n for n, link in _walk(path) if not link and n != SCHEMA_FILE and _removable(path, n, record)))
+    delete_files(path, (n for n, link in _walk(path) if not link and n != SCHEMA_FILE and _removable(path, n, record)))
     for run in record.runs if record else ():
         remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
@@ -253,9 +247,9 @@ def remove_run_files(output: str, manifest: Manifest, work_dir: str | None, earl
             return True
 
         try:
-            if removed(SCHEMA_FILE) and _is_file(join(output, SCHEMA_FILE)):
-                remove_tree(join(output, SCHEMA_FILE), inside=output)  # first: no half output looks complete
-            _delete(output, (name for name, _ in _walk(output) if name != SCHEMA_FILE and removed(name)))
+            if removed(SCHEMA_FILE):
+                delete_files(output, [SCHEMA_FILE])  # first: no half output looks complete
+            delete_files(output, (name for name, _ in _walk(output) if name != SCHEMA_FILE and removed(name)))
         except Exception as error:  # cleaning up must not hide why the run failed (--overwrite removes the rest)
             whole = False
             logger.warning("could not remove the files the run wrote into %s: %s", output, error)
@@ -373,7 +367,7 @@ def prepare_append(path: str, manifest: Manifest, committed: Schema) -> tuple[Ma
         kept = name in METADATA or name in BOOKKEEPING or (shard is not None and shard.generation < generations)
         return not kept and not _stale(name) and _ours(path, name, record)
 
-    _delete(path, (name for name, link in _walk(path) if not link and uncommitted(name)))
+    delete_files(path, (name for name, link in _walk(path) if not link and uncommitted(name)))
     for run in record.runs:
         remove_tree(run_dir(path, run), inside=path)
     remove_if_empty(join(path, TMP_DIR))
